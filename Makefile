@@ -1,0 +1,55 @@
+# specdeploy: speculative decoding on vLLM, deployed and measured.
+# `make serve` runs the embedded default; `make test` runs the tests. Both set up .venv first.
+
+CONFIG  ?= default.yaml
+SET     ?=
+USERS   ?= 1,32
+WORKERS ?= 0
+PY      := .venv/bin/python
+STAMP   := .venv/.specdeploy-installed
+
+# CONFIG plus the shared command-line switches: SET="a.b=1 c.d=2", NO_SPEC=1.
+CONFIG_ARGS = $(CONFIG) $(foreach s,$(SET),--set $(s)) $(if $(NO_SPEC),--no-spec)
+
+.PHONY: help venv models serve check test bench-drafters loadtest compare clean
+
+help:
+	@echo "make serve [CONFIG=default.yaml] [SET='field=value ...'] [NO_SPEC=1] [DRY_RUN=1]"
+	@echo "make check CONFIG=...     validate a config against this machine, print the vLLM command"
+	@echo "make models               build the embedded default model pair (cached)"
+	@echo "make test                 run the test suite (real vLLM engines on CPU)"
+	@echo "make bench-drafters       compare drafters on the embedded default"
+	@echo "make loadtest CONFIG=... USERS=1,32 [WORKERS=N]   batch-size report under reports/"
+	@echo "make compare [REPORT=reports/...]   batch-1 vs batch-32 table of a report"
+
+$(STAMP): pyproject.toml scripts/install-env.sh
+	bash scripts/install-env.sh
+	@touch $@
+
+venv: $(STAMP)
+
+models: $(STAMP)
+	$(PY) -m deploy models
+
+serve: $(STAMP)
+	$(PY) -m deploy serve $(CONFIG_ARGS) $(if $(DRY_RUN),--dry-run)
+
+check: $(STAMP)
+	$(PY) -m deploy check $(CONFIG_ARGS)
+
+# The model pair is built (or found cached) first, so its progress bar shows outside pytest.
+test: $(STAMP)
+	$(PY) -m deploy models
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+bench-drafters: $(STAMP)
+	$(PY) -m plugins.bench_drafters
+
+loadtest: $(STAMP)
+	$(PY) -m loadtest run $(CONFIG_ARGS) --users $(USERS) --workers $(WORKERS)
+
+compare: $(STAMP)
+	$(PY) -m loadtest compare $(REPORT)
+
+clean:
+	rm -rf logs reports .pytest_cache

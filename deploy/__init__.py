@@ -1,0 +1,39 @@
+"""specdeploy's deployment layer: config file -> validated config -> engine arguments -> server.
+
+    from deploy import plan_from_config, start_server
+    resolved, plan = plan_from_config("default", overrides=["speculation.num_speculative_tokens=2"])
+    with start_server(plan) as server:
+        ...  # server.base_url
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from deploy.config import ConfigError, DeploymentConfig, load_config, resolve_config_path
+from deploy.engine_args import LaunchPlan, build_launch_plan
+from deploy.launcher import Server, ServerStartError, free_port, start_server
+from deploy.preflight import ResolvedDeployment, preflight
+
+
+def plan_from_config(
+    config: str | Path | DeploymentConfig = "default",
+    overrides: list[str] | tuple[str, ...] = (),
+    no_speculation: bool = False,
+    check_memory: bool = True,
+) -> tuple[ResolvedDeployment, LaunchPlan]:
+    """Load (unless given), check against this machine, and translate a config to a launch plan."""
+    config_dir = None
+    if not isinstance(config, DeploymentConfig):
+        config_dir = resolve_config_path(config).parent
+        config = load_config(config, overrides, no_speculation)
+    elif no_speculation:
+        config = config.without_speculation()
+    resolved = preflight(config, config_dir, check_memory=check_memory)
+    return resolved, build_launch_plan(resolved)
+
+
+__all__ = [
+    "ConfigError", "DeploymentConfig", "LaunchPlan", "ResolvedDeployment", "Server", "ServerStartError",
+    "build_launch_plan", "free_port", "load_config", "plan_from_config", "preflight", "start_server",
+]

@@ -1,0 +1,104 @@
+"""Command line: `python -m deploy serve|check|models ...` (the Makefile's targets call these)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import time
+from pathlib import Path
+from types import FrameType
+
+from deploy import ConfigError, ServerStartError, plan_from_config
+from deploy.config import DEFAULT_CONFIG
+from deploy.launcher import Server
+
+log = logging.getLogger("specdeploy")
+LOG_DIR = Path("logs")
+
+
+def _add_config_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("config", nargs="?", default=DEFAULT_CONFIG,
+                        help="config file, or a preset name under configs/ (default: %(default)s)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
+                        help="override a config field, e.g. --set speculation.num_speculative_tokens=2 (repeatable)")
+    parser.add_argument("--no-spec", action="store_true", help="turn speculation off (the baseline)")
+    parser.add_argument("--skip-memory-check", action="store_true", help="do not refuse a model that looks too big")
+
+
+def cmd_check(opts: argparse.Namespace) -> int:
+    resolved, plan = plan_from_config(opts.config, opts.overrides, opts.no_spec, not opts.skip_memory_check)
+    for note in resolved.notes:
+        print(f"note: {note}")
+    print(f"config {resolved.config.name}: OK on {resolved.device}")
+    print(plan.describe())
+    return 0
+
+
+def cmd_serve(opts: argparse.Namespace) -> int:
+    resolved, plan = plan_from_config(opts.config, opts.overrides, opts.no_spec, not opts.skip_memory_check)
+    for note in resolved.notes:
+        log.info("%s", note)
+    spec = plan.speculative_config
+    log.info("deployment %s on %s, speculation: %s", resolved.config.name, resolved.device,
+             f"{spec['method']} K={spec['num_speculative_tokens']}" if spec else "off")
+    print(f"vLLM command:\n{plan.describe()}", flush=True)
+    if opts.dry_run:
+        return 0
+    log_path = LOG_DIR / f"{resolved.config.name}-{plan.port}.log"
+    server = Server(plan, log_path, echo=False)
+
+    def forward(signum: int, _frame: FrameType | None) -> None:
+        # Ctrl-C / SIGTERM: stop the engine cleanly (process group), then leave.
+        log.info("received %s, stopping the server", signal.Signals(signum).name)
+        server.stop()
+        sys.exit(128 + signum)
+
+    signal.signal(signal.SIGINT, forward)
+    signal.signal(signal.SIGTERM, forward)
+    server.start()
+    try:
+        took = server.wait_healthy(resolved.config.server.startup_timeout_s)
+    except ServerStartError as exc:
+        print("\n".join(exc.log_tail[-15:]), file=sys.stderr)
+        log.error("%s", exc)
+        return 1
+    print(f"ready after {took:.0f} s: {plan.base_url}/v1 (model '{plan.served_name}'); metrics at "
+          f"{plan.base_url}/metrics; engine log {log_path}. Ctrl-C stops.", flush=True)
+    server.echo = True  # from here on, show the engine's own log lines
+    while server.alive():
+        time.sleep(1)
+    code = server.stop()
+    log.error("vLLM exited with code %s: %s", code, "; ".join(list(server.tail)[-3:]))
+    return 1 if code else 0
+
+
+def cmd_models(opts: argparse.Namespace) -> int:
+    from deploy.embedded_pair import main as build_main
+
+    return build_main(["--force"] if opts.force else []) or 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s specdeploy %(levelname)s %(message)s",
+                        datefmt="%H:%M:%S")
+    parser = argparse.ArgumentParser(prog="python -m deploy", description="Deploy vLLM with speculative decoding.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="validate a config and run its vLLM server")
+    _add_config_args(serve)
+    serve.add_argument("--dry-run", action="store_true", help="print the vLLM command, start nothing")
+    check = sub.add_parser("check", help="validate a config against this machine and print the vLLM command")
+    _add_config_args(check)
+    models = sub.add_parser("models", help="build the embedded default model pair")
+    models.add_argument("--force", action="store_true", help="rebuild even if cached")
+    opts = parser.parse_args(argv)
+    try:
+        return {"serve": cmd_serve, "check": cmd_check, "models": cmd_models}[opts.command](opts)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

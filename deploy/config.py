@@ -1,0 +1,361 @@
+"""The deployment config: one YAML file per deployment, validated into typed sections.
+
+Reading a file gives a `DeploymentConfig` or a `ConfigError` that lists every problem with
+the path of the field at fault (and, for an unknown key, the nearest valid one). Nothing
+here touches models, GPUs or vLLM: checks that look at the machine live in `preflight.py`.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from deploy.vllm_args import known_args, speculative_config_fields
+
+CONFIGS_DIR = Path(__file__).resolve().parent.parent / "configs"
+DEFAULT_CONFIG = "default.yaml"
+
+DrafterKind = Literal[
+    "none", "small_model", "bigram", "ngram", "suffix", "eagle", "eagle3", "mtp", "medusa", "mlp_speculator"
+]
+# Drafters that need a separate draft checkpoint in `speculation.model`.
+DRAFTERS_WITH_MODEL = {"small_model", "eagle", "eagle3", "medusa", "mlp_speculator"}
+# Drafters implemented by specdeploy's own proposer plugin (vLLM method `custom_class`).
+PLUGIN_DRAFTERS = {"bigram"}
+
+
+class ConfigError(ValueError):
+    """A config that cannot be used; the message says what is wrong and how to fix it."""
+
+    def __init__(self, source: str, problems: list[str]):
+        self.source = source
+        self.problems = problems
+        lines = "\n".join(f"  - {p}" for p in problems)
+        super().__init__(f"invalid config {source}:\n{lines}")
+
+
+class Section(BaseModel):
+    # Unknown keys are errors, not silently ignored settings.
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=True)
+
+
+class TargetConfig(Section):
+    model: str
+    """The served model: a local folder with config.json, a hub id (`org/name`), or
+    `embedded:target` for the small pair built locally by `make models`."""
+    tokenizer: str | None = None
+    """Tokenizer folder or hub id when it differs from `model`."""
+    dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
+    """Weight and activation dtype."""
+    max_model_len: int | None = Field(default=None, ge=16)
+    """Longest prompt + output in tokens; smaller values need less KV cache."""
+    quantization: str | None = None
+    """vLLM quantization method (`awq`, `gptq`, `fp8`, ...) or none."""
+    revision: str | None = None
+    """Hub revision (branch, tag or commit) for hub ids."""
+    trust_remote_code: bool = False
+    """Allow model code shipped with a hub checkpoint to run."""
+
+
+class BigramOptions(Section):
+    """Options of specdeploy's bigram drafter (`plugins/`)."""
+
+    table: str | None = None
+    """Bigram table file built by `python -m plugins.build_bigram_table`; default: the table of the
+    embedded pair's corpus (built on first use)."""
+    context_weight: float = Field(default=4.0, ge=0)
+    """Weight of counts from the request's own context against the corpus table (0 = table only)."""
+    min_probability: float = Field(default=0.15, ge=0, le=1)
+    """A draft chain stops before a successor whose probability is below this."""
+    max_batch_size: int = Field(default=64, ge=0)
+    """Above this many running requests the drafter proposes nothing (0 = never stops)."""
+
+
+class SpeculationConfig(Section):
+    drafter: DrafterKind = "none"
+    """Who proposes draft tokens: `none` (plain decoding), `small_model` (a smaller model with the
+    target's tokenizer), `bigram` (specdeploy's plugin), or one of vLLM's methods `ngram`, `suffix`,
+    `eagle`, `eagle3`, `mtp`, `medusa`, `mlp_speculator`."""
+    model: str | None = None
+    """Draft checkpoint (folder, hub id or `embedded:draft`) for small_model, eagle, eagle3, medusa
+    and mlp_speculator."""
+    implementation: Literal["native", "plugin"] = "native"
+    """For small_model: vLLM's own draft-model path (`native`) or specdeploy's plugin (`plugin`)."""
+    num_speculative_tokens: int = Field(default=4, ge=1, le=32)
+    """K: draft tokens proposed per step and verified in one target forward pass."""
+    schedule: list[tuple[int, int, int]] | None = None
+    """Optional K by running batch size: `[[min_batch, max_batch, K], ...]`, inclusive ranges;
+    vLLM's `num_speculative_tokens_per_batch_size`."""
+    draft_tensor_parallel_size: int | None = Field(default=None, ge=1)
+    """Tensor parallelism of the draft model (default: vLLM's choice)."""
+    prompt_lookup_min: int | None = Field(default=None, ge=1)
+    """ngram: shortest n-gram matched in the prompt."""
+    prompt_lookup_max: int | None = Field(default=None, ge=1)
+    """ngram: longest n-gram matched in the prompt."""
+    bigram: BigramOptions = Field(default_factory=BigramOptions)
+    """Options of the bigram drafter."""
+    extra: dict[str, Any] = Field(default_factory=dict)
+    """Further fields of vLLM's speculative_config, checked against its field list."""
+
+    @property
+    def enabled(self) -> bool:
+        return self.drafter != "none"
+
+    @field_validator("schedule")
+    @classmethod
+    def _check_schedule(cls, schedule: list[tuple[int, int, int]] | None) -> list[tuple[int, int, int]] | None:
+        if not schedule:
+            return schedule
+        previous_end = 0
+        for start, end, k in sorted(schedule):
+            if start < 1 or end < start:
+                raise ValueError(f"range [{start}, {end}] must satisfy 1 <= min_batch <= max_batch")
+            if start <= previous_end:
+                raise ValueError(f"range [{start}, {end}] overlaps the range before it")
+            if k < 0:
+                raise ValueError(f"K must be >= 0 in [{start}, {end}, {k}]")
+            previous_end = end
+        return sorted(schedule)
+
+    @field_validator("extra")
+    @classmethod
+    def _check_extra(cls, extra: dict[str, Any]) -> dict[str, Any]:
+        owned = {"method", "model", "num_speculative_tokens", "num_speculative_tokens_per_batch_size",
+                 "draft_tensor_parallel_size", "prompt_lookup_min", "prompt_lookup_max"}
+        for key in extra:
+            if key in owned:
+                raise ValueError(f"'{key}' is set by the typed fields of `speculation`, not in `extra`")
+            if key not in speculative_config_fields():
+                raise ValueError(unknown_key_message(key, speculative_config_fields(), "vLLM's speculative_config"))
+        return extra
+
+    @model_validator(mode="after")
+    def _check_drafter(self) -> SpeculationConfig:
+        if not self.enabled:
+            return self
+        if self.drafter in DRAFTERS_WITH_MODEL and not self.model:
+            raise ValueError(f"drafter '{self.drafter}' needs a draft checkpoint: set speculation.model")
+        if self.drafter not in DRAFTERS_WITH_MODEL and self.model:
+            raise ValueError(f"drafter '{self.drafter}' takes no draft model; remove speculation.model "
+                             f"or use drafter: small_model")
+        if self.implementation == "plugin" and self.drafter != "small_model":
+            raise ValueError("implementation: plugin applies to drafter small_model only")
+        if self.schedule and (self.drafter in PLUGIN_DRAFTERS or self.implementation == "plugin"):
+            raise ValueError("vLLM ignores a per-batch-size schedule for plugin drafters; for bigram set "
+                             "speculation.bigram.max_batch_size instead")
+        if self.schedule and max(k for _, _, k in self.schedule) > self.num_speculative_tokens:
+            raise ValueError("a schedule's K cannot exceed num_speculative_tokens")
+        if (self.prompt_lookup_min or self.prompt_lookup_max) and self.drafter != "ngram":
+            raise ValueError("prompt_lookup_min/max apply to drafter ngram only")
+        if self.prompt_lookup_min and self.prompt_lookup_max and self.prompt_lookup_min > self.prompt_lookup_max:
+            raise ValueError("prompt_lookup_min must be <= prompt_lookup_max")
+        return self
+
+
+class ParallelismConfig(Section):
+    tensor_parallel_size: int = Field(default=1, ge=1)
+    """GPUs that split each layer (vLLM tensor parallelism); usually the GPUs of one node."""
+    pipeline_parallel_size: int = Field(default=1, ge=1)
+    """Stages that split the layers; with nodes > 1, usually the number of nodes."""
+    data_parallel_size: int = Field(default=1, ge=1)
+    """Independent engine replicas behind one server."""
+    distributed_executor_backend: Literal["mp", "ray", "uni"] | None = None
+    """`mp` (one node), `ray` (several nodes; start a Ray cluster first), or vLLM's default."""
+    nodes: int = Field(default=1, ge=1)
+    """Machines the deployment spans; more than one needs the `ray` backend."""
+
+    @property
+    def world_size(self) -> int:
+        return self.tensor_parallel_size * self.pipeline_parallel_size * self.data_parallel_size
+
+    @model_validator(mode="after")
+    def _check_nodes(self) -> ParallelismConfig:
+        if self.nodes > 1 and self.distributed_executor_backend != "ray":
+            raise ValueError("nodes > 1 needs distributed_executor_backend: ray")
+        if self.world_size % self.nodes:
+            raise ValueError(f"tensor x pipeline x data parallel = {self.world_size} GPUs does not split "
+                             f"evenly over {self.nodes} nodes")
+        return self
+
+
+class ServerConfig(Section):
+    host: str = "127.0.0.1"
+    """Address to listen on; loopback by default, `0.0.0.0` to accept remote clients."""
+    port: int = Field(default=8000, ge=1, le=65535)
+    """TCP port of the OpenAI-compatible API."""
+    served_model_name: str | None = None
+    """Model name clients send; default: the config's `name`."""
+    api_key_env: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    """Name of the environment variable that holds the API key (the key itself never goes in a file)."""
+    startup_timeout_s: float = Field(default=900, gt=0)
+    """How long to wait for the server to report healthy."""
+
+
+class ResourcesConfig(Section):
+    device: Literal["auto", "cuda", "cpu"] = "auto"
+    """`auto` uses NVIDIA GPUs when present, else the CPU."""
+    gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
+    """Fraction of each GPU's memory vLLM may use (weights + KV cache)."""
+    cpu_kvcache_space_gib: int = Field(default=2, ge=1)
+    """KV cache size on CPU in GiB (VLLM_CPU_KVCACHE_SPACE)."""
+    max_num_seqs: int | None = Field(default=None, ge=1)
+    """Most requests decoded together (the largest batch)."""
+    cpu_preload_iomp: bool = True
+    """On CPU, preload Intel OpenMP (vLLM recommends it, and warns without it with speculation)."""
+
+
+class DeploymentConfig(Section):
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    """Short name of the deployment; the default served model name."""
+    description: str = ""
+    """What this deployment is for."""
+    target: TargetConfig
+    """The model that answers requests."""
+    speculation: SpeculationConfig = Field(default_factory=SpeculationConfig)
+    """The drafter and K; `drafter: none` is the baseline."""
+    parallelism: ParallelismConfig = Field(default_factory=ParallelismConfig)
+    """How the engine spreads over GPUs and nodes."""
+    server: ServerConfig = Field(default_factory=ServerConfig)
+    """The HTTP server."""
+    resources: ResourcesConfig = Field(default_factory=ResourcesConfig)
+    """Memory and device."""
+    engine_args: dict[str, Any] = Field(default_factory=dict)
+    """Further vLLM server arguments by their Python name (`enforce_eager: true`), checked against
+    vLLM's own argument list."""
+    env: dict[str, str] = Field(default_factory=dict)
+    """Extra environment variables for the server process."""
+
+    @field_validator("engine_args")
+    @classmethod
+    def _check_engine_args(cls, args: dict[str, Any]) -> dict[str, Any]:
+        for key in args:
+            if key in OWNED_ENGINE_ARGS:
+                raise ValueError(f"'{key}' is a typed field: set {OWNED_ENGINE_ARGS[key]} instead")
+            if key not in known_args():
+                raise ValueError(unknown_key_message(key, known_args(), "vLLM's server arguments"))
+        return args
+
+    @property
+    def served_name(self) -> str:
+        return self.server.served_model_name or self.name
+
+    def without_speculation(self) -> DeploymentConfig:
+        """The same deployment as a baseline: plain decoding, same name plus `-nospec`."""
+        return self.model_copy(update={"speculation": SpeculationConfig()}, deep=True)
+
+
+# vLLM arguments that the typed sections own, and where to set them.
+OWNED_ENGINE_ARGS = {
+    "model": "target.model", "tokenizer": "target.tokenizer", "dtype": "target.dtype",
+    "max_model_len": "target.max_model_len", "quantization": "target.quantization",
+    "revision": "target.revision", "trust_remote_code": "target.trust_remote_code",
+    "speculative_config": "the speculation section", "spec_method": "speculation.drafter",
+    "spec_model": "speculation.model", "spec_tokens": "speculation.num_speculative_tokens",
+    "tensor_parallel_size": "parallelism.tensor_parallel_size",
+    "pipeline_parallel_size": "parallelism.pipeline_parallel_size",
+    "data_parallel_size": "parallelism.data_parallel_size",
+    "distributed_executor_backend": "parallelism.distributed_executor_backend",
+    "host": "server.host", "port": "server.port", "served_model_name": "server.served_model_name",
+    "api_key": "server.api_key_env (the name of an environment variable holding the key)",
+    "gpu_memory_utilization": "resources.gpu_memory_utilization", "max_num_seqs": "resources.max_num_seqs",
+}
+
+
+def unknown_key_message(key: str, valid: Any, where: str) -> str:
+    close = difflib.get_close_matches(key, list(valid), n=1, cutoff=0.6)
+    hint = f"; did you mean '{close[0]}'?" if close else ""
+    return f"unknown key '{key}' in {where}{hint}"
+
+
+def _section_fields(model: type[BaseModel], path: tuple[Any, ...]) -> list[str]:
+    """Valid keys at `path` inside the config schema (for 'did you mean')."""
+    for part in path:
+        field = model.model_fields.get(str(part))
+        annotation = getattr(field, "annotation", None)
+        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+            return []
+        model = annotation
+    return list(model.model_fields)
+
+
+def _describe(error: dict[str, Any]) -> str:
+    loc = tuple(error["loc"])
+    path = ".".join(str(p) for p in loc) or "(top level)"
+    if error["type"] == "extra_forbidden":
+        parent, key = loc[:-1], str(loc[-1])
+        where = ".".join(str(p) for p in parent) or "the top level"
+        if key == "api_key":
+            return (f"{path}: API keys are never written in config files; put the key in an environment "
+                    f"variable and set server.api_key_env to its name")
+        return f"{path}: {unknown_key_message(key, _section_fields(DeploymentConfig, parent), where)}"
+    if error["type"] == "missing":
+        return f"{path}: required field is missing"
+    message = error["msg"].removeprefix("Value error, ")
+    given = error.get("input")
+    shown = "" if isinstance(given, dict) or given is None else f" (got {given!r})"
+    return f"{path}: {message}{shown}"
+
+
+def parse_config(data: Any, source: str = "<config>") -> DeploymentConfig:
+    """Validate a config already read from YAML."""
+    if not isinstance(data, dict):
+        raise ConfigError(source, [f"the file must hold a mapping of sections, not {type(data).__name__}"])
+    try:
+        return DeploymentConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(source, [_describe(e) for e in exc.errors()]) from None
+
+
+def resolve_config_path(name_or_path: str | Path) -> Path:
+    """A path as given, or a bare name (`llama70b-7b`, `llama70b-7b.yaml`) under `configs/`."""
+    path = Path(name_or_path).expanduser()
+    if path.is_file():
+        return path
+    for candidate in (CONFIGS_DIR / path.name, CONFIGS_DIR / f"{path.name}.yaml"):
+        if len(path.parts) == 1 and candidate.is_file():
+            return candidate
+    presets = ", ".join(sorted(p.stem for p in CONFIGS_DIR.glob("*.yaml")))
+    raise ConfigError(str(name_or_path), [f"no such config file; presets in {CONFIGS_DIR}: {presets}"])
+
+
+def apply_override(data: dict[str, Any], assignment: str) -> None:
+    """Apply `section.field=value` (value parsed as YAML) to raw config data, in place."""
+    if "=" not in assignment:
+        raise ConfigError("--set", [f"'{assignment}' is not of the form section.field=value"])
+    dotted, raw = assignment.split("=", 1)
+    keys = [k for k in dotted.strip().split(".") if k]
+    if not keys or not all(re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k) for k in keys):
+        raise ConfigError("--set", [f"'{dotted}' is not a dotted field path"])
+    node = data
+    for key in keys[:-1]:
+        child = node.setdefault(key, {})
+        if not isinstance(child, dict):
+            raise ConfigError("--set", [f"'{dotted}': {key} is not a section"])
+        node = child
+    node[keys[-1]] = yaml.safe_load(raw) if raw.strip() else None
+
+
+def load_config(
+    name_or_path: str | Path = DEFAULT_CONFIG, overrides: list[str] | tuple[str, ...] = (),
+    no_speculation: bool = False,
+) -> DeploymentConfig:
+    """Read, override and validate a config file.
+
+    `overrides` are `section.field=value` strings; `no_speculation` turns any drafter off so a
+    preset runs as its own baseline.
+    """
+    path = resolve_config_path(name_or_path)
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(str(path), [f"not valid YAML: {exc}"]) from None
+    if isinstance(data, dict):
+        for assignment in overrides:
+            apply_override(data, assignment)
+    config = parse_config(data, str(path))
+    return config.without_speculation() if no_speculation else config

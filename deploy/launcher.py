@@ -1,0 +1,214 @@
+"""Start, watch and stop a vLLM OpenAI-compatible server from a launch plan.
+
+`Server` is the Python API the load tests use: start it, wait until `/health` answers, stop
+it whatever happened in between (it is a context manager, and it kills the whole process
+group, engine workers included). Start-up failures raise `ServerStartError` carrying the
+engine's own error line and the tail of its log.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from types import TracebackType
+
+import requests
+
+from deploy.engine_args import LaunchPlan
+
+log = logging.getLogger("specdeploy")
+
+# Lines that carry the reason a vLLM start-up failed, most specific first.
+_ERROR_LINE = re.compile(r"(\w+(Error|Exception)\b.*|.*\bERROR\b.*|.*error: .*)")
+_NOISE = re.compile(r"Traceback|^\s*File |^\s*\^+\s*$|raise |EngineCore failed to start|Engine core initialization failed")
+
+
+class ServerStartError(RuntimeError):
+    """The server exited or never became healthy."""
+
+    def __init__(self, message: str, log_tail: list[str], log_path: Path | None):
+        self.reason = message
+        self.log_tail = log_tail
+        self.log_path = log_path
+        where = f" (full log: {log_path})" if log_path else ""
+        super().__init__(f"{message}{where}")
+
+
+def engine_error_line(lines: list[str]) -> str | None:
+    """The most telling error line of a failed start: the last `...Error: ...` that is not noise."""
+    candidates = [ln.strip() for ln in lines if _ERROR_LINE.search(ln) and not _NOISE.search(ln)]
+    with_message = [c for c in candidates if re.search(r"(Error|Exception): \S", c)]
+    pick = (with_message or candidates or [None])[-1]
+    return pick
+
+
+def port_is_free(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host if host not in ("0.0.0.0", "") else "0.0.0.0", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+class Server:
+    """One vLLM server process (and its engine workers)."""
+
+    def __init__(self, plan: LaunchPlan, log_path: Path | None = None, echo: bool = False):
+        self.plan = plan
+        self.log_path = log_path
+        self.echo = echo
+        """Also copy the engine's output to this process's stdout."""
+        self.process: subprocess.Popen[bytes] | None = None
+        self.tail: collections.deque[str] = collections.deque(maxlen=400)
+        self._reader: threading.Thread | None = None
+
+    @property
+    def base_url(self) -> str:
+        return self.plan.base_url
+
+    def start(self) -> Server:
+        if self.process is not None:
+            raise RuntimeError("server already started")
+        if not port_is_free(self.plan.host, self.plan.port):
+            raise ServerStartError(
+                f"port {self.plan.port} on {self.plan.host} is already in use; stop what listens there or pick "
+                f"another port (--set server.port=N)", [], None)
+        if self.log_path:
+            self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, **self.plan.env, "PYTHONUNBUFFERED": "1"}
+        # A new session makes the server the leader of its own process group, so stop() can
+        # reach the engine-core and worker processes it spawns, too.
+        self.process = subprocess.Popen(self.plan.argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                        stdin=subprocess.DEVNULL, start_new_session=True)
+        self._reader = threading.Thread(target=self._read_output, name="vllm-log", daemon=True)
+        self._reader.start()
+        log.info("started vLLM server (pid %d) on %s; log: %s", self.process.pid, self.base_url,
+                 self.log_path or "(memory)")
+        return self
+
+    def _read_output(self) -> None:
+        assert self.process and self.process.stdout
+        sink = open(self.log_path, "a", encoding="utf-8") if self.log_path else None
+        try:
+            for raw in self.process.stdout:
+                line = raw.decode("utf-8", "replace").rstrip("\n")
+                self.tail.append(line)
+                if sink:
+                    sink.write(line + "\n")
+                    sink.flush()
+                if self.echo:
+                    print(line, flush=True)
+        finally:
+            if sink:
+                sink.close()
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def healthy(self) -> bool:
+        try:
+            return requests.get(f"{self.base_url}/health", timeout=2).status_code == 200
+        except requests.RequestException:
+            return False
+
+    def wait_healthy(self, timeout_s: float = 900, progress: bool = True) -> float:
+        """Block until `/health` answers 200; return the seconds it took."""
+        assert self.process is not None, "start() first"
+        started = time.monotonic()
+        tty = progress and sys.stderr.isatty()
+        last_report = 0.0
+        while True:
+            elapsed = time.monotonic() - started
+            if self.process.poll() is not None:
+                self._finish_reader()
+                lines = list(self.tail)
+                reason = engine_error_line(lines) or (lines[-1] if lines else "no output")
+                if tty:
+                    sys.stderr.write("\n")
+                raise ServerStartError(f"vLLM exited with code {self.process.returncode} during start-up: {reason}",
+                                       lines[-40:], self.log_path)
+            if self.healthy():
+                if tty:
+                    sys.stderr.write("\n")
+                log.info("server healthy at %s after %.0f s", self.base_url, elapsed)
+                return elapsed
+            if elapsed > timeout_s:
+                lines = list(self.tail)
+                self.stop()
+                raise ServerStartError(f"vLLM did not become healthy within {timeout_s:.0f} s; last line: "
+                                       f"{lines[-1] if lines else 'none'}", lines[-40:], self.log_path)
+            if progress:
+                last_line = (self.tail[-1] if self.tail else "").strip()
+                status = f"waiting for vLLM at {self.base_url}/health: {elapsed:4.0f} s | {last_line[-90:]}"
+                if tty:
+                    sys.stderr.write("\r\033[K" + status[: os.get_terminal_size(sys.stderr.fileno()).columns - 1])
+                    sys.stderr.flush()
+                elif elapsed - last_report >= 15:
+                    print(status, file=sys.stderr, flush=True)
+                    last_report = elapsed
+            time.sleep(0.5)
+
+    def stop(self, timeout_s: float = 30) -> int | None:
+        """SIGTERM the process group, then SIGKILL after `timeout_s`; returns the exit code."""
+        if self.process is None:
+            return None
+        if self.process.poll() is None:
+            self._signal_group(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                log.warning("vLLM did not stop within %.0f s; killing it", timeout_s)
+        # Engine workers can outlive the API process; make sure none is left.
+        self._signal_group(signal.SIGKILL)
+        self.process.wait()
+        self._finish_reader()
+        return self.process.returncode
+
+    def _signal_group(self, sig: int) -> None:
+        assert self.process is not None
+        try:
+            os.killpg(self.process.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def _finish_reader(self) -> None:
+        if self._reader:
+            self._reader.join(timeout=5)
+
+    def __enter__(self) -> Server:
+        if self.process is None:
+            self.start()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()
+
+
+def start_server(plan: LaunchPlan, log_path: Path | None = None, timeout_s: float = 900,
+                 progress: bool = True, echo: bool = False) -> Server:
+    """Start a server and wait until it is healthy; on failure nothing is left running."""
+    server = Server(plan, log_path, echo=echo).start()
+    try:
+        server.wait_healthy(timeout_s, progress=progress)
+    except BaseException:
+        server.stop()
+        raise
+    return server

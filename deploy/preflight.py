@@ -1,0 +1,292 @@
+"""Checks that look at the machine and the model files, before any engine starts.
+
+`preflight(config)` resolves model references (`embedded:*`, folders, hub ids), then checks:
+the model folders exist, draft and target share a vocabulary, there are enough GPUs for the
+parallelism asked for, and the weights plus KV cache fit in the memory that is there. Each
+problem says what is wrong and what would fix it. The result, a `ResolvedDeployment`, is what
+`engine_args.py` turns into a vLLM command.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from deploy.config import ConfigError, DeploymentConfig
+
+log = logging.getLogger("specdeploy")
+
+EMBEDDED_PREFIX = "embedded:"
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "auto": 2}
+QUANT_BYTES = {"awq": 0.5, "gptq": 0.5, "fp8": 1, "bitsandbytes": 0.5, "compressed-tensors": 1}
+GIB = 1024**3
+
+
+@dataclass(frozen=True)
+class Machine:
+    """What the engine can use here."""
+
+    gpus: int
+    gpu_memory_gib: float
+    """Memory of one GPU (the smallest, if they differ)."""
+    host_memory_gib: float
+
+    @staticmethod
+    def detect() -> Machine:
+        gpus, per_gpu = 0, 0.0
+        if shutil.which("nvidia-smi"):
+            try:
+                out = subprocess.run(["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
+                                     capture_output=True, text=True, timeout=20, check=True).stdout
+                sizes = [float(x) / 1024 for x in out.split() if x.strip()]
+                gpus, per_gpu = len(sizes), min(sizes, default=0.0)
+            except (subprocess.SubprocessError, ValueError):
+                pass
+        host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / GIB
+        return Machine(gpus, per_gpu, host)
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What is known of a checkpoint before loading it."""
+
+    ref: str
+    """As written in the config."""
+    path: str
+    """What vLLM is given: a local folder or a hub id."""
+    local: bool
+    hf_config: dict[str, Any] | None
+    vocab_size: int | None
+    tokenizer_vocab: int | None
+    """Size of the tokenizer's vocabulary (tokenizer.json), when it can be read."""
+    params: float | None
+    """Parameter count: computed from config.json, or read from the name (`70B`) as an estimate."""
+
+
+@dataclass
+class ResolvedDeployment:
+    """A validated config bound to this machine: the input of `engine_args.build_launch_plan`."""
+
+    config: DeploymentConfig
+    machine: Machine
+    device: str
+    """`cuda` or `cpu`."""
+    target: ModelInfo
+    draft: ModelInfo | None
+    notes: list[str] = field(default_factory=list)
+    """Estimates and warnings to show the user."""
+
+
+def resolve_model_ref(ref: str, config_dir: Path | None = None) -> str:
+    """`embedded:target` -> the built folder; a relative path -> absolute; a hub id as is."""
+    if ref.startswith(EMBEDDED_PREFIX):
+        which = ref.removeprefix(EMBEDDED_PREFIX)
+        if which not in ("target", "draft"):
+            raise ConfigError(ref, [f"unknown embedded model '{which}': use embedded:target or embedded:draft"])
+        from deploy.embedded_pair import ensure_pair
+
+        pair = ensure_pair()
+        return str(pair.target if which == "target" else pair.draft)
+    if looks_like_path(ref):
+        path = Path(ref).expanduser()
+        if not path.is_absolute() and config_dir is not None and not path.exists():
+            path = config_dir / path
+        return str(path.resolve())
+    return ref
+
+
+def looks_like_path(ref: str) -> bool:
+    return ref.startswith(("/", "./", "../", "~")) or Path(ref).expanduser().exists() or ref.count("/") != 1
+
+
+def inspect_model(ref: str, path: str, field_name: str) -> ModelInfo:
+    """Read config.json and tokenizer size of a local folder (or of a hub id's local cache)."""
+    local = looks_like_path(path)
+    folder: Path | None = Path(path) if local else _hub_cache_folder(path)
+    if local:
+        if not Path(path).is_dir():
+            raise ConfigError(field_name, [
+                f"{field_name}: model folder {path} does not exist. Fix: point {field_name} at a folder "
+                f"holding config.json and weights, or use a hub id (org/name), or `embedded:target`/"
+                f"`embedded:draft` for the locally built pair (`make models`)"])
+        if not (Path(path) / "config.json").is_file():
+            raise ConfigError(field_name, [f"{field_name}: {path} has no config.json; is it a model folder?"])
+    hf_config = _read_json(folder / "config.json") if folder else None
+    vocab = hf_config.get("vocab_size") if hf_config else None
+    if hf_config and vocab is None:
+        vocab = (hf_config.get("text_config") or {}).get("vocab_size")
+    return ModelInfo(ref, path, local, hf_config, vocab, _tokenizer_vocab(folder) if folder else None,
+                     estimate_params(hf_config, path))
+
+
+def _hub_cache_folder(hub_id: str) -> Path | None:
+    """The newest snapshot of a hub id in the local Hugging Face cache, if any (no network)."""
+    home = Path(os.environ.get("HF_HOME", Path.home() / ".cache" / "huggingface"))
+    snapshots = home / "hub" / f"models--{hub_id.replace('/', '--')}" / "snapshots"
+    found = sorted(snapshots.glob("*/config.json"), key=lambda p: p.stat().st_mtime) if snapshots.is_dir() else []
+    return found[-1].parent if found else None
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _tokenizer_vocab(folder: Path) -> int | None:
+    data = _read_json(folder / "tokenizer.json")
+    if not data:
+        return None
+    vocab = data.get("model", {}).get("vocab") or {}
+    ids = [t["id"] for t in data.get("added_tokens", [])] + (list(vocab.values()) if isinstance(vocab, dict) else [])
+    return max(ids) + 1 if ids else None
+
+
+def estimate_params(hf_config: dict[str, Any] | None, name: str) -> float | None:
+    """Parameters of a decoder-only transformer from its config, else from a size in its name."""
+    if hf_config and hf_config.get("hidden_size") and hf_config.get("num_hidden_layers"):
+        h = hf_config["hidden_size"]
+        layers = hf_config["num_hidden_layers"]
+        inter = hf_config.get("intermediate_size") or 4 * h
+        heads = hf_config.get("num_attention_heads") or 1
+        kv_heads = hf_config.get("num_key_value_heads") or heads
+        head_dim = hf_config.get("head_dim") or h // heads
+        vocab = hf_config.get("vocab_size") or 0
+        attn = h * heads * head_dim * 2 + h * kv_heads * head_dim * 2
+        mlp = 3 * h * inter
+        embed = vocab * h * (1 if hf_config.get("tie_word_embeddings") else 2)
+        return float(layers * (attn + mlp + 2 * h) + embed)
+    match = re.search(r"(\d+(?:\.\d+)?)\s*([bBmM])(?![a-zA-Z])", Path(name).name)
+    if match:
+        return float(match.group(1)) * (1e9 if match.group(2) in "bB" else 1e6)
+    return None
+
+
+def kv_bytes_per_token(hf_config: dict[str, Any] | None, dtype_bytes: float) -> float | None:
+    if not hf_config or not hf_config.get("num_hidden_layers"):
+        return None
+    heads = hf_config.get("num_attention_heads") or 1
+    kv_heads = hf_config.get("num_key_value_heads") or heads
+    head_dim = hf_config.get("head_dim") or hf_config["hidden_size"] // heads
+    return 2 * hf_config["num_hidden_layers"] * kv_heads * head_dim * dtype_bytes
+
+
+def _weight_bytes(info: ModelInfo, config: DeploymentConfig) -> float | None:
+    if info.params is None:
+        return None
+    per_param = QUANT_BYTES.get(config.target.quantization or "", DTYPE_BYTES[config.target.dtype])
+    return info.params * per_param
+
+
+def check_vocabularies(target: ModelInfo, draft: ModelInfo, drafter: str) -> list[str]:
+    """A small-model drafter must speak the target's tokenizer."""
+    problems = []
+    for what, t, d in (("config vocab_size", target.vocab_size, draft.vocab_size),
+                       ("tokenizer vocabulary", target.tokenizer_vocab, draft.tokenizer_vocab)):
+        if t is not None and d is not None and t != d:
+            problems.append(
+                f"speculation.model: the draft's {what} is {d} but the target's is {t}; drafter "
+                f"'{drafter}' needs a draft trained with the target's tokenizer (same model family), "
+                f"e.g. a smaller model of the same series")
+    if target.params and draft.params and draft.params >= target.params:
+        problems.append(f"speculation.model: the draft ({draft.params / 1e6:.1f}M parameters) is not smaller than "
+                        f"the target ({target.params / 1e6:.1f}M); speculation would only add cost")
+    return problems
+
+
+def check_fit(resolved: ResolvedDeployment) -> list[str]:
+    """Weights (target + draft) and a minimal KV cache against the memory this machine has."""
+    config, machine = resolved.config, resolved.machine
+    par = config.parallelism
+    problems: list[str] = []
+    # A draft's size read from its name only counts for small-model drafters: an EAGLE head
+    # named after its 8B target is itself a few hundred MB.
+    models = [resolved.target]
+    if resolved.draft and (resolved.draft.hf_config or config.speculation.drafter == "small_model"):
+        models.append(resolved.draft)
+    weights = sum(w for w in (_weight_bytes(m, config) for m in models) if w)
+    if not weights:
+        resolved.notes.append("memory check skipped: model size unknown (no local config.json, no size in name)")
+        return problems
+    dtype_bytes = DTYPE_BYTES[config.target.dtype]
+    kv_token = kv_bytes_per_token(resolved.target.hf_config, dtype_bytes)
+    max_len = config.target.max_model_len or (resolved.target.hf_config or {}).get("max_position_embeddings") or 4096
+    kv_min = (kv_token or 0) * max_len  # room for one full-length sequence at least
+    need_gib = (weights + kv_min) / GIB
+    kv_note = f" + one {max_len}-token sequence of KV cache {kv_min / GIB:.2f} GiB" if kv_token else ""
+    source = "config.json" if resolved.target.hf_config else "the size in the model name"
+    resolved.notes.append(f"memory estimate (from {source}): weights {weights / GIB:.2f} GiB{kv_note}")
+    if resolved.device == "cuda":
+        gpus_per_node = par.world_size // par.nodes
+        if machine.gpus < gpus_per_node:
+            problems.append(
+                f"parallelism: this config needs {gpus_per_node} GPUs per node (tensor {par.tensor_parallel_size} "
+                f"x pipeline {par.pipeline_parallel_size} x data {par.data_parallel_size} / {par.nodes} nodes) "
+                f"but this machine has {machine.gpus}. Fix: run it on a machine with {gpus_per_node} GPUs, or "
+                f"lower parallelism.* (and pick a smaller model)")
+        usable = machine.gpus and machine.gpu_memory_gib * config.resources.gpu_memory_utilization
+        # The model is split over tensor x pipeline GPUs, but only over those that exist.
+        model_parallel = min(par.tensor_parallel_size * par.pipeline_parallel_size, machine.gpus)
+        if usable and need_gib > usable * model_parallel:
+            problems.append(
+                f"memory: about {need_gib:.1f} GiB are needed but {model_parallel} x {usable:.1f} GiB of GPU "
+                f"memory are usable. Fix: raise tensor_parallel_size, quantize (target.quantization), or "
+                f"shorten target.max_model_len")
+    else:
+        if par.tensor_parallel_size * par.pipeline_parallel_size > 1 and par.nodes == 1:
+            resolved.notes.append("CPU: tensor/pipeline parallelism splits the model over CPU sockets (NUMA nodes)")
+        available = machine.host_memory_gib - config.resources.cpu_kvcache_space_gib
+        if need_gib > available:
+            hint = (f"this machine has no NVIDIA GPU; run this preset on GPUs (it is sized for "
+                    f"{par.world_size})" if par.world_size > 1 or need_gib > 64 else
+                    "use a smaller model or lower resources.cpu_kvcache_space_gib")
+            problems.append(
+                f"memory: the model needs about {need_gib:.1f} GiB but this machine has {machine.host_memory_gib:.1f} "
+                f"GiB of RAM ({config.resources.cpu_kvcache_space_gib:g} GiB reserved for the KV cache). Fix: {hint}")
+    return problems
+
+
+def choose_device(config: DeploymentConfig, machine: Machine) -> str:
+    if config.resources.device == "auto":
+        return "cuda" if machine.gpus else "cpu"
+    if config.resources.device == "cuda" and not machine.gpus:
+        raise ConfigError("resources.device", ["resources.device is cuda but no NVIDIA GPU was found "
+                                               "(nvidia-smi); use device: auto or cpu"])
+    return config.resources.device
+
+
+def preflight(config: DeploymentConfig, config_dir: Path | None = None, machine: Machine | None = None,
+              check_memory: bool = True) -> ResolvedDeployment:
+    """Resolve and check a config against this machine; raise `ConfigError` listing every problem."""
+    machine = machine or Machine.detect()
+    device = choose_device(config, machine)
+    target_path = resolve_model_ref(config.target.model, config_dir)
+    target = inspect_model(config.target.model, target_path, "target.model")
+    draft = None
+    spec = config.speculation
+    problems: list[str] = []
+    notes: list[str] = []
+    if spec.enabled and spec.model:
+        draft_path = resolve_model_ref(spec.model, config_dir)
+        draft = inspect_model(spec.model, draft_path, "speculation.model")
+        if spec.drafter == "small_model":
+            problems += check_vocabularies(target, draft, spec.drafter)
+            if target.vocab_size is None or draft.vocab_size is None:
+                notes.append("vocabulary check skipped: a model's config.json is not on this machine "
+                             "(vLLM checks it again when it loads the models)")
+    if spec.drafter == "small_model" and spec.implementation == "plugin" and not (target.local and draft and draft.local):
+        problems.append("speculation.implementation: the small-model plugin loads the draft from a local folder")
+    resolved = ResolvedDeployment(config, machine, device, target, draft, notes)
+    if check_memory:
+        problems += check_fit(resolved)
+    if problems:
+        raise ConfigError(config.name, problems)
+    return resolved

@@ -1,0 +1,215 @@
+"""Config validation and translation to vLLM arguments: fast, no engine started."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+from deploy import plan_from_config
+from deploy.config import CONFIGS_DIR, ConfigError, load_config, parse_config
+from deploy.engine_args import build_launch_plan, engine_arguments
+from deploy.preflight import Machine, preflight
+
+PRESETS = sorted(p.name for p in CONFIGS_DIR.glob("*.yaml"))
+GPU_NODE = Machine(gpus=8, gpu_memory_gib=80, host_memory_gib=1024)
+CPU_BOX = Machine(gpus=0, gpu_memory_gib=0, host_memory_gib=24)
+
+
+def minimal(**sections) -> dict:
+    return {"name": "t", "target": {"model": "org/model-1b"}, **sections}
+
+
+def problems(data: dict) -> list[str]:
+    with pytest.raises(ConfigError) as info:
+        parse_config(data)
+    return info.value.problems
+
+
+# --- bad input gets a clear error -------------------------------------------------------------
+
+def test_unknown_key_names_the_nearest_valid_one() -> None:
+    assert problems(minimal(speculation={"num_speculativ_tokens": 3})) == [
+        "speculation.num_speculativ_tokens: unknown key 'num_speculativ_tokens' in speculation; "
+        "did you mean 'num_speculative_tokens'?"]
+    assert "did you mean 'parallelism'" in problems(minimal(paralelism={}))[0]
+
+
+def test_wrong_type_and_range_name_the_field_path() -> None:
+    found = problems(minimal(speculation={"drafter": "ngram", "num_speculative_tokens": 0},
+                             server={"port": "eighty"}))
+    assert any(p.startswith("speculation.num_speculative_tokens: ") and "greater than or equal to 1" in p
+               for p in found)
+    assert any(p.startswith("server.port: ") and "'eighty'" in p for p in found)
+    assert problems(minimal(speculation={"drafter": "lookahead"}))[0].startswith("speculation.drafter: Input should be")
+
+
+def test_api_key_is_never_accepted_in_the_file() -> None:
+    [problem] = problems(minimal(server={"api_key": "sk-secret"}))
+    assert "api_key_env" in problem and "sk-secret" not in problem
+    [problem] = problems(minimal(engine_args={"api_key": "sk-secret"}))
+    assert "server.api_key_env" in problem
+
+
+def test_engine_args_are_checked_against_vllms_argument_list() -> None:
+    [problem] = problems(minimal(engine_args={"enforce_eagr": True}))
+    assert "unknown key 'enforce_eagr'" in problem and "did you mean 'enforce_eager'" in problem
+    [problem] = problems(minimal(engine_args={"tensor_parallel_size": 2}))
+    assert "parallelism.tensor_parallel_size" in problem
+    assert parse_config(minimal(engine_args={"enforce_eager": True})).engine_args == {"enforce_eager": True}
+
+
+def test_drafter_consistency() -> None:
+    assert "needs a draft checkpoint" in problems(minimal(speculation={"drafter": "small_model"}))[0]
+    assert "takes no draft model" in problems(minimal(speculation={"drafter": "ngram", "model": "x/y"}))[0]
+    assert "overlaps" in problems(minimal(speculation={"drafter": "ngram", "schedule": [[1, 8, 4], [8, 16, 2]]}))[0]
+    assert "ignores a per-batch-size schedule" in problems(
+        minimal(speculation={"drafter": "bigram", "schedule": [[1, 8, 4]]}))[0]
+    assert "did you mean 'prompt_lookup_max'" in problems(
+        minimal(speculation={"drafter": "ngram", "extra": {"prompt_lookup_mx": 3}}))[0]
+
+
+def test_multi_node_needs_ray() -> None:
+    assert "needs distributed_executor_backend: ray" in problems(
+        minimal(parallelism={"tensor_parallel_size": 8, "nodes": 2}))[0]
+
+
+def test_overrides_and_no_spec_from_the_command_line() -> None:
+    config = load_config("llama70b-7b", ["speculation.num_speculative_tokens=6", "server.port=9000"])
+    assert config.speculation.num_speculative_tokens == 6 and config.server.port == 9000
+    with pytest.raises(ConfigError, match="schedule.s K cannot exceed num_speculative_tokens"):
+        load_config("llama70b-7b", ["speculation.num_speculative_tokens=2"])
+    assert load_config("llama70b-7b.yaml", no_speculation=True).speculation.drafter == "none"
+    with pytest.raises(ConfigError, match="unknown key 'prot'"):
+        load_config("default", ["server.prot=1"])
+    with pytest.raises(ConfigError, match="no such config file; presets in"):
+        load_config("no-such-preset")
+
+
+def test_missing_model_folder_says_how_to_fix(tmp_path: Path) -> None:
+    config = parse_config(minimal(target={"model": str(tmp_path / "nowhere")}))
+    with pytest.raises(ConfigError) as info:
+        preflight(config, machine=CPU_BOX)
+    assert "does not exist" in str(info.value) and "embedded:target" in str(info.value)
+
+
+def fake_model(folder: Path, vocab: int, hidden: int = 64, layers: int = 2) -> str:
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text(json.dumps({
+        "architectures": ["LlamaForCausalLM"], "hidden_size": hidden, "num_hidden_layers": layers,
+        "num_attention_heads": 1, "intermediate_size": 4 * hidden, "vocab_size": vocab,
+        "max_position_embeddings": 512}))
+    (folder / "tokenizer.json").write_text(json.dumps({"model": {"vocab": {f"t{i}": i for i in range(vocab)}},
+                                                       "added_tokens": []}))
+    return str(folder)
+
+
+def test_draft_with_another_vocabulary_is_refused(tmp_path: Path) -> None:
+    target = fake_model(tmp_path / "target", vocab=1000, hidden=256, layers=4)
+    draft = fake_model(tmp_path / "draft", vocab=1200)
+    config = parse_config(minimal(target={"model": target}, speculation={"drafter": "small_model", "model": draft}))
+    with pytest.raises(ConfigError) as info:
+        preflight(config, machine=CPU_BOX)
+    message = str(info.value)
+    assert "vocab_size is 1200 but the target's is 1000" in message and "tokenizer" in message
+    same = fake_model(tmp_path / "draft-ok", vocab=1000)
+    ok = parse_config(minimal(target={"model": target}, speculation={"drafter": "small_model", "model": same}))
+    assert preflight(ok, machine=CPU_BOX).draft is not None
+
+
+def test_draft_not_smaller_than_target_is_refused(tmp_path: Path) -> None:
+    target = fake_model(tmp_path / "target", vocab=1000)
+    draft = fake_model(tmp_path / "draft", vocab=1000, hidden=256, layers=4)
+    config = parse_config(minimal(target={"model": target}, speculation={"drafter": "small_model", "model": draft}))
+    with pytest.raises(ConfigError, match="is not smaller than the target"):
+        preflight(config, machine=CPU_BOX)
+
+
+def test_model_that_cannot_fit_the_machine() -> None:
+    with pytest.raises(ConfigError) as info:
+        preflight(load_config("llama70b-7b"), machine=CPU_BOX)
+    assert "GiB of RAM" in str(info.value) and "run this preset on GPUs" in str(info.value)
+    small_gpus = Machine(gpus=2, gpu_memory_gib=24, host_memory_gib=256)
+    with pytest.raises(ConfigError) as info:
+        preflight(load_config("llama70b-7b"), machine=small_gpus)
+    assert "needs 8 GPUs per node" in str(info.value) and "this machine has 2" in str(info.value)
+    assert "GiB of GPU memory are usable" in str(info.value)
+    preflight(load_config("llama70b-7b"), machine=GPU_NODE)  # fits where it is meant to run
+
+
+# --- presets translate to the engine arguments they should -----------------------------------
+
+EXPECTED_SPEC = {
+    "llama70b-7b.yaml": {"method": "draft_model", "model": "meta-llama/Llama-2-7b-chat-hf",
+                         "num_speculative_tokens": 4, "draft_tensor_parallel_size": 1,
+                         "num_speculative_tokens_per_batch_size": [[1, 8, 4], [9, 32, 2], [33, 1024, 0]]},
+    "llama70b-1b.yaml": {"method": "draft_model", "model": "meta-llama/Llama-3.2-1B-Instruct",
+                         "num_speculative_tokens": 5, "draft_tensor_parallel_size": 1},
+    "qwen3-4b-0.6b.yaml": {"method": "draft_model", "model": "Qwen/Qwen3-0.6B", "num_speculative_tokens": 4},
+    "smollm2-1.7b-360m.yaml": {"method": "draft_model", "model": "HuggingFaceTB/SmolLM2-360M-Instruct",
+                               "num_speculative_tokens": 4},
+    "llama3.1-8b-eagle3.yaml": {"method": "eagle3", "model": "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B",
+                                "num_speculative_tokens": 3},
+}
+HUB_PRESETS = sorted(EXPECTED_SPEC)
+
+
+def test_every_preset_is_valid_and_covered() -> None:
+    for name in PRESETS:
+        load_config(name)
+        load_config(name, no_speculation=True)
+    assert set(HUB_PRESETS) <= set(PRESETS) and "default.yaml" in PRESETS
+
+
+@pytest.mark.parametrize("name", HUB_PRESETS)
+def test_hub_preset_translation(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SPECDEPLOY_API_KEY", "sk-test")
+    resolved = preflight(load_config(name), machine=GPU_NODE)
+    args = engine_arguments(resolved)
+    config = load_config(name)
+    assert args["model"] == config.target.model and args["served_model_name"] == config.name
+    assert args["speculative_config"] == EXPECTED_SPEC[name]
+    assert args.get("tensor_parallel_size", 1) == config.parallelism.tensor_parallel_size
+    plan = build_launch_plan(resolved)
+    argv = plan.argv
+    assert argv[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
+    assert json.loads(argv[argv.index("--speculative-config") + 1]) == EXPECTED_SPEC[name]
+    assert "VLLM_TARGET_DEVICE" not in plan.env and argv[argv.index("--dtype") + 1] == "bfloat16"
+    baseline = build_launch_plan(preflight(load_config(name, no_speculation=True), machine=GPU_NODE))
+    assert "--speculative-config" not in baseline.argv
+
+
+def test_api_key_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    resolved = preflight(load_config("llama70b-7b"), machine=GPU_NODE)
+    monkeypatch.delenv("SPECDEPLOY_API_KEY", raising=False)
+    with pytest.raises(ConfigError, match="export SPECDEPLOY_API_KEY"):
+        build_launch_plan(resolved)
+    monkeypatch.setenv("SPECDEPLOY_API_KEY", "sk-test-123")
+    plan = build_launch_plan(resolved)
+    assert plan.env["VLLM_API_KEY"] == "sk-test-123"
+    assert "sk-test-123" not in " ".join(plan.argv) and "sk-test-123" not in plan.describe()
+
+
+def test_default_preset_on_cpu(embedded_pair) -> None:
+    resolved, plan = plan_from_config("default")
+    assert resolved.device == "cpu" and plan.env["VLLM_TARGET_DEVICE"] == "cpu"
+    assert plan.env["VLLM_CPU_KVCACHE_SPACE"] == "2"
+    spec = json.loads(plan.argv[plan.argv.index("--speculative-config") + 1])
+    assert spec == {"method": "draft_model", "model": str(embedded_pair.draft), "num_speculative_tokens": 4}
+    assert plan.argv[plan.argv.index("--model") + 1] == str(embedded_pair.target)
+    # engine_args pass through with vLLM's own spelling, booleans included
+    _, plan = plan_from_config("default", ["engine_args={enforce_eager: false, max_num_batched_tokens: 512}"])
+    assert "--no-enforce-eager" in plan.argv and plan.argv[plan.argv.index("--max-num-batched-tokens") + 1] == "512"
+
+
+def test_config_in_another_folder_resolves_relative_model_paths(tmp_path: Path, embedded_pair) -> None:
+    shutil.copytree(embedded_pair.target, tmp_path / "models" / "mine")
+    data = yaml.safe_load((CONFIGS_DIR / "default.yaml").read_text())
+    data["target"]["model"] = "./models/mine"
+    data["speculation"] = {"drafter": "ngram"}
+    (tmp_path / "mine.yaml").write_text(yaml.safe_dump(data))
+    _, plan = plan_from_config(tmp_path / "mine.yaml")
+    assert plan.argv[plan.argv.index("--model") + 1] == str((tmp_path / "models" / "mine").resolve())

@@ -1,0 +1,122 @@
+"""End to end on the real vLLM CPU engine serving the embedded default, over HTTP."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import psutil
+import pytest
+import requests
+
+from conftest import CODE_PROMPTS, LOG_DIR, complete, metric_total
+from deploy import free_port
+from deploy.launcher import port_is_free
+
+pytestmark = pytest.mark.engine
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def greedy_token_ids(server, prompts: list[str], max_tokens: int = 64) -> list[list[int]]:
+    """Send all prompts at once (so they are batched together) and return each one's tokens."""
+    with ThreadPoolExecutor(len(prompts)) as pool:
+        choices = list(pool.map(lambda p: complete(server, p, max_tokens=max_tokens), prompts))
+    return [c["token_ids"] for c in choices]
+
+
+def test_draft_model_speculation_keeps_greedy_output_and_accepts_drafts(servers) -> None:
+    spec = servers.get("default")
+    drafts_before = metric_total(spec, "vllm:spec_decode_num_draft_tokens_total")
+    accepted_before = metric_total(spec, "vllm:spec_decode_num_accepted_tokens_total")
+    with_spec = greedy_token_ids(spec, CODE_PROMPTS)
+    drafts = metric_total(spec, "vllm:spec_decode_num_draft_tokens_total") - drafts_before
+    accepted = metric_total(spec, "vllm:spec_decode_num_accepted_tokens_total") - accepted_before
+
+    baseline = servers.get("default", ["speculation.drafter=none"])
+    without_spec = greedy_token_ids(baseline, CODE_PROMPTS)
+    assert metric_total(baseline, "vllm:spec_decode_num_draft_tokens_total") == 0
+
+    for prompt, a, b in zip(CODE_PROMPTS, with_spec, without_spec):
+        assert len(a) == 64, f"{prompt!r}: stopped early"
+        assert a == b, f"{prompt!r}: speculation changed the greedy output"
+    assert drafts > 0 and accepted > 0, "no draft tokens were proposed or accepted"
+    rate = accepted / drafts
+    LOG_DIR.mkdir(parents=True, exist_ok=True)
+    (LOG_DIR / "e2e-acceptance.json").write_text(json.dumps(
+        {"draft_tokens": drafts, "accepted_tokens": accepted, "acceptance_rate": rate}, indent=1))
+    print(f"acceptance rate on the e2e prompts: {rate:.1%} ({accepted:.0f}/{drafts:.0f})")
+
+
+def make(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["make", "-s", "-C", str(ROOT), *args], capture_output=True, text=True, timeout=timeout)
+
+
+def test_dry_run_prints_the_command_and_starts_nothing() -> None:
+    port = free_port()
+    result = make("serve", "DRY_RUN=1", f"SET=server.port={port} speculation.num_speculative_tokens=3")
+    assert result.returncode == 0, result.stderr
+    assert "vllm.entrypoints.openai.api_server" in result.stdout
+    assert '"num_speculative_tokens":3' in result.stdout and f"--port {port}" in result.stdout
+    assert port_is_free("127.0.0.1", port)
+
+
+def test_bad_config_exits_nonzero_with_a_readable_message_and_no_engine(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: bad\ntarget:\n  model: embedded:target\nspeculation:\n  drafter: small_model\n"
+                   "  model: embedded:draft\n  num_speculative_tokns: 4\n")
+    started = time.monotonic()
+    result = make("serve", f"CONFIG={bad}")
+    assert result.returncode != 0
+    assert "speculation.num_speculative_tokns: unknown key" in result.stderr
+    assert "did you mean 'num_speculative_tokens'" in result.stderr
+    assert "vLLM command" not in result.stdout, "an engine command was issued for a bad config"
+    assert time.monotonic() - started < 60
+
+
+def test_engine_start_failure_exits_nonzero_with_the_engines_error_line() -> None:
+    # Valid for specdeploy, refused by vLLM itself: longer than the model's 2048 positions.
+    port = free_port()
+    result = subprocess.run(
+        [sys.executable, "-m", "deploy", "serve", "--no-spec", "--set", "target.max_model_len=100000",
+         "--set", f"server.port={port}"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 1
+    last_error = [ln for ln in result.stderr.splitlines() if "ERROR" in ln][-1]
+    assert "vLLM exited with code" in last_error and "max_model_len" in last_error, result.stderr[-3000:]
+    assert port_is_free("127.0.0.1", port)
+
+
+def test_serve_stops_cleanly_on_sigterm_and_sigint() -> None:
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        port = free_port()
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "deploy", "serve", "--no-spec", "--set", f"server.port={port}"],
+            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        try:
+            assert proc.stdout is not None
+            deadline = time.monotonic() + 600
+            for line in proc.stdout:
+                if line.startswith("ready after"):
+                    break
+                assert time.monotonic() < deadline, "server did not become ready"
+            else:
+                pytest.fail(f"serve exited before ready with code {proc.wait()}")
+            reply = requests.post(f"http://127.0.0.1:{port}/v1/completions", timeout=120, json={
+                "model": "embedded-default", "prompt": "def f(", "max_tokens": 8, "temperature": 0})
+            assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] == 8
+            engine = psutil.Process(proc.pid).children(recursive=True)
+            assert engine, "no engine processes under the server"
+            proc.send_signal(sig)
+            assert proc.wait(timeout=60) == 128 + sig
+            time.sleep(1)
+            assert port_is_free("127.0.0.1", port), "the engine kept the port after the stop"
+            leftovers = [p.pid for p in engine if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+            assert not leftovers, f"engine processes left running: {leftovers}"
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
