@@ -10,8 +10,8 @@ import time
 from pathlib import Path
 from types import FrameType
 
-from deploy import ConfigError, ServerStartError, plan_from_config
-from deploy.config import DEFAULT_CONFIG
+from deploy import ConfigError, ServerStartError, plan_from_config, preflight
+from deploy.config import DEFAULT_CONFIG, load_config, resolve_config_path
 from deploy.launcher import Server
 
 log = logging.getLogger("specdeploy")
@@ -74,6 +74,20 @@ def cmd_serve(opts: argparse.Namespace) -> int:
     return 1 if code else 0
 
 
+def cmd_k8s(opts: argparse.Namespace) -> int:
+    from deploy.kubernetes import check_cluster_models, render_manifests
+    from deploy.preflight import Machine
+
+    # Manifests are checked against the GPUs the pod will get, not against this machine.
+    config = load_config(opts.config, opts.overrides, opts.no_spec)
+    check_cluster_models(config)
+    par = config.parallelism
+    pod = Machine(gpus=par.world_size, gpu_memory_gib=opts.gpu_memory_gib, host_memory_gib=1024)
+    resolved = preflight(config, resolve_config_path(opts.config).parent, pod, not opts.skip_memory_check)
+    print(render_manifests(resolved, image=opts.image, replicas=opts.replicas), end="")
+    return 0
+
+
 def cmd_models(opts: argparse.Namespace) -> int:
     from deploy.embedded_pair import main as build_main
 
@@ -92,9 +106,14 @@ def main(argv: list[str] | None = None) -> int:
     _add_config_args(check)
     models = sub.add_parser("models", help="build the embedded default model pair")
     models.add_argument("--force", action="store_true", help="rebuild even if cached")
+    k8s = sub.add_parser("k8s", help="print Kubernetes manifests (Deployment + Service) for a config")
+    _add_config_args(k8s)
+    k8s.add_argument("--image", default="vllm/vllm-openai:v0.32.0", help="container image (default: %(default)s)")
+    k8s.add_argument("--replicas", type=int, default=1)
+    k8s.add_argument("--gpu-memory-gib", type=float, default=80, help="memory of one GPU of the node pool")
     opts = parser.parse_args(argv)
     try:
-        return {"serve": cmd_serve, "check": cmd_check, "models": cmd_models}[opts.command](opts)
+        return {"serve": cmd_serve, "check": cmd_check, "models": cmd_models, "k8s": cmd_k8s}[opts.command](opts)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -172,10 +172,13 @@ def server_environment(resolved: ResolvedDeployment) -> dict[str, str]:
     return env
 
 
+def vllm_flags(args: dict[str, Any]) -> list[str]:
+    """Engine arguments by Python name -> vLLM's command-line flags."""
+    return [token for name, value in args.items() for token in _flag(name, value)]
+
+
 def build_launch_plan(resolved: ResolvedDeployment, python: str = sys.executable) -> LaunchPlan:
-    argv = [python, "-m", SERVER_MODULE]
-    for name, value in engine_arguments(resolved).items():
-        argv += _flag(name, value)
+    argv = [python, "-m", SERVER_MODULE, *vllm_flags(engine_arguments(resolved))]
     c = resolved.config
     return LaunchPlan(argv, server_environment(resolved), c.server.host, c.server.port, c.served_name,
                       speculative_config(resolved), resolved.device)

@@ -29,7 +29,7 @@ log = logging.getLogger("specdeploy")
 
 # Lines that carry the reason a vLLM start-up failed, most specific first.
 _ERROR_LINE = re.compile(r"(\w+(Error|Exception)\b.*|.*\bERROR\b.*|.*error: .*)")
-_NOISE = re.compile(r"Traceback|^\s*File |^\s*\^+\s*$|raise |EngineCore failed to start|Engine core initialization failed")
+_NOISE = re.compile(r"Traceback|^\s*File |^\s*\^+\s*$|raise |EngineCore failed to start|Engine core initialization failed|WorkerProc initialization failed")
 
 
 class ServerStartError(RuntimeError):
@@ -44,11 +44,21 @@ class ServerStartError(RuntimeError):
 
 
 def engine_error_line(lines: list[str]) -> str | None:
-    """The most telling error line of a failed start: the last `...Error: ...` that is not noise."""
-    candidates = [ln.strip() for ln in lines if _ERROR_LINE.search(ln) and not _NOISE.search(ln)]
-    with_message = [c for c in candidates if re.search(r"(Error|Exception): \S", c)]
-    pick = (with_message or candidates or [None])[-1]
-    return pick
+    """The most telling error line of a failed start: the last `...Error: ...` that is not noise,
+    with its first detail line when the error puts its reason below (pydantic does)."""
+    candidates = [i for i, ln in enumerate(lines) if _ERROR_LINE.search(ln) and not _NOISE.search(ln)]
+    with_message = [i for i in candidates if re.search(r"(Error|Exception): \S", lines[i])]
+    if not (with_message or candidates):
+        return None
+    index = (with_message or candidates)[-1]
+    line = lines[index].strip()
+    if "validation error" in line:
+        detail = next((d.strip() for d in lines[index + 1:index + 4]
+                       if d.strip() and not d.strip().startswith("For further information")
+                       and not _ERROR_LINE.fullmatch(d.strip())), None)
+        if detail:
+            line = f"{line}: {detail.removeprefix('Value error, ')[:400]}"
+    return line
 
 
 def port_is_free(host: str, port: int) -> bool:

@@ -1,0 +1,100 @@
+"""Kubernetes manifests for a deployment: a Deployment and a Service running vLLM's server.
+
+The container runs exactly the vLLM arguments `engine_args.py` derives for the config (so a
+pod serves what `make serve` would), on the official vLLM image, with GPUs requested for
+tensor x pipeline parallelism, `/health` as readiness and liveness probe, and the API key
+taken from a Secret. Multi-node deployments (Ray across pods) need a LeaderWorkerSet and are
+refused here with a pointer rather than rendered half right.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+from deploy.config import ConfigError, DeploymentConfig
+from deploy.engine_args import PLUGIN_CLASSES, SERVER_MODULE, engine_arguments, vllm_flags
+from deploy.preflight import EMBEDDED_PREFIX, ResolvedDeployment, looks_like_path
+
+DEFAULT_IMAGE = "vllm/vllm-openai:v0.32.0"
+CONTAINER_PORT = 8000
+
+
+def check_cluster_models(config: DeploymentConfig) -> None:
+    """Refuse models a pod cannot reach (this machine's folders, the embedded pair), before any build."""
+    refs = [config.target.model] + ([config.speculation.model] if config.speculation.enabled and
+                                    config.speculation.model else [])
+    local = [r for r in refs if r.startswith(EMBEDDED_PREFIX) or looks_like_path(r)]
+    if local:
+        raise ConfigError(config.name, [f"{', '.join(local)}: a pod cannot see this machine's folders; use hub ids "
+                                        f"(org/name) or bake the models into the image"])
+
+
+def render_manifests(resolved: ResolvedDeployment, image: str = DEFAULT_IMAGE, replicas: int = 1,
+                     api_key_secret: str = "specdeploy-api-key") -> str:
+    """Deployment + Service YAML for a GPU cluster."""
+    config = resolved.config
+    par = config.parallelism
+    if par.nodes > 1:
+        raise ConfigError(config.name, ["parallelism.nodes > 1: a deployment across nodes needs a LeaderWorkerSet "
+                                        "with a Ray head and workers; render single-node configs only"])
+    check_cluster_models(config)
+    spec = config.speculation
+    if spec.drafter in PLUGIN_CLASSES and (spec.drafter == "bigram" or spec.implementation == "plugin"):
+        raise ConfigError(config.name, ["plugin drafters need specdeploy installed in the image: build one FROM "
+                                        f"{image} with `pip install .` and pass it as --image"])
+    args = engine_arguments(resolved)
+    args.update(host="0.0.0.0", port=CONTAINER_PORT)
+    gpus = par.tensor_parallel_size * par.pipeline_parallel_size * par.data_parallel_size
+    name = config.name.lower().replace(".", "-").replace("_", "-")
+    labels = {"app.kubernetes.io/name": name, "app.kubernetes.io/part-of": "specdeploy"}
+    env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in sorted(config.env.items())]
+    if config.server.api_key_env:
+        env.append({"name": "VLLM_API_KEY", "valueFrom": {"secretKeyRef": {"name": api_key_secret, "key": "key"}}})
+    env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf-token", "key": "token",
+                                                                    "optional": True}}})
+    probe = {"httpGet": {"path": "/health", "port": CONTAINER_PORT}, "periodSeconds": 10}
+    container = {
+        "name": "vllm",
+        "image": image,
+        "command": ["python3", "-m", SERVER_MODULE],
+        "args": vllm_flags(args),
+        "ports": [{"containerPort": CONTAINER_PORT, "name": "http"}],
+        "env": env,
+        "resources": {"limits": {"nvidia.com/gpu": gpus}, "requests": {"nvidia.com/gpu": gpus}},
+        # Loading a large model takes minutes: readiness gates traffic, liveness starts late.
+        "startupProbe": {**probe, "failureThreshold": int(config.server.startup_timeout_s // 10)},
+        "readinessProbe": probe,
+        "livenessProbe": {**probe, "failureThreshold": 6},
+        # Tensor parallelism exchanges activations through shared memory.
+        "volumeMounts": [{"name": "shm", "mountPath": "/dev/shm"}, {"name": "hf-cache", "mountPath": "/root/.cache/huggingface"}],
+    }
+    deployment = {
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": labels},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {"containers": [container], "volumes": [
+                    {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "16Gi"}},
+                    {"name": "hf-cache", "emptyDir": {}}]},
+            },
+        },
+    }
+    service = {
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {"selector": labels, "ports": [{"name": "http", "port": config.server.port,
+                                                "targetPort": CONTAINER_PORT}]},
+    }
+    return yaml.dump_all([deployment, service], Dumper=_PlainDumper, sort_keys=False)
+
+
+class _PlainDumper(yaml.SafeDumper):
+    """Writes repeated objects (labels, probes) out in full: anchors confuse manifest readers."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True

@@ -1,0 +1,44 @@
+"""Kubernetes manifests carry the same vLLM arguments as `make serve`, sized for the pod."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import yaml
+
+ROOT = __import__("pathlib").Path(__file__).resolve().parent.parent
+
+
+def k8s(*args: str, env: dict | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "deploy", "k8s", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120, env=env)
+
+
+def test_manifests_for_a_multi_gpu_preset() -> None:
+    result = k8s("llama70b-7b", "--replicas", "2")
+    assert result.returncode == 0, result.stderr
+    deployment, service = yaml.safe_load_all(result.stdout)
+    assert deployment["kind"] == "Deployment" and service["kind"] == "Service"
+    assert deployment["spec"]["replicas"] == 2
+    pod = deployment["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == 8
+    args = container["args"]
+    assert args[args.index("--tensor-parallel-size") + 1] == "8"
+    assert args[args.index("--host") + 1] == "0.0.0.0"
+    spec = json.loads(args[args.index("--speculative-config") + 1])
+    assert spec["method"] == "draft_model" and spec["model"] == "meta-llama/Llama-2-7b-chat-hf"
+    key = next(e for e in container["env"] if e["name"] == "VLLM_API_KEY")
+    assert key["valueFrom"]["secretKeyRef"]["name"] == "specdeploy-api-key"
+    assert container["readinessProbe"]["httpGet"]["path"] == "/health"
+    assert service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
+    assert "&id" not in result.stdout, "anchors make manifests hard to read"
+
+
+def test_manifests_refuse_what_a_pod_cannot_run() -> None:
+    result = k8s("default")
+    assert result.returncode == 2 and "a pod cannot see this machine's folders" in result.stderr
+    result = k8s("llama70b-7b", "--set", "parallelism.tensor_parallel_size=1")
+    assert result.returncode == 2 and "GiB of GPU memory are usable" in result.stderr
