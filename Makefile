@@ -19,7 +19,7 @@ help:
 	@echo "make models               build the embedded default model pair (cached)"
 	@echo "make test                 run the test suite (real vLLM engines on CPU)"
 	@echo "make bench-drafters       compare drafters on the embedded default"
-	@echo "make loadtest CONFIG=... USERS=1,32 [WORKERS=N]   batch-size report under reports/"
+	@echo "make loadtest CONFIG=... USERS=1,32 [WORKERS=N] [LOADTEST_ARGS='--k 2,8 --workload chat']"
 	@echo "make compare [REPORT=reports/...]   batch-1 vs batch-32 table of a report"
 
 $(STAMP): pyproject.toml scripts/install-env.sh
@@ -46,7 +46,7 @@ bench-drafters: $(STAMP)
 	$(PY) -m plugins.bench_drafters
 
 loadtest: $(STAMP)
-	$(PY) -m loadtest run $(CONFIG_ARGS) --users $(USERS) --workers $(WORKERS)
+	$(PY) -m loadtest run $(CONFIG_ARGS) --users $(USERS) --workers $(WORKERS) $(LOADTEST_ARGS)
 
 compare: $(STAMP)
 	$(PY) -m loadtest compare $(REPORT)

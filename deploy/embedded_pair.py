@@ -1,0 +1,431 @@
+"""The embedded default model pair: a tiny Llama target and a distilled draft, built locally.
+
+No model hub and no GPU are needed: a byte-level BPE tokenizer and two `LlamaForCausalLM` models
+are trained on the Python standard library's own sources in a few minutes on 2 CPU cores, then
+cached under `$SPECDEPLOY_CACHE` (default `$XDG_CACHE_HOME/specdeploy` or `~/.cache/specdeploy`)
+in a folder keyed by a hash of the recipe and of the corpus file list.
+
+    pair = ensure_pair()        # builds on first use (under a file lock), else loads the report
+    pair.target, pair.draft     # folders vLLM loads (`--model`, speculative_config["model"])
+
+CLI: `python -m deploy.embedded_pair [--force] [--json]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import hashlib
+import json
+import logging
+import math
+import os
+import shutil
+import sys
+import sysconfig
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+log = logging.getLogger("specdeploy")
+
+# Bump when the build code changes in a way that changes its output (the recipe hash covers knobs).
+BUILD_VERSION = 1
+SPECIALS = ("<s>", "</s>", "<pad>")  # ids 0, 1, 2: bos, eos, pad
+BOS, EOS, PAD = 0, 1, 2
+# Never train on tests (they are mostly fixtures) nor on third-party packages.
+SKIP_DIRS = frozenset({"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__"})
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """Every knob of the build. Changing any value changes the cache folder (a rebuild)."""
+
+    seed: int = 1234  # torch.manual_seed before each model's init and batch sampling
+    threads: int = 2  # torch intra-op threads: fixed and recorded, as BLAS reductions may depend on it
+    heldout_percent: int = 5  # files whose path hash mod 100 falls below this are held out
+    max_file_kb: int = 300  # skips pydoc_data/topics.py: 0.75 MB of English prose, not code
+    vocab_size: int = 1024  # byte-level BPE incl. 3 specials + 256 bytes; small keeps the LM head cheap
+    seq_len: int = 256  # training window; 128 made agreement fall from 62% to 44% past position 512
+    batch_size: int = 16  # windows per step (4096 tokens)
+    bf16: bool = True  # bf16 autocast for training matmuls (fast on AVX-512 BF16); weights stay fp32
+    lr: float = 6e-3  # AdamW peak learning rate (tiny models tolerate a high one)
+    betas: tuple[float, float] = (0.9, 0.95)  # AdamW betas
+    weight_decay: float = 0.1  # AdamW decoupled weight decay on matrices (not norms)
+    warmup_steps: int = 20  # linear warm-up, then cosine decay to min_lr_ratio * lr
+    min_lr_ratio: float = 0.1  # floor of the cosine schedule
+    grad_clip: float = 1.0  # global grad-norm clip; guards the high lr early on
+    head_dim: int = 64  # attention head size (vLLM CPU attention supports 64)
+    max_position_embeddings: int = 2048  # serving uses max_model_len up to 2048
+    target_layers: int = 4  # target depth
+    target_width: int = 192  # target hidden size (3 heads of 64)
+    target_ffn: int = 512  # target SwiGLU inner size
+    target_steps: int = 600  # fixed step count (not a time budget) so builds are reproducible
+    draft_layers: int = 1  # draft depth
+    draft_width: int = 128  # draft hidden size (2 heads of 64)
+    draft_ffn: int = 384  # draft SwiGLU inner size
+    draft_steps: int = 300  # distillation steps (KL to the target's logits on the same windows)
+    draft_lr: float = 6e-3  # peak learning rate of the distillation (1e-2: 49% agreement, 3e-3: same)
+    eval_windows: int = 256  # held-out windows of seq_len tokens, spread evenly (caps eval time)
+
+
+RECIPE = Recipe()
+
+
+@dataclass(frozen=True)
+class EmbeddedPair:
+    root: Path
+    target: Path
+    draft: Path
+    report: dict
+
+
+# ----------------------------------------------------------------------------- corpus & cache
+
+
+def _stdlib() -> Path:
+    return Path(sysconfig.get_paths()["stdlib"])
+
+
+@functools.lru_cache(maxsize=None)
+def _corpus(recipe: Recipe) -> dict[str, tuple[Path, ...]]:
+    root = _stdlib()
+    files = []
+    for folder, dirs, names in os.walk(root):
+        dirs[:] = [d for d in dirs if d not in SKIP_DIRS]  # pruned, not filtered: site-packages is big
+        for name in names:
+            path = Path(folder) / name
+            if name.endswith(".py") and path.is_file() and path.stat().st_size <= recipe.max_file_kb * 1024:
+                files.append(path)
+    files.sort(key=lambda p: p.relative_to(root).as_posix())
+
+    # Split by a hash of the relative path: stable across machines and when files come or go.
+    def held(p: Path) -> bool:
+        digest = hashlib.sha1(p.relative_to(root).as_posix().encode()).digest()
+        return int.from_bytes(digest[:4], "big") % 100 < recipe.heldout_percent
+
+    return {"train": tuple(p for p in files if not held(p)), "heldout": tuple(p for p in files if held(p))}
+
+
+def corpus_files(split: str = "train") -> list[Path]:
+    """The exact stdlib files the pair is trained on (`train`) or evaluated on (`heldout`)."""
+    if split not in ("train", "heldout"):
+        raise ValueError(f"split must be 'train' or 'heldout', not {split!r}")
+    return list(_corpus(RECIPE)[split])
+
+
+def _recipe_hash(recipe: Recipe) -> str:
+    root = _stdlib()
+    corpus = [(p.relative_to(root).as_posix(), p.stat().st_size) for split in ("train", "heldout")
+              for p in _corpus(recipe)[split]]
+    blob = json.dumps({"version": BUILD_VERSION, "recipe": asdict(recipe), "corpus": corpus}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+def _cache_root() -> Path:
+    if os.environ.get("SPECDEPLOY_CACHE"):
+        return Path(os.environ["SPECDEPLOY_CACHE"]).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "specdeploy"
+
+
+def pair_dir() -> Path:
+    """Where the pair for the current recipe lives (it may not be built yet)."""
+    return _cache_root() / f"embedded-pair-{_recipe_hash(RECIPE)}"
+
+
+def is_built() -> bool:
+    # The folder only ever appears by an atomic rename of a finished build, so these suffice.
+    root = pair_dir()
+    return all((root / name).is_file() for name in ("report.json", "target/config.json", "draft/config.json"))
+
+
+def _load(root: Path) -> EmbeddedPair:
+    report = json.loads((root / "report.json").read_text())
+    return EmbeddedPair(root=root, target=root / "target", draft=root / "draft", report=report)
+
+
+def ensure_pair(force: bool = False) -> EmbeddedPair:
+    """The built pair; builds it first if missing (or if `force`), one process at a time."""
+    from filelock import FileLock, Timeout
+
+    root = pair_dir()
+    if not force and is_built():
+        return _load(root)
+    root.parent.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(str(root) + ".lock")
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        log.info("another process is building the embedded pair; waiting for it (lock %s.lock)", root)
+        lock.acquire()
+    try:
+        if not force and is_built():  # the other process finished it while we waited
+            return _load(root)
+        for stale in root.parent.glob(f".{root.name}.*"):  # left by a killed build; we hold the lock
+            shutil.rmtree(stale, ignore_errors=True)
+        tmp = root.parent / f".{root.name}.tmp-{os.getpid()}"
+        log.info("building the embedded model pair into %s (about 6 min on 2 cores; "
+                 "set SPECDEPLOY_CACHE to build elsewhere)", root)
+        _build(RECIPE, tmp, _recipe_hash(RECIPE))
+        if root.exists():  # --force: swap the old build out, then drop it
+            old = root.parent / f".{root.name}.old-{os.getpid()}"
+            root.rename(old)
+            tmp.rename(root)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            tmp.rename(root)
+        log.info("embedded pair ready: %s", root)
+        return _load(root)
+    finally:
+        lock.release()
+
+
+# ----------------------------------------------------------------------------- build
+
+
+def _progress(iterable: Any = None, **kwargs: Any) -> Any:
+    from tqdm import tqdm
+
+    return tqdm(iterable, file=sys.stderr, mininterval=1.0, dynamic_ncols=True, **kwargs)
+
+
+def _train_tokenizer(recipe: Recipe, files: tuple[Path, ...]) -> Any:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=recipe.vocab_size, min_frequency=2, special_tokens=list(SPECIALS),
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    texts = (_read(p) for p in _progress(files, desc="tokenizer: BPE", unit="file"))
+    tok.train_from_iterator(texts, trainer=trainer, length=len(files))
+    # Prompts get a leading <s> like every training document, as Llama tokenizers do.
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", pair="<s> $A <s> $B",
+                                                       special_tokens=[("<s>", BOS)])
+    return tok
+
+
+def _read(path: Path) -> str:
+    return path.read_text(encoding="utf-8", errors="replace")
+
+
+def _encode(tok: Any, files: tuple[Path, ...], desc: str) -> Any:
+    """All files as one token stream, each file framed by <s> ... </s>."""
+    import torch
+
+    ids: list[int] = []
+    for path in _progress(files, desc=desc, unit="file"):
+        ids += [BOS, *tok.encode(_read(path), add_special_tokens=False).ids, EOS]
+    return torch.tensor(ids, dtype=torch.int32)
+
+
+def _llama(recipe: Recipe, layers: int, width: int, ffn: int) -> Any:
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=recipe.vocab_size, hidden_size=width, intermediate_size=ffn, num_hidden_layers=layers,
+        num_attention_heads=width // recipe.head_dim, num_key_value_heads=width // recipe.head_dim,
+        head_dim=recipe.head_dim, max_position_embeddings=recipe.max_position_embeddings,
+        tie_word_embeddings=True, bos_token_id=BOS, eos_token_id=EOS, pad_token_id=PAD)
+    with torch.random.fork_rng():  # identical init on every build, caller's RNG untouched
+        torch.manual_seed(recipe.seed)
+        return LlamaForCausalLM(config)
+
+
+def _batches(recipe: Recipe, stream: Any) -> Iterator[Any]:
+    """Endless random windows of seq_len + 1 tokens, from a seeded generator of its own."""
+    import torch
+
+    gen = torch.Generator().manual_seed(recipe.seed)
+    offsets = torch.arange(recipe.seq_len + 1)
+    while True:
+        starts = torch.randint(0, len(stream) - recipe.seq_len - 1, (recipe.batch_size, 1), generator=gen)
+        yield stream[starts + offsets].long()
+
+
+def _optimize(recipe: Recipe, model: Any, lr: float, steps: int, loss_fn: Callable[[Any], Any],
+              stream: Any, desc: str) -> dict:
+    """AdamW + warm-up + cosine for a fixed number of steps; returns loss and speed figures."""
+    import torch
+
+    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
+    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": recipe.weight_decay},
+                             {"params": no_decay, "weight_decay": 0.0}], lr=lr, betas=recipe.betas)
+
+    def schedule(step: int) -> float:
+        if step < recipe.warmup_steps:
+            return (step + 1) / recipe.warmup_steps
+        progress = (step - recipe.warmup_steps) / max(1, steps - recipe.warmup_steps)
+        return recipe.min_lr_ratio + (1 - recipe.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule)
+    model.train()
+    batches, losses, start = _batches(recipe, stream), [], time.perf_counter()
+    bar = _progress(range(steps), desc=desc, unit="step")
+    for step in bar:
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=recipe.bf16):
+            loss = loss_fn(next(batches))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), recipe.grad_clip)
+        opt.step()
+        sched.step()
+        losses.append(loss.item())
+        if step % 10 == 0 or step == steps - 1:
+            tps = (step + 1) * recipe.batch_size * recipe.seq_len / (time.perf_counter() - start)
+            bar.set_postfix(loss=f"{sum(losses[-10:]) / len(losses[-10:]):.3f}", tok_s=f"{tps:,.0f}")
+        if step == 20 and (eta := (steps - step) * recipe.batch_size * recipe.seq_len / tps) > 400:
+            log.warning("%s: only %s tokens/s, about %.0f min to go for this step alone: other processes "
+                        "are using the CPU (vLLM servers spin on their cores); the result will be the same, "
+                        "only later", desc, f"{tps:,.0f}", eta / 60)
+    seconds = time.perf_counter() - start
+    model.eval()
+    return {"steps": steps, "seconds": round(seconds, 1), "final_loss": round(sum(losses[-20:]) / 20, 4),
+            "tokens_per_s": round(steps * recipe.batch_size * recipe.seq_len / seconds)}
+
+
+def _evaluate(recipe: Recipe, target: Any, draft: Any, stream: Any) -> dict:
+    """Held-out perplexity of each and greedy agreement, teacher-forced, in fp32 like serving."""
+    import torch
+    import torch.nn.functional as F
+
+    t0, n = time.perf_counter(), min(recipe.eval_windows, (len(stream) - 1) // recipe.seq_len)
+    # Evenly spread over the held-out stream, not its first files only (they sort alphabetically).
+    starts = torch.linspace(0, len(stream) - recipe.seq_len - 1, n).long()
+    windows = torch.stack([stream[i: i + recipe.seq_len + 1] for i in starts.tolist()]).long()
+    nll_t = nll_d = agree = t_correct = 0.0
+    with torch.inference_mode():
+        for batch in _progress(windows.split(recipe.batch_size), desc="evaluate on held-out", unit="batch"):
+            x, y = batch[:, :-1], batch[:, 1:].reshape(-1)
+            lt = target(input_ids=x).logits.float().reshape(y.numel(), -1)
+            ld = draft(input_ids=x).logits.float().reshape(y.numel(), -1)
+            nll_t += F.cross_entropy(lt, y, reduction="sum").item()
+            nll_d += F.cross_entropy(ld, y, reduction="sum").item()
+            agree += (lt.argmax(-1) == ld.argmax(-1)).sum().item()
+            t_correct += (lt.argmax(-1) == y).sum().item()
+    tokens = n * recipe.seq_len
+    return {"tokens": tokens, "target_ppl": round(math.exp(nll_t / tokens), 3),
+            "draft_ppl": round(math.exp(nll_d / tokens), 3), "greedy_agreement": round(agree / tokens, 4),
+            "target_top1_accuracy": round(t_correct / tokens, 4), "seconds": round(time.perf_counter() - t0, 1)}
+
+
+def _build(recipe: Recipe, out: Path, recipe_hash: str) -> dict:
+    """Builds into `out` on the recipe's thread count, then gives the caller its own back."""
+    import torch
+
+    caller_threads = torch.get_num_threads()
+    torch.set_num_threads(recipe.threads)
+    try:
+        return _build_pair(recipe, out, recipe_hash)
+    finally:
+        torch.set_num_threads(caller_threads)  # ensure_pair may run inside a test process
+
+
+def _build_pair(recipe: Recipe, out: Path, recipe_hash: str) -> dict:
+    """Tokenizer -> target (next-token loss) -> draft (KL to the target) -> evaluation, into `out`."""
+    import tokenizers
+    import torch
+    import torch.nn.functional as F
+    import transformers
+    from transformers import PreTrainedTokenizerFast
+
+    t0 = time.perf_counter()
+    shutil.rmtree(out, ignore_errors=True)
+    split = _corpus(recipe)
+    log.info("corpus: %d train + %d held-out files from %s", len(split["train"]), len(split["heldout"]), _stdlib())
+
+    tok = _train_tokenizer(recipe, split["train"])
+    hf_tok = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
+                                     model_max_length=recipe.max_position_embeddings)
+    train, heldout = _encode(tok, split["train"], "tokenize train"), _encode(tok, split["heldout"], "tokenize held-out")
+    t_tok = time.perf_counter() - t0
+    log.info("tokenizer: %d tokens, %.2fM train / %.2fM held-out tokens (%.0f s)",
+             tok.get_vocab_size(), len(train) / 1e6, len(heldout) / 1e6, t_tok)
+
+    def next_token_loss(model: Any) -> Callable[[Any], Any]:
+        return lambda b: F.cross_entropy(model(input_ids=b[:, :-1]).logits.float().flatten(0, 1),
+                                         b[:, 1:].flatten())
+
+    target = _llama(recipe, recipe.target_layers, recipe.target_width, recipe.target_ffn)
+    target_train = _optimize(recipe, target, recipe.lr, recipe.target_steps, next_token_loss(target), train,
+                             "train target")
+    log.info("target: loss %.3f, %s tokens/s", target_train["final_loss"], f"{target_train['tokens_per_s']:,}")
+    target.requires_grad_(False)
+
+    def distill_loss(b: Any) -> Any:
+        x = b[:, :-1]
+        with torch.no_grad():
+            teacher = F.log_softmax(target(input_ids=x).logits.float().flatten(0, 1), -1)
+        student = F.log_softmax(draft(input_ids=x).logits.float().flatten(0, 1), -1)
+        return F.kl_div(student, teacher, log_target=True, reduction="batchmean")  # KL(target || draft)
+
+    draft = _llama(recipe, recipe.draft_layers, recipe.draft_width, recipe.draft_ffn)
+    draft_train = _optimize(recipe, draft, recipe.draft_lr, recipe.draft_steps, distill_loss, train,
+                            "distill draft")
+    log.info("draft: KL to target %.3f, %s tokens/s", draft_train["final_loss"], f"{draft_train['tokens_per_s']:,}")
+
+    evaluation = _evaluate(recipe, target, draft, heldout)
+    for name, model in (("target", target), ("draft", draft)):
+        model.save_pretrained(out / name)
+        hf_tok.save_pretrained(out / name)  # each folder loads on its own (vLLM, AutoTokenizer)
+    report = {
+        "recipe_hash": recipe_hash, "build_version": BUILD_VERSION, "recipe": asdict(recipe),
+        "params": {"target": sum(p.numel() for p in target.parameters()),
+                   "draft": sum(p.numel() for p in draft.parameters())},
+        "heldout": evaluation, "train": {"target": target_train, "draft": draft_train},
+        "corpus": {"stdlib": str(_stdlib()), "train_files": len(split["train"]),
+                   "heldout_files": len(split["heldout"]), "train_tokens": len(train),
+                   "heldout_tokens": len(heldout)},
+        "tokenizer_seconds": round(t_tok, 1), "build_seconds": round(time.perf_counter() - t0, 1),
+        "threads": recipe.threads, "torch": torch.__version__, "transformers": transformers.__version__,
+        "tokenizers": tokenizers.__version__, "python": sys.version.split()[0],
+    }
+    (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")  # written last: marks it complete
+    return report
+
+
+# ----------------------------------------------------------------------------- CLI
+
+
+def _table(pair: EmbeddedPair) -> str:
+    r = pair.report
+    ev, tr = r["heldout"], r["train"]
+    rows = [
+        ("", "target", "draft"),
+        ("parameters", f"{r['params']['target']:,}", f"{r['params']['draft']:,}"),
+        ("held-out perplexity", f"{ev['target_ppl']:.2f}", f"{ev['draft_ppl']:.2f}"),
+        ("train tokens/s", f"{tr['target']['tokens_per_s']:,}", f"{tr['draft']['tokens_per_s']:,}"),
+        ("train seconds", f"{tr['target']['seconds']:.0f}", f"{tr['draft']['seconds']:.0f}"),
+    ]
+    lines = [f"{a:<22}{b:>12}{c:>12}" for a, b, c in rows]
+    lines += [f"greedy agreement (draft = target argmax, held-out): {ev['greedy_agreement']:.1%}",
+              f"build {r['build_seconds']:.0f} s on {r['threads']} threads, torch {r['torch']}, "
+              f"recipe {r['recipe_hash']}",
+              f"target: {pair.target}", f"draft:  {pair.draft}"]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m deploy.embedded_pair",
+                                     description="Build (or show the cached) embedded target/draft pair.")
+    parser.add_argument("--force", action="store_true", help="rebuild even if a cached pair exists")
+    parser.add_argument("--json", action="store_true", help="print report.json instead of a table")
+    opts = parser.parse_args(argv)
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s specdeploy %(levelname)s %(message)s",
+                            datefmt="%H:%M:%S")
+    cached = not opts.force and is_built()
+    pair = ensure_pair(force=opts.force)
+    if opts.json:
+        print(json.dumps(pair.report, indent=2))
+    else:
+        print(("cached pair (use --force to rebuild)\n" if cached else "") + _table(pair))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

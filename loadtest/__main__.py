@@ -1,0 +1,128 @@
+"""Command line: `python -m loadtest run CONFIG ...` and `python -m loadtest compare [REPORT]`.
+
+    python -m loadtest run default.yaml --users 1,32                 # spec vs baseline, batch 1 and 32
+    python -m loadtest run default.yaml --users 1,8,32 --k 2,8       # plus K=2 and K=8 variants
+    python -m loadtest run default.yaml --workers 2 --duration 60    # Locust master + 2 workers, 60 s a level
+    python -m loadtest compare                                       # table of the newest report
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+from pathlib import Path
+from types import FrameType
+
+from deploy.config import DEFAULT_CONFIG
+from loadtest.report import compare_table, load_results, newest_report, write_report
+from loadtest.runner import Sweep, SweepSettings
+from loadtest.workloads import BUILTIN
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.replace(" ", "").split(",") if x]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a comma-separated list of integers") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError("give positive integers, e.g. 1,32")
+    return values
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m loadtest", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="start each variant's server, load it at each concurrency, write a report")
+    run.add_argument("config", nargs="?", default=DEFAULT_CONFIG, help="config file or preset name (default: %(default)s)")
+    run.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
+                     help="override a config field for every variant (repeatable)")
+    run.add_argument("--no-spec", action="store_true", help="run the baseline (speculation off) only")
+    run.add_argument("--no-baseline", action="store_true", help="skip the baseline variant")
+    run.add_argument("--k", type=_int_list, default=[], metavar="K,K", help="extra speculative variants with these K")
+    run.add_argument("--users", type=_int_list, default=[1, 32], metavar="C,C",
+                     help="concurrency levels (closed-loop users) (default: 1,32)")
+    run.add_argument("--requests", type=int, default=None,
+                     help="measured requests per level (default: max(256, 32 x concurrency))")
+    run.add_argument("--duration", type=float, default=None, metavar="S",
+                     help="measure each level for S seconds instead of a request count")
+    run.add_argument("--warmup", type=int, default=1, help="warm-up requests per user before each level (default: 1)")
+    run.add_argument("--workload", default="code",
+                     help=f"built-in set ({', '.join(BUILTIN)}) or a JSONL / ShareGPT file (default: code)")
+    run.add_argument("--api", choices=["auto", "completions", "chat"], default="auto",
+                     help="auto: chat API for chat messages, completions API for prompts")
+    run.add_argument("--max-tokens", type=int, default=128, help="output tokens per request (default: 128)")
+    run.add_argument("--no-fixed-length", action="store_true", help="let requests stop at EOS (no ignore_eos)")
+    run.add_argument("--temperature", type=float, default=0.0)
+    run.add_argument("--workers", type=int, default=0, help="Locust worker processes (0: one local process)")
+    run.add_argument("--request-timeout", type=float, default=300, help="seconds before a request fails")
+    run.add_argument("--level-timeout", type=float, default=1800, help="seconds before a level is abandoned")
+    run.add_argument("--startup-timeout", type=float, default=None, help="seconds to wait for each server")
+    run.add_argument("--tolerance", type=float, default=0.05,
+                     help="allowed difference between our token counts and the server's (default: 0.05)")
+    run.add_argument("--out", type=Path, default=None, help="report folder (default: reports/<config>-<time>)")
+
+    cmp = sub.add_parser("compare", help="print the batch comparison table of a report")
+    cmp.add_argument("report", nargs="?", type=Path, default=None,
+                     help="report folder or results.json (default: the newest under reports/)")
+    cmp.add_argument("--users", type=_int_list, default=None,
+                     help="concurrency levels to show (default: all in the report)")
+    return parser
+
+
+def cmd_run(opts: argparse.Namespace) -> int:
+    settings = SweepSettings(
+        config=opts.config, overrides=opts.overrides, no_spec=opts.no_spec, baseline=not opts.no_baseline,
+        extra_k=opts.k, users=sorted(dict.fromkeys(opts.users)), requests=opts.requests, duration_s=opts.duration,
+        warmup=opts.warmup, workload=opts.workload, api=opts.api, max_tokens=opts.max_tokens,
+        fixed_length=not opts.no_fixed_length, temperature=opts.temperature, workers=opts.workers,
+        request_timeout_s=opts.request_timeout, level_timeout_s=opts.level_timeout,
+        startup_timeout_s=opts.startup_timeout, tolerance=opts.tolerance, out=opts.out)
+    sweep = Sweep(settings)
+
+    def on_term(signum: int, _frame: FrameType | None) -> None:
+        raise KeyboardInterrupt  # same clean-up path as Ctrl-C: servers and Locust stopped
+
+    signal.signal(signal.SIGTERM, on_term)
+    try:
+        results = sweep.run()
+    except KeyboardInterrupt:
+        results = sweep.results
+        print("interrupted: servers stopped; writing the partial report", file=sys.stderr)
+    files = write_report(results, sweep.out)
+    print()
+    print(compare_table(results))
+    print(f"\nstatus: {results['status']}" + (f" ({'; '.join(results['problems'])})" if results["problems"] else ""))
+    print(f"report: {files['markdown']}  {files['html']}  {files['json']}")
+    return 0 if results["status"] == "ok" else (130 if results["status"] == "interrupted" else 1)
+
+
+def cmd_compare(opts: argparse.Namespace) -> int:
+    report = opts.report or newest_report()
+    if report is None:
+        print("no report found under reports/; run `make loadtest` first or give a report folder", file=sys.stderr)
+        return 1
+    try:
+        results = load_results(report)
+    except (OSError, ValueError) as exc:
+        print(f"cannot read {report}: {exc}", file=sys.stderr)
+        return 1
+    print(f"{report}: config {results.get('config')}, status {results.get('status')}")
+    print(compare_table(results, opts.users))
+    if results.get("problems"):
+        print("\nproblems: " + "; ".join(results["problems"]))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                        datefmt="%H:%M:%S")
+    opts = build_parser().parse_args(argv)
+    return cmd_run(opts) if opts.command == "run" else cmd_compare(opts)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,193 @@
+"""One streaming request to vLLM's OpenAI-compatible API, measured chunk by chunk.
+
+With speculative decoding one streamed chunk can carry several tokens, so the gap between
+chunks is not an inter-token latency. A `RequestRecord` therefore keeps, separately:
+  - ttft_s:               request sent -> first chunk that carries a token
+  - chunk_gaps_s:         every gap between token-carrying chunks (what vLLM's benchmark calls ITL)
+  - tokens_per_chunk:     tokens each chunk carried (from the per-chunk usage the server sends)
+  - per_token_latency_s:  (e2e - ttft) / tokens after the first chunk (vLLM's benchmark: TPOT)
+  - output_tokens:        from the server's final `usage`, never from counting chunks
+A request is a failure when it errors, times out, or its stream ends early (no usage, no
+`[DONE]`, or fewer tokens than a fixed length asked for); failures are kept with their reason.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import requests
+
+
+@dataclass
+class RequestRecord:
+    item_id: str
+    path: str
+    start: float
+    """Wall-clock time the request was sent (epoch seconds), to place it in the measured interval."""
+    ok: bool = False
+    error: str | None = None
+    status: int | None = None
+    ttft_s: float | None = None
+    e2e_s: float | None = None
+    output_tokens: int | None = None
+    """Completion tokens from the server's final usage (None when the stream gave none)."""
+    prompt_tokens: int | None = None
+    tokens_seen: int = 0
+    """Completion tokens seen so far in per-chunk usage: what a failed stream still made the server generate."""
+    expected_tokens: int | None = None
+    chunk_gaps_s: list[float] = field(default_factory=list)
+    tokens_per_chunk: list[int] = field(default_factory=list)
+    per_token_latency_s: float | None = None
+    spec_decode: dict[str, Any] | None = None
+    """The server's own per-request acceptance (`metrics.speculative_decoding`), when it sends it."""
+
+    @property
+    def end(self) -> float:
+        return self.start + (self.e2e_s or 0.0)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @staticmethod
+    def from_json(data: dict[str, Any]) -> RequestRecord:
+        known = RequestRecord.__dataclass_fields__
+        return RequestRecord(**{k: v for k, v in data.items() if k in known})
+
+
+def sse_events(chunks: Iterable[bytes]) -> Iterator[str]:
+    """The `data:` payloads of a server-sent-event stream, as the bytes arrive."""
+    buffer = b""
+    for chunk in chunks:
+        buffer += chunk
+        while True:
+            # Events end with a blank line; vLLM uses "\n\n" (accept "\r\n\r\n" too).
+            cut = min((i for i in (buffer.find(b"\n\n"), buffer.find(b"\r\n\r\n")) if i >= 0), default=-1)
+            if cut < 0:
+                break
+            sep = 4 if buffer[cut:cut + 4] == b"\r\n\r\n" else 2
+            event, buffer = buffer[:cut], buffer[cut + sep:]
+            data = [line[5:].lstrip() for line in event.decode("utf-8", "replace").splitlines()
+                    if line.startswith("data:")]
+            if data:
+                yield "\n".join(data)
+    if buffer.strip():
+        # A stream cut mid-event: hand the fragment on, the parser will flag it.
+        for line in buffer.decode("utf-8", "replace").splitlines():
+            if line.startswith("data:"):
+                yield line[5:].lstrip()
+
+
+def _chunk_text(choice: dict[str, Any]) -> str:
+    if "text" in choice:
+        return choice.get("text") or ""
+    delta = choice.get("delta") or {}
+    return (delta.get("content") or "") + (delta.get("reasoning_content") or delta.get("reasoning") or "")
+
+
+class StreamParser:
+    """Feeds on the stream's events with their arrival times; `finish()` fills the record."""
+
+    def __init__(self, record: RequestRecord, t0: float):
+        self.record = record
+        self.t0 = t0
+        self.first: float | None = None
+        self.last_chunk: float | None = None
+        self.done = False
+        self.usage: dict[str, Any] | None = None
+        self.errors: list[str] = []
+
+    def feed(self, data: str, now: float) -> None:
+        rec = self.record
+        if data.strip() == "[DONE]":
+            self.done = True
+            return
+        try:
+            obj = json.loads(data)
+        except ValueError:
+            self.errors.append(f"unparsable stream event: {data[:120]!r}")
+            return
+        if "error" in obj:  # vLLM reports errors inside a started stream as an event
+            err = obj["error"]
+            self.errors.append(str(err.get("message", err) if isinstance(err, dict) else err)[:300])
+            return
+        choices = obj.get("choices") or []
+        usage = obj.get("usage")
+        if not choices:
+            # The final usage chunk (choices == []), with per-request metrics when the server has them.
+            if usage:
+                self.usage = usage
+            spec = (obj.get("metrics") or {}).get("speculative_decoding")
+            if spec:
+                rec.spec_decode = spec
+            return
+        if usage and usage.get("completion_tokens") is not None:
+            new_tokens = int(usage["completion_tokens"]) - rec.tokens_seen
+        else:
+            # A server without per-chunk usage: a chunk with text carries at least one token.
+            new_tokens = 1 if _chunk_text(choices[0]) else 0
+        if new_tokens <= 0:
+            return  # role-only or empty chunk: no token, not a "first token"
+        rec.tokens_seen += new_tokens
+        rec.tokens_per_chunk.append(new_tokens)
+        if self.first is None:
+            self.first = now
+            rec.ttft_s = now - self.t0
+        else:
+            assert self.last_chunk is not None
+            rec.chunk_gaps_s.append(now - self.last_chunk)
+        self.last_chunk = now
+
+    def finish(self, now: float, failure: str | None = None) -> RequestRecord:
+        rec = self.record
+        rec.e2e_s = now - self.t0
+        if self.usage:
+            rec.output_tokens = int(self.usage.get("completion_tokens") or 0)
+            rec.prompt_tokens = self.usage.get("prompt_tokens")
+            rec.tokens_seen = max(rec.tokens_seen, rec.output_tokens)
+        problems = ([failure] if failure else []) + self.errors
+        if not problems:
+            if not self.done:
+                problems.append("stream ended early: no [DONE]")
+            if self.usage is None:
+                problems.append("stream ended early: no usage reported")
+            elif rec.expected_tokens and (rec.output_tokens or 0) < rec.expected_tokens:
+                problems.append(f"stream ended early: {rec.output_tokens} of {rec.expected_tokens} tokens")
+        if rec.output_tokens and rec.ttft_s is not None and rec.tokens_per_chunk:
+            after_first = rec.output_tokens - rec.tokens_per_chunk[0]
+            if after_first > 0:
+                rec.per_token_latency_s = (rec.e2e_s - rec.ttft_s) / after_first
+        rec.ok = not problems
+        rec.error = "; ".join(problems) if problems else None
+        return rec
+
+
+def stream_request(session: requests.Session, base_url: str, path: str, body: dict[str, Any], item_id: str,
+                   timeout_s: float, expected_tokens: int | None = None,
+                   headers: dict[str, str] | None = None) -> RequestRecord:
+    """Send one streaming request and measure it; never raises for request problems."""
+    record = RequestRecord(item_id=item_id, path=path, start=time.time(), expected_tokens=expected_tokens)
+    t0 = time.perf_counter()
+    parser = StreamParser(record, t0)
+    deadline = t0 + timeout_s
+    try:
+        # The read timeout bounds each wait for bytes; the deadline bounds the whole request.
+        with session.post(base_url + path, json=body, stream=True, timeout=(10, timeout_s),
+                          headers=headers) as response:
+            record.status = response.status_code
+            if response.status_code != 200:
+                return parser.finish(time.perf_counter(), f"HTTP {response.status_code}: {response.text[:300]}")
+            # chunk_size=None yields each piece as it arrives (no 512-byte buffering).
+            for data in sse_events(response.iter_content(chunk_size=None)):
+                now = time.perf_counter()
+                parser.feed(data, now)
+                if now > deadline:
+                    return parser.finish(now, f"timeout: no complete response within {timeout_s:.0f} s")
+    except requests.Timeout:
+        return parser.finish(time.perf_counter(), f"timeout: server silent for {timeout_s:.0f} s")
+    except requests.RequestException as exc:
+        return parser.finish(time.perf_counter(), f"{type(exc).__name__}: {str(exc)[:300]}")
+    return parser.finish(time.perf_counter())

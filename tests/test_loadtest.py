@@ -1,0 +1,577 @@
+"""Load tests (`loadtest/`): the pure parts fast, Locust against a small fake SSE server, and the
+sweep for real (vLLM engines on the embedded default, real HTTP, real Locust).
+
+The engine tests start their own servers through the runner (that is the feature under test),
+on free ports, one at a time; they do not use the conftest pool.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import requests
+
+from conftest import metric_total
+from loadtest import prom, stats
+from loadtest.client import RequestRecord, StreamParser, sse_events, stream_request
+from loadtest.locust_run import LocustJob, run_locust
+from loadtest.report import compare_table, derive, write_report
+from loadtest.runner import Sweep, SweepSettings, load_records, plan_variants, requests_for
+from loadtest.workloads import BUILTIN, load_workload, request_for
+
+REPO = Path(__file__).resolve().parent.parent
+os.environ.setdefault("SPECDEPLOY_NO_PROGRESS", "1")  # keep pytest's captured output small
+
+METRICS = """\
+# HELP vllm:generation_tokens_total Number of generation tokens processed.
+# TYPE vllm:generation_tokens_total counter
+vllm:generation_tokens_total{engine="0",model_name="m"} 1200.0
+vllm:spec_decode_num_drafts_total{engine="0",model_name="m"} 100.0
+vllm:spec_decode_num_draft_tokens_total{engine="0",model_name="m"} 400.0
+vllm:spec_decode_num_accepted_tokens_total{engine="0",model_name="m"} 250.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="0"} 90.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="1"} 70.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="2"} 50.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="3"} 40.0
+vllm:time_to_first_token_seconds_bucket{engine="0",le="0.1",model_name="m"} 4.0
+vllm:time_to_first_token_seconds_bucket{engine="0",le="0.5",model_name="m"} 8.0
+vllm:time_to_first_token_seconds_bucket{engine="0",le="+Inf",model_name="m"} 10.0
+vllm:time_to_first_token_seconds_sum{engine="0",model_name="m"} 3.0
+vllm:time_to_first_token_seconds_count{engine="0",model_name="m"} 10.0
+weird_metric{path="a \\"quoted\\", value"} 7 1700000000000
+"""
+
+
+# ----------------------------------------------------------------------------------------- /metrics
+def test_parse_metrics_labels_histograms_and_totals():
+    snap = prom.Snapshot(prom.parse_metrics(METRICS), 0.0)
+    assert snap.total(prom.GEN_TOKENS) == 1200
+    assert snap.total("absent_metric") == 0
+    assert snap.by_label(prom.ACCEPTED_PER_POS, "position") == {"0": 90, "1": 70, "2": 50, "3": 40}
+    assert snap.samples["weird_metric"][0] == ((("path", 'a "quoted", value'),), 7.0)
+    hist = snap.histogram("vllm:time_to_first_token_seconds")
+    assert (hist.sum, hist.count) == (3.0, 10.0)
+    assert hist.mean == pytest.approx(0.3)
+    # Prometheus histogram_quantile: the 5th of 10 observations lies in (0.1, 0.5], 1/4 of the way in.
+    assert hist.quantile(0.5) == pytest.approx(0.2)
+    assert hist.quantile(0.99) == pytest.approx(0.5)  # in the +Inf bucket: the highest finite bound
+
+
+def test_delta_gives_vllm_benchmark_acceptance_formulas():
+    before = prom.Snapshot(prom.parse_metrics(METRICS), 100.0)
+    after_text = (METRICS.replace("1200.0", "1500.0").replace("} 100.0", "} 160.0").replace("} 400.0", "} 640.0")
+                  .replace("} 250.0", "} 370.0").replace('position="0"} 90.0', 'position="0"} 140.0'))
+    after = prom.Snapshot(prom.parse_metrics(after_text), 110.0)
+    d = prom.delta(before, after)
+    assert d.spec_enabled and d.interval_s == 10.0
+    assert (d.generation_tokens, d.drafts, d.draft_tokens, d.accepted_tokens) == (300, 60, 240, 120)
+    assert d.acceptance_rate == pytest.approx(120 / 240)           # accepted / draft tokens
+    assert d.mean_accepted_length == pytest.approx(1 + 120 / 60)   # 1 + accepted / drafts
+    assert d.per_position_acceptance == pytest.approx([50 / 60, 0, 0, 0])
+    no_spec = prom.delta(prom.Snapshot(prom.parse_metrics("vllm:generation_tokens_total 5\n"), 0),
+                         prom.Snapshot(prom.parse_metrics("vllm:generation_tokens_total 9\n"), 1))
+    assert not no_spec.spec_enabled and no_spec.acceptance_rate is None and no_spec.mean_accepted_length is None
+
+
+# ----------------------------------------------------------------------------------------- math
+def test_percentile_matches_numpy():
+    rng = np.random.default_rng(0)
+    for n in (1, 2, 7, 100):
+        values = list(rng.exponential(size=n))
+        for p in (0, 50, 90, 95, 99, 100):
+            assert stats.percentile(values, p) == pytest.approx(np.percentile(values, p))
+    assert stats.percentile([], 50) is None
+    d = stats.distribution([0.001, 0.002, 0.003], scale=1000)
+    assert d["n"] == 3 and d["mean"] == pytest.approx(2.0) and d["p50"] == pytest.approx(2.0)
+
+
+def test_expected_tokens_per_step():
+    assert stats.expected_tokens_per_step(0.5, 4) == pytest.approx((1 - 0.5**5) / 0.5)  # 1.9375
+    assert stats.expected_tokens_per_step(0.0, 4) == 1.0
+    assert stats.expected_tokens_per_step(1.0, 4) == 5.0
+    assert stats.expected_tokens_per_step(0.999999, 4) == pytest.approx(5.0, rel=1e-5)
+    assert stats.expected_tokens_per_step(0.8, 1) == pytest.approx(1.8)
+    # Geometric series by brute force.
+    assert stats.expected_tokens_per_step(0.7, 6) == pytest.approx(sum(0.7**i for i in range(7)))
+
+
+def test_break_even_acceptance_inverts_expected_tokens():
+    for k in (1, 2, 4, 8):
+        for r in (1.2, 1.5, 2.0, k + 0.5):
+            if r >= k + 1:
+                assert stats.break_even_acceptance(r, k) is None
+                continue
+            a = stats.break_even_acceptance(r, k)
+            assert 0 < a < 1
+            assert stats.expected_tokens_per_step(a, k) == pytest.approx(r, rel=1e-9)
+    assert stats.break_even_acceptance(0.9, 4) == 0.0   # cheaper than a target step: always pays
+    assert stats.break_even_acceptance(5.0, 4) is None  # costs K+1 steps: never pays
+
+
+def test_implied_per_token_acceptance():
+    # Acceptance stops at the first rejection: with per-token a = 0.8 and K = 4, vLLM's alpha is
+    # (a + a^2 + a^3 + a^4) / 4 and the tokens per step L = 1 + K alpha = E(0.8, 4).
+    a, k = 0.8, 4
+    alpha = sum(a**i for i in range(1, k + 1)) / k
+    length = 1 + k * alpha
+    assert length == pytest.approx(stats.expected_tokens_per_step(a, k))
+    assert stats.implied_per_token_acceptance(length, k) == pytest.approx(a)
+    assert stats.expected_tokens_per_step(alpha, k) < length  # E(alpha) understates L
+    assert stats.implied_per_token_acceptance(1.0, k) == pytest.approx(0.0, abs=1e-9)
+    assert stats.implied_per_token_acceptance(6.0, k) is None
+
+
+def test_speculation_analysis_cost_model():
+    # Baseline: 10 ms a token. Speculation: 5 ms a token at 3 tokens a step -> 15 ms a step = 1.5 target steps.
+    out = stats.speculation_analysis(0.5, 3.0, 4, tpot_spec_s=0.005, tpot_base_s=0.010)
+    assert out["step_cost_ratio"] == pytest.approx(1.5)
+    assert out["break_even_acceptance_rate"] == pytest.approx(0.5 / 4)  # L = 1 + 4 alpha* = r
+    assert stats.expected_tokens_per_step(out["break_even_per_token_acceptance"], 4) == pytest.approx(1.5)
+    assert out["measured_speedup"] == pytest.approx(2.0) and out["pays"]
+    assert out["expected_tokens_per_step"] == pytest.approx(stats.expected_tokens_per_step(0.5, 4))
+    assert stats.expected_tokens_per_step(out["implied_per_token_acceptance"], 4) == pytest.approx(3.0)
+    # A step costing 5.5 target steps can never pay at K = 4 (at most 5 tokens a step).
+    slow = stats.speculation_analysis(0.6, 3.4, 4, tpot_spec_s=0.0162, tpot_base_s=0.010)
+    assert slow["step_cost_ratio"] > 5 and not slow["pays"]
+    assert slow["break_even_acceptance_rate"] is None and slow["break_even_per_token_acceptance"] is None
+    assert slow["measured_speedup"] == pytest.approx(0.010 / 0.0162)
+    assert "step_cost_ratio" not in stats.speculation_analysis(0.6, 3.0, 4, None, 0.01)
+
+
+def test_notes_say_where_latency_is_lost():
+    from loadtest.locust_run import LocustOutcome
+    from loadtest.runner import delivery_notes, load_generator_notes
+
+    client = {"ttft_ms": {"mean": 300.0}}
+    server = {"histograms": {"ttft_s": {"mean": 0.010}}}
+    idle, busy = LocustOutcome(0, wall_s=10, cpu_s=1), LocustOutcome(0, wall_s=10, cpu_s=9)
+    assert "API server is the likely cause" in delivery_notes(client, server, idle, 0)[0]
+    assert "load generator was busy" in delivery_notes(client, server, busy, 0)[0]
+    assert delivery_notes({"ttft_ms": {"mean": 30.0}}, server, idle, 0) == []
+    assert load_generator_notes(idle, 0) == [] and "--workers" in load_generator_notes(busy, 0)[0]
+    assert load_generator_notes(busy, 2) == []  # 9 s of CPU over 2 worker processes
+
+
+def test_agreement_tolerance():
+    assert stats.agreement(100, 100)["ok"]
+    assert stats.agreement(96, 100)["ok"] and not stats.agreement(94, 100)["ok"]
+    assert stats.agreement(0, 0)["ok"] and not stats.agreement(5, 0)["ok"]
+
+
+# ----------------------------------------------------------------------------------------- streaming
+def _events(*objs: Any) -> list[str]:
+    return [o if isinstance(o, str) else json.dumps(o) for o in objs]
+
+
+def _feed(events: list[str], expected: int | None = None, dt: float = 0.01) -> RequestRecord:
+    rec = RequestRecord(item_id="x", path="/v1/completions", start=0.0, expected_tokens=expected)
+    parser = StreamParser(rec, 0.0)
+    t = 0.1
+    for e in events:
+        parser.feed(e, t)
+        t += dt
+    return parser.finish(t)
+
+
+def _chunk(total: int, text: str = "x") -> dict:
+    return {"choices": [{"index": 0, "text": text}], "usage": {"prompt_tokens": 3, "completion_tokens": total}}
+
+
+def _final(total: int) -> dict:
+    return {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": total}}
+
+
+def test_stream_parser_counts_tokens_per_chunk_not_chunks():
+    # Speculation: one chunk can carry several tokens; usage, not the chunk count, is the truth.
+    rec = _feed(_events(_chunk(1), _chunk(4), _chunk(8), _chunk(10), _final(10), "[DONE]"), expected=10)
+    assert rec.ok, rec.error
+    assert rec.output_tokens == 10 and rec.tokens_per_chunk == [1, 3, 4, 2]
+    assert rec.ttft_s == pytest.approx(0.1)
+    assert rec.chunk_gaps_s == pytest.approx([0.01, 0.01, 0.01])
+    # (e2e - ttft) / tokens after the first chunk: (0.16 - 0.1) / 9
+    assert rec.per_token_latency_s == pytest.approx((0.16 - 0.1) / 9)
+
+
+def test_stream_parser_chat_role_chunk_is_not_the_first_token():
+    role = {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}],
+            "usage": {"prompt_tokens": 3, "completion_tokens": 0}}
+    tok = {"choices": [{"index": 0, "delta": {"content": "hi"}}], "usage": {"prompt_tokens": 3, "completion_tokens": 2}}
+    rec = _feed(_events(role, tok, _final(2), "[DONE]"))
+    assert rec.ok and rec.ttft_s == pytest.approx(0.11) and rec.tokens_per_chunk == [2]
+
+
+@pytest.mark.parametrize("events, reason", [
+    (_events(_chunk(1), _chunk(2), _final(2)), "no [DONE]"),
+    (_events(_chunk(1), _chunk(2), "[DONE]"), "no usage"),
+    (_events(_chunk(1), _chunk(2), _final(2), "[DONE]"), "2 of 5 tokens"),
+    (_events(_chunk(1), {"error": {"message": "engine died", "code": 500}}, "[DONE]"), "engine died"),
+    (_events("{not json"), "unparsable"),
+])
+def test_stream_parser_failures_are_kept_with_their_reason(events, reason):
+    rec = _feed(events, expected=5)
+    assert not rec.ok and reason in rec.error
+
+
+def test_sse_events_split_anywhere():
+    stream = b'data: {"a": 1}\n\ndata: {"b": 2}\r\n\r\ndata: [DONE]\n\n'
+    for size in (1, 3, 7, len(stream)):
+        pieces = [stream[i:i + size] for i in range(0, len(stream), size)]
+        assert list(sse_events(pieces)) == ['{"a": 1}', '{"b": 2}', "[DONE]"]
+    assert list(sse_events([b'data: {"cut'])) == ['{"cut']
+
+
+# ----------------------------------------------------------------------------------------- workloads
+def test_builtin_workloads_and_request_bodies(tmp_path):
+    for name in BUILTIN:
+        assert load_workload(name).items
+    code = load_workload("code").items[0]
+    path, body = request_for(code, "m", 64, 0.0, fixed_length=True)
+    assert path == "/v1/completions" and body["ignore_eos"] and body["max_tokens"] == 64 and body["stream"]
+    assert body["stream_options"] == {"include_usage": True, "continuous_usage_stats": True}
+    chat = load_workload("chat").items[0]
+    path, body = request_for(chat, "m", 64, 0.7, fixed_length=False)
+    assert path == "/v1/chat/completions" and body["messages"] and "ignore_eos" not in body
+    assert body["temperature"] == 0.7
+    path, body = request_for(chat, "m", 64, 0.0, fixed_length=True, api="completions")
+    assert path == "/v1/completions" and body["prompt"].endswith("Assistant:")
+
+    jsonl = tmp_path / "w.jsonl"
+    jsonl.write_text('{"prompt": "def f():", "max_tokens": 9}\n\n{"messages": [{"role": "user", "content": "hi"}]}\n')
+    items = load_workload(str(jsonl)).items
+    assert [i.prompt for i in items] == ["def f():", None] and items[1].messages
+    assert request_for(items[0], "m", 64, 0.0, fixed_length=False)[1]["max_tokens"] == 9
+    assert request_for(items[0], "m", 64, 0.0, fixed_length=True)[1]["max_tokens"] == 64
+    share = tmp_path / "sg.json"
+    share.write_text(json.dumps([{"id": "a", "conversations": [{"from": "human", "value": "Q?"},
+                                                               {"from": "gpt", "value": "A" * 40}]},
+                                 {"conversations": [{"from": "gpt", "value": "orphan"}]}]))
+    items = load_workload(str(share)).items
+    assert len(items) == 1 and items[0].messages[0]["content"] == "Q?" and items[0].max_tokens == 10
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "no prompt"}\n')
+    with pytest.raises(ValueError, match="prompt"):
+        load_workload(str(bad))
+    with pytest.raises(ValueError, match="neither"):
+        load_workload("no-such-set")
+
+
+def test_requests_per_user_and_variants():
+    assert requests_for(1, None) == 256 and requests_for(32, None) == 32 and requests_for(4, 10) == 3
+    names = [v.name for v in plan_variants(SweepSettings("default", extra_k=[2, 4, 8]))]
+    assert names == ["spec-k4", "spec-k2", "spec-k8", "baseline"]
+    assert [v.name for v in plan_variants(SweepSettings("default", no_spec=True))] == ["baseline"]
+    assert [v.name for v in plan_variants(SweepSettings("default", baseline=False))] == ["spec-k4"]
+
+
+def test_runner_never_imports_locust():
+    # Importing locust monkey-patches the whole process with gevent: only its subprocesses may.
+    code = ("import sys; import loadtest.__main__, loadtest.runner, loadtest.report; "
+            "from loadtest.runner import machine_info; machine_info(); "
+            "assert 'locust' not in sys.modules and 'gevent' not in sys.modules, 'locust imported'")
+    subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True, timeout=120)
+
+
+# ----------------------------------------------------------------------------------------- report
+def _level(c: int, tps: float, tpot_ms: float, accept: float | None = None, length: float | None = None) -> dict:
+    dist = {"n": 4, "mean": tpot_ms, "std": 0.0, "p50": tpot_ms, "p90": tpot_ms, "p95": tpot_ms, "p99": tpot_ms}
+    client = {"requests": 4, "ok": 4, "failed": 0, "output_tokens": 512, "output_tokens_per_s": tps,
+              "duration_s": 512 / tps, "request_throughput": 1.0, "per_user_tokens_per_s": {**dist, "p50": tps / c},
+              "ttft_ms": dist, "per_token_latency_ms": dist, "chunk_gap_ms": dist, "tokens_per_chunk": dist,
+              "e2e_ms": dist, "peak_output_tokens_per_s": tps}
+    server = {"generation_tokens": 512, "acceptance_rate": accept, "mean_accepted_length": length,
+              "per_position_acceptance": [], "histograms": {"per_token_latency_s": {"mean": tpot_ms / 1000}},
+              "output_tokens_per_s": tps}
+    return {"concurrency": c, "status": "ok", "client": client, "server": server, "problems": [], "notes": [],
+            "consistency": {"ok": True, "relative_error": 0.0, "client_output_tokens": 512,
+                            "server_generation_tokens": 512}}
+
+
+def test_report_files_speedup_and_compare_table(tmp_path):
+    results = {"config": "default", "status": "ok", "settings": {"users": [1, 32], "tolerance": 0.05},
+               "machine": {}, "problems": [], "variants": [
+                   {"name": "spec-k4", "label": "K=4", "k": 4, "status": "ok",
+                    "levels": [_level(1, 200, 4.0, 0.7, 3.0), _level(32, 900, 30.0, 0.7, 3.0)]},
+                   {"name": "baseline", "label": "off", "k": None, "status": "ok",
+                    "levels": [_level(1, 100, 10.0), _level(32, 1000, 32.0)]}]}
+    files = write_report(results, tmp_path)
+    for name in ("json", "markdown", "html", "throughput", "latency", "acceptance", "speedup"):
+        assert files[name].is_file() and files[name].stat().st_size > 100
+    assert "data:image/png;base64," in files["html"].read_text()
+    rows = {(d["variant"], d["concurrency"]): d for d in derive(results)}
+    assert rows[("spec-k4", 1)]["speedup"] == pytest.approx(2.0)
+    assert rows[("spec-k4", 32)]["speedup"] == pytest.approx(0.9)
+    # r = 4 ms x 3 tokens / 10 ms = 1.2; at batch 32: 30 x 3 / 32 = 2.8125
+    assert rows[("spec-k4", 1)]["step_cost_ratio"] == pytest.approx(1.2)
+    assert rows[("spec-k4", 32)]["step_cost_ratio"] == pytest.approx(2.8125)
+    assert rows[("spec-k4", 1)]["per_token_source"] == "server"
+    table = compare_table(results)
+    assert "2.00x" in table and "0.90x" in table and "70%" in table
+    assert json.loads(files["json"].read_text())["comparisons"]
+
+
+# ------------------------------------------------- streaming protocol (a fixed SSE fixture: exact chunking)
+class _FakeVLLM(BaseHTTPRequestHandler):
+    """Streams like vLLM: per-chunk usage, 3 tokens a chunk, final usage, [DONE]; "CUT" cuts the stream."""
+
+    protocol_version = "HTTP/1.1"
+    generated = 0
+    lock = threading.Lock()
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        body = f"vllm:generation_tokens_total {type(self).generated}\n".encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_POST(self) -> None:
+        req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+
+        def send(data: str) -> None:
+            raw = f"data: {data}\n\n".encode()
+            self.wfile.write(f"{len(raw):x}\r\n".encode() + raw + b"\r\n")
+            self.wfile.flush()
+
+        done, cut, chat = 0, "CUT" in json.dumps(req), self.path.endswith("/chat/completions")
+        if chat:  # the chat API opens with a role-only chunk that carries no token
+            send(json.dumps({"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}],
+                             "usage": {"prompt_tokens": 4, "completion_tokens": 0}}))
+        while done < req["max_tokens"]:
+            step = min(1 if done == 0 else 3, req["max_tokens"] - done)
+            done += step
+            with self.lock:
+                type(self).generated += step
+            choice = {"index": 0, "delta": {"content": "x" * step}} if chat else {"index": 0, "text": "x" * step}
+            send(json.dumps({"choices": [choice], "usage": {"prompt_tokens": 4, "completion_tokens": done}}))
+            time.sleep(0.005)
+            if cut and done >= 4:
+                break
+        if not cut:
+            send(json.dumps({"choices": [], "usage": {"prompt_tokens": 4, "completion_tokens": done}}))
+            send("[DONE]")
+        self.wfile.write(b"0\r\n\r\n")
+        self.wfile.flush()
+
+
+@pytest.fixture(scope="module")
+def fake_server():
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _FakeVLLM)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+def test_stream_request_over_http(fake_server):
+    with requests.Session() as session:
+        path, body = request_for(load_workload("code").items[0], "m", 10, 0.0, fixed_length=True)
+        rec = stream_request(session, fake_server, path, body, "code-0", 30, expected_tokens=10)
+        assert rec.ok, rec.error
+        assert rec.output_tokens == 10 and rec.tokens_per_chunk == [1, 3, 3, 3] and rec.prompt_tokens == 4
+        body["prompt"] = "CUT"
+        rec = stream_request(session, fake_server, path, body, "cut", 30, expected_tokens=10)
+        assert not rec.ok and "stream ended early" in rec.error and rec.tokens_seen == 4
+        path, body = request_for(load_workload("chat").items[0], "m", 10, 0.0, fixed_length=True)
+        rec = stream_request(session, fake_server, path, body, "chat-0", 30, expected_tokens=10)
+        assert path == "/v1/chat/completions" and rec.ok, rec.error
+        assert rec.tokens_per_chunk == [1, 3, 3, 3] and rec.chunk_gaps_s and len(rec.chunk_gaps_s) == 3
+        rec = stream_request(session, "http://127.0.0.1:9", path, body, "refused", 5)
+        assert not rec.ok and "ConnectionError" in rec.error
+
+
+def _served_tokens(server) -> float:
+    return metric_total(server, "vllm:generation_tokens_total")
+
+
+@pytest.mark.engine
+@pytest.mark.parametrize("workers", [0, 2])
+def test_locust_closed_loop_local_and_distributed(servers, tmp_path, workers):
+    """Real Locust (one process, then a master and 2 workers) against the real engine."""
+    server = servers.get("default")
+    before = _served_tokens(server)
+    job = LocustJob(host=server.base_url, users=3, records_dir=tmp_path / "rec", model=server.plan.served_name,
+                    max_tokens=7, requests_per_user=2, workers=workers, csv_prefix=tmp_path / "locust",
+                    html=tmp_path / "l.html")
+    outcome = run_locust(job, deadline_s=300)
+    assert outcome.aborted is None and outcome.exit_code == 0, outcome.log_tail
+    records = load_records(tmp_path / "rec")
+    assert len(records) == 6 and all(r.ok for r in records), [r.error for r in records]
+    assert all(r.output_tokens == 7 and sum(r.tokens_per_chunk) == 7 for r in records)
+    assert _served_tokens(server) - before == 6 * 7  # the server's counter agrees exactly
+    # Locust's own CSV has the final numbers: a row per request kind, every request counted.
+    import csv
+
+    rows = {(r["Type"], r["Name"]): r for r in csv.DictReader((tmp_path / "locust_stats.csv").open())}
+    assert int(rows[("POST", "/v1/completions")]["Request Count"]) == 6
+    assert int(rows[("TTFT", "/v1/completions")]["Request Count"]) == 6
+    assert int(rows[("TPOT", "/v1/completions")]["Request Count"]) == 6
+    chunks = sum(len(r.tokens_per_chunk) for r in records)
+    assert int(rows[("CHUNK", "/v1/completions")]["Request Count"]) == chunks
+    assert (tmp_path / "l.html").is_file()
+
+
+@pytest.mark.engine
+def test_locust_duration_mode_lets_requests_finish(servers, tmp_path):
+    server = servers.get("default")
+    before = _served_tokens(server)
+    job = LocustJob(host=server.base_url, users=2, records_dir=tmp_path / "rec", model=server.plan.served_name,
+                    max_tokens=7, duration_s=5, request_timeout_s=60)
+    outcome = run_locust(job, deadline_s=120)
+    assert outcome.aborted is None and outcome.exit_code == 0, outcome.log_tail
+    records = load_records(tmp_path / "rec")
+    # Stopped by --run-time, but in-flight requests completed (--stop-timeout): none cut short.
+    assert len(records) > 2 and all(r.ok for r in records), [r.error for r in records if not r.ok]
+    assert sum(r.output_tokens for r in records) == _served_tokens(server) - before
+    assert outcome.cpu_s > 0
+
+
+# ----------------------------------------------------------------------------------------- real engine
+FAST = dict(max_tokens=32, warmup=1, request_timeout_s=120, level_timeout_s=600)
+CHAT_TEMPLATE = "{% for m in messages %}{{ m.content }}{% endfor %}"
+
+
+def _vllm_spec_metrics(base_url: str) -> Any:
+    """vLLM's own benchmark reader of /metrics (vllm/benchmarks/serve.py)."""
+    import aiohttp
+    from vllm.benchmarks.serve import fetch_spec_decode_metrics
+
+    async def fetch() -> Any:
+        async with aiohttp.ClientSession() as session:
+            return await fetch_spec_decode_metrics(base_url, session)
+
+    return asyncio.run(fetch())
+
+
+@pytest.mark.engine
+def test_sweep_spec_and_baseline_report_agrees_with_server(tmp_path, embedded_pair):
+    checked: dict[str, Any] = {}
+
+    def agree_with_vllm_benchmark(server, variant) -> None:
+        # On the same server, before the sweep: vLLM's benchmark code and ours read the same counters.
+        if variant.name != "spec-k4":
+            return
+        theirs_before, ours_before = _vllm_spec_metrics(server.base_url), prom.scrape(server.base_url)
+        for prompt in ("def main():\n", "class A:\n"):
+            requests.post(f"{server.base_url}/v1/completions", timeout=120, json={
+                "model": server.plan.served_name, "prompt": prompt, "max_tokens": 24, "temperature": 0}).raise_for_status()
+        theirs, ours = _vllm_spec_metrics(server.base_url), prom.scrape_settled(server.base_url)
+        d = prom.delta(ours_before, ours)
+        drafts = theirs.num_drafts - theirs_before.num_drafts
+        accepted = theirs.num_accepted_tokens - theirs_before.num_accepted_tokens
+        draft_tokens = theirs.num_draft_tokens - theirs_before.num_draft_tokens
+        assert (d.drafts, d.draft_tokens, d.accepted_tokens) == (drafts, draft_tokens, accepted)
+        assert d.acceptance_rate == pytest.approx(accepted / draft_tokens)
+        assert d.mean_accepted_length == pytest.approx(1 + accepted / drafts)
+        checked["vllm"] = True
+
+    # The `mixed` workload uses both APIs; the embedded tokenizer has no chat template, so give it one.
+    settings = SweepSettings("default", overrides=[f"engine_args.chat_template='{CHAT_TEMPLATE}'"],
+                             workload="mixed", users=[1, 4], requests=4, out=tmp_path / "report", **FAST)
+    started = time.monotonic()
+    results = Sweep(settings, on_server_started=agree_with_vllm_benchmark).run()
+    files = write_report(results, settings.out)
+    assert checked.get("vllm"), "the vLLM-benchmark agreement check did not run"
+    assert results["status"] in ("ok", "flagged"), results["problems"]
+    assert [v["name"] for v in results["variants"]] == ["spec-k4", "baseline"]
+    for variant in results["variants"]:
+        assert variant["status"] in ("ok", "flagged"), variant.get("error")
+        assert [lv["concurrency"] for lv in variant["levels"]] == [1, 4]
+        for level in variant["levels"]:
+            client, server, check = level["client"], level["server"], level["consistency"]
+            assert client["ok"] == client["requests"] == 4 and client["failed"] == 0
+            # Every request made exactly max_tokens, and the server counted the same tokens.
+            assert client["output_tokens"] == 4 * 32
+            assert check["ok"] and server["generation_tokens"] == pytest.approx(client["output_tokens"], rel=0.05)
+            assert server["output_tokens_per_s"] == pytest.approx(client["output_tokens_per_s"], rel=0.05)
+            assert server["requests_finished"] == 4
+            assert client["ttft_ms"]["p50"] > 0 and client["e2e_ms"]["p99"] >= client["e2e_ms"]["p50"]
+            records = load_records(settings.out / level["locust"]["records"])
+            assert {r.path for r in records} == {"/v1/completions", "/v1/chat/completions"}
+            assert sum(r.output_tokens for r in records) == client["output_tokens"]
+            assert all(sum(r.tokens_per_chunk) == r.output_tokens for r in records)
+            assert (settings.out / level["locust"]["csv"]).is_file() and (settings.out / level["locust"]["html"]).is_file()
+            if variant["name"] == "spec-k4":
+                assert server["spec_enabled"] and 0 <= server["acceptance_rate"] <= 1
+                assert 1 <= server["mean_accepted_length"] <= 5 and len(server["per_position_acceptance"]) == 4
+            else:
+                assert not server["spec_enabled"] and server["acceptance_rate"] is None
+    for name in ("json", "markdown", "html", "throughput", "latency", "acceptance", "speedup"):
+        assert files[name].is_file(), name
+    comparisons = {d["concurrency"]: d for d in results["comparisons"]}
+    assert set(comparisons) == {1, 4} and all(d["speedup"] > 0 for d in comparisons.values())
+    assert all(math.isfinite(d["expected_tokens_per_step"]) for d in comparisons.values())
+    out = subprocess.run([sys.executable, "-m", "loadtest", "compare", str(settings.out)], cwd=REPO,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and "spec-k4" in out.stdout and "baseline" in out.stdout, out.stderr
+    print(f"\nsweep took {time.monotonic() - started:.0f} s\n{out.stdout}")
+
+
+@pytest.mark.engine
+def test_server_that_fails_to_start_gives_a_failed_run(tmp_path, embedded_pair):
+    # vLLM itself refuses this (batched tokens below max_model_len): the server exits during start-up.
+    settings = SweepSettings("default", overrides=["engine_args.max_num_batched_tokens=8"], no_spec=True,
+                             users=[1], requests=2, out=tmp_path / "report", startup_timeout_s=300, **FAST)
+    started = time.monotonic()
+    results = Sweep(settings).run()
+    write_report(results, settings.out)
+    assert time.monotonic() - started < 300
+    assert results["status"] == "failed"
+    variant = results["variants"][0]
+    assert variant["status"] == "failed" and "server failed to start" in variant["error"]
+    assert variant["levels"] == [] and variant["server_log_tail"]
+    assert json.loads((settings.out / "results.json").read_text())["status"] == "failed"
+    assert (settings.out / "report.md").is_file()
+
+
+@pytest.mark.engine
+def test_server_killed_mid_run_keeps_partial_results(tmp_path, embedded_pair):
+    settings = SweepSettings("default", no_spec=True, users=[2, 4], requests=60, out=tmp_path / "report",
+                             **{**FAST, "max_tokens": 64})
+    records_dir = settings.out / "records" / "baseline-c2"
+
+    def kill_after_a_few_requests(server, variant) -> None:
+        def killer() -> None:
+            deadline = time.monotonic() + 300
+            while time.monotonic() < deadline:
+                done = sum(p.read_text().count("\n") for p in records_dir.glob("records-*.jsonl"))
+                if done >= 4:
+                    break
+                time.sleep(0.2)
+            os.killpg(server.process.pid, signal.SIGKILL)
+
+        threading.Thread(target=killer, daemon=True).start()
+
+    started = time.monotonic()
+    results = Sweep(settings, on_server_started=kill_after_a_few_requests).run()
+    write_report(results, settings.out)
+    assert time.monotonic() - started < 400
+    assert results["status"] == "failed"
+    variant = results["variants"][0]
+    assert variant["status"] == "failed"
+    first, second = variant["levels"]
+    assert first["status"] == "failed" and any("server process exited" in p for p in first["problems"])
+    assert first["client"]["ok"] >= 4  # partial results kept
+    assert second["status"] == "skipped"
+    saved = json.loads((settings.out / "results.json").read_text())
+    assert saved["variants"][0]["levels"][0]["client"]["ok"] == first["client"]["ok"]
+    assert len(load_records(records_dir)) == first["client"]["requests"]
