@@ -66,8 +66,9 @@ class BigramOptions(Section):
     """Options of specdeploy's bigram drafter (`plugins/`)."""
 
     table: str | None = None
-    """Bigram table file built by `python -m plugins.build_bigram_table`; default: the table of the
-    embedded pair's corpus (built on first use)."""
+    """Bigram table file (.npz) built for the target's tokenizer by `python -m plugins.bigram_table
+    --tokenizer MODEL_DIR --out FILE TEXT_FILES...` (a relative path is taken from the working
+    directory); default: the table of the embedded pair's corpus (built on first use)."""
     context_weight: float = Field(default=4.0, ge=0)
     """Weight of counts from the request's own context against the corpus table (0 = table only)."""
     min_probability: float = Field(default=0.15, ge=0, le=1)

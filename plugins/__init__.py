@@ -1,0 +1,40 @@
+"""specdeploy's draft-proposer plugins, loaded by vLLM through `speculative_config.method: custom_class`.
+
+- `plugins.bigram.BigramProposer`: chains the most likely successors from a bigram table of the
+  target's tokenizer (`plugins.bigram_table`) and from each request's own context.
+- `plugins.small_model.SmallModelProposer`: runs a small causal model with the target's tokenizer
+  (transformers, one KV cache per request) and drafts greedily.
+
+`plugins.vllm_fixes` repairs a vLLM 0.32 CPU bug that skews sampling with speculation at
+temperature > 0 (both proposers apply it; as a vLLM general plugin it reaches native drafters).
+
+Configs never name these classes: `speculation.drafter: bigram` or `drafter: small_model` with
+`implementation: plugin` select them (`deploy/engine_args.py`), and their options reach the
+worker processes as `vllm_config.additional_config["specdeploy"]`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+OPTIONS_KEY = "specdeploy"
+
+
+def plugin_options(vllm_config: Any, drafter: str) -> dict[str, Any]:
+    """The options specdeploy put in `additional_config` for this drafter; a clear error otherwise."""
+    extra = getattr(vllm_config, "additional_config", None) or {}
+    options = extra.get(OPTIONS_KEY) if isinstance(extra, dict) else None
+    if not isinstance(options, dict) or options.get("drafter") != drafter:
+        raise ValueError(
+            f"specdeploy's {drafter} proposer found no options in vLLM's additional_config['{OPTIONS_KEY}']; "
+            f"start the server through specdeploy (`make serve`, deploy.plan_from_config) with "
+            f"speculation.drafter: {drafter}, which passes them")
+    return options
+
+
+def num_speculative_tokens(vllm_config: Any) -> int:
+    """K, which vLLM does not pass to `propose` (and does not truncate drafts to)."""
+    spec = vllm_config.speculative_config
+    if spec is None or not spec.num_speculative_tokens:
+        raise ValueError("specdeploy proposer started without speculative_config.num_speculative_tokens")
+    return int(spec.num_speculative_tokens)

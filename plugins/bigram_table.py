@@ -1,0 +1,432 @@
+"""Bigram tables: the most likely successors of every token, for the bigram drafter.
+
+    python -m plugins.bigram_table --tokenizer MODEL_DIR --out table.npz [FILES...]
+
+counts every pair of adjacent tokens in the text files (tokenized with the target's tokenizer;
+default corpus: the embedded pair's training files) and keeps, per token, its `top_k` most
+frequent successors with Laplace-smoothed probabilities (c + alpha) / (N + alpha * V). The
+file is a compressed .npz of CSR arrays (no V x V matrix): at most V * top_k entries, a few MB
+for a 128k vocabulary. It records a fingerprint of the tokenizer (a hash of its vocabulary,
+merges and added tokens), and `load_table` refuses it for any other tokenizer.
+
+`resolve_table_path` is the preflight side: deploy's `plugin_options()` calls it to build the
+embedded pair's table on first use and to refuse a missing, corrupt or mismatched table before
+any engine starts. The proposer checks the same again when the server starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import logging
+import os
+import sys
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from deploy.preflight import ResolvedDeployment
+
+log = logging.getLogger("specdeploy")
+
+FORMAT = "specdeploy-bigram-v1"
+DEFAULT_TOP_K = 8
+DEFAULT_ALPHA = 1.0
+EMBEDDED_TABLE_NAME = "bigram-table.npz"
+BUILD_HINT = "python -m plugins.bigram_table --tokenizer {tokenizer} --out {out} FILES..."
+_MERGE_EVERY = 16_000_000  # pair keys collected before they are reduced to unique counts (memory bound)
+
+
+class BigramTableError(ValueError):
+    """A table that cannot be used: missing, corrupt, or built for another tokenizer."""
+
+
+# --- tokenizers --------------------------------------------------------------------------------
+
+def _tokenizer_json(tokenizer: str | Path, revision: str | None = None) -> Path | None:
+    """tokenizer.json of a folder, or of a hub id in the local cache (never downloads)."""
+    folder = Path(str(tokenizer)).expanduser()
+    if folder.is_dir():
+        path = folder / "tokenizer.json"
+        return path if path.is_file() else None
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        found = try_to_load_from_cache(str(tokenizer), "tokenizer.json", revision=revision)
+    except Exception:  # not a valid hub id, no cache: fall back to transformers
+        return None
+    return Path(found) if isinstance(found, str) else None
+
+
+def _auto_tokenizer(tokenizer: str | Path, revision: str | None, local_only: bool) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(tokenizer), revision=revision, local_files_only=local_only)
+
+
+def tokenizer_fingerprint(tokenizer: str | Path, revision: str | None = None, local_only: bool = True) -> str:
+    """SHA-256 of a tokenizer's vocabulary, merges and added tokens (its identity, not its file bytes).
+
+    Reads tokenizer.json where there is one; otherwise hashes transformers' `get_vocab()`.
+    Raises `BigramTableError` when the tokenizer cannot be found.
+    """
+    path = _tokenizer_json(tokenizer, revision)
+    if path is not None:
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise BigramTableError(f"cannot read tokenizer {path}: {exc}") from None
+        model = data.get("model") or {}
+        merges = [m if isinstance(m, str) else " ".join(m) for m in model.get("merges") or []]
+        payload: dict[str, Any] = {
+            "type": model.get("type"), "vocab": model.get("vocab"), "merges": merges,
+            "added": sorted((t.get("id"), t.get("content")) for t in data.get("added_tokens") or []),
+        }
+    else:
+        try:
+            tok = _auto_tokenizer(tokenizer, revision, local_only)
+        except Exception as exc:
+            raise BigramTableError(f"cannot load tokenizer {tokenizer}: {exc}") from None
+        payload = {"vocab": sorted(tok.get_vocab().items())}
+    blob = json.dumps(payload, sort_keys=True, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    return hashlib.sha256(blob).hexdigest()
+
+
+def _encoder(tokenizer: str | Path) -> tuple[Callable[[list[str]], list[list[int]]], int]:
+    """A batch encoder (no special tokens) and the vocabulary size (highest id + 1)."""
+    path = _tokenizer_json(tokenizer)
+    if path is not None:
+        from tokenizers import Tokenizer
+
+        fast = Tokenizer.from_file(str(path))
+        size = max(fast.get_vocab(with_added_tokens=True).values()) + 1
+        return (lambda texts: [e.ids for e in fast.encode_batch(texts, add_special_tokens=False)]), size
+    tok = _auto_tokenizer(tokenizer, None, local_only=False)
+    size = max(tok.get_vocab().values()) + 1
+    return (lambda texts: tok(texts, add_special_tokens=False)["input_ids"]), size
+
+
+# --- building -------------------------------------------------------------------------------------
+
+def _reduce(keys: list[np.ndarray], counts: np.ndarray | None, uniq: np.ndarray | None
+            ) -> tuple[np.ndarray, np.ndarray]:
+    new = np.concatenate(keys)
+    weights = np.ones(len(new), dtype=np.float64)
+    if uniq is not None and counts is not None:
+        new, weights = np.concatenate([uniq, new]), np.concatenate([counts, weights])
+    uniq, inverse = np.unique(new, return_inverse=True)
+    return uniq, np.bincount(inverse, weights=weights)
+
+
+def build_arrays(sequences: Iterable[Sequence[int] | np.ndarray], vocab_size: int, fingerprint: str,
+                 top_k: int = DEFAULT_TOP_K, alpha: float = DEFAULT_ALPHA, tokenizer: str = "",
+                 ) -> dict[str, np.ndarray]:
+    """Count adjacent pairs over token-id sequences and keep each token's `top_k` successors.
+
+    Returns the arrays `save_table` writes: CSR `indptr`/`successors`/`probs` (successors by
+    descending count, ties by id) and per-token `totals` (pair count of the token as predecessor).
+    """
+    if vocab_size < 2 or top_k < 1 or alpha <= 0:
+        raise ValueError("need vocab_size >= 2, top_k >= 1 and alpha > 0")
+    v = np.int64(vocab_size)
+    pending: list[np.ndarray] = []
+    pending_size, tokens = 0, 0
+    uniq: np.ndarray | None = None
+    counts: np.ndarray | None = None
+    for seq in sequences:
+        ids = np.asarray(seq, dtype=np.int64)
+        tokens += len(ids)
+        if len(ids) < 2:
+            continue
+        if ids.min() < 0 or ids.max() >= vocab_size:
+            raise ValueError(f"token id out of range [0, {vocab_size})")
+        pending.append(ids[:-1] * v + ids[1:])
+        pending_size += len(ids) - 1
+        if pending_size >= _MERGE_EVERY:
+            uniq, counts = _reduce(pending, counts, uniq)
+            pending, pending_size = [], 0
+    if pending:
+        uniq, counts = _reduce(pending, counts, uniq)
+    if uniq is None or counts is None:
+        uniq, counts = np.zeros(0, np.int64), np.zeros(0, np.float64)
+    rows, succ = uniq // v, uniq % v
+    totals = np.bincount(rows, weights=counts, minlength=vocab_size)
+    order = np.lexsort((succ, -counts, rows))  # by row, then most frequent first, ties by id
+    rows, succ, counts = rows[order], succ[order], counts[order]
+    starts = np.searchsorted(rows, rows, side="left")
+    keep = (np.arange(len(rows)) - starts) < top_k
+    rows, succ, counts = rows[keep], succ[keep], counts[keep]
+    probs = (counts + alpha) / (totals[rows] + alpha * vocab_size)
+    indptr = np.zeros(vocab_size + 1, dtype=np.int64)
+    np.cumsum(np.bincount(rows, minlength=vocab_size), out=indptr[1:])
+    index_dtype = np.int32 if len(succ) < 2**31 else np.int64
+    return {
+        "format": np.array(FORMAT), "fingerprint": np.array(fingerprint), "tokenizer": np.array(str(tokenizer)),
+        "vocab_size": np.array(vocab_size, dtype=np.int64), "top_k": np.array(top_k, dtype=np.int64),
+        "alpha": np.array(alpha, dtype=np.float64), "num_tokens": np.array(tokens, dtype=np.int64),
+        "indptr": indptr.astype(index_dtype), "successors": succ.astype(np.int32),
+        "probs": probs.astype(np.float16), "totals": totals.astype(np.float32),
+    }
+
+
+def save_table(arrays: dict[str, np.ndarray], out: str | Path) -> Path:
+    """Write atomically (a reader never sees half a file)."""
+    out = Path(out).expanduser().resolve()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "wb") as handle:
+            np.savez_compressed(handle, **arrays)
+        os.replace(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return out
+
+
+def build_table(files: Sequence[str | Path], tokenizer: str | Path, out: str | Path, top_k: int = DEFAULT_TOP_K,
+                alpha: float = DEFAULT_ALPHA, progress: bool = True) -> Path:
+    """Tokenize `files` with `tokenizer` (a folder or cached hub id) and write the table to `out`."""
+    from tqdm import tqdm
+
+    if not files:
+        raise ValueError("no corpus files given")
+    encode, vocab_size = _encoder(tokenizer)
+    fingerprint = tokenizer_fingerprint(tokenizer, local_only=False)
+
+    def sequences() -> Iterable[list[int]]:
+        batch = 64  # files per encode_batch call: the Rust tokenizer parallelises inside a batch
+        with tqdm(total=len(files), desc="bigram table", unit="file", disable=not progress) as bar:
+            for start in range(0, len(files), batch):
+                chunk = files[start:start + batch]
+                texts = [Path(f).read_text(encoding="utf-8", errors="replace") for f in chunk]
+                yield from encode(texts)
+                bar.update(len(chunk))
+
+    arrays = build_arrays(sequences(), vocab_size, fingerprint, top_k, alpha, tokenizer=str(tokenizer))
+    path = save_table(arrays, out)
+    log.info("bigram table %s: %d tokens from %d files, vocabulary %d, %d entries, %.2f MB",
+             path, int(arrays["num_tokens"]), len(files), vocab_size, len(arrays["successors"]),
+             path.stat().st_size / 1e6)
+    return path
+
+
+# --- loading ----------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class BigramTable:
+    """A loaded table, with the per-token arrays the proposer needs precomputed.
+
+    Token ids outside the table's vocabulary (a model vocabulary padded beyond the tokenizer's)
+    map to an extra empty row at index `vocab_size`.
+    """
+
+    path: Path
+    fingerprint: str
+    tokenizer: str
+    vocab_size: int
+    indptr: np.ndarray
+    successors: np.ndarray
+    probs: np.ndarray
+    floor: np.ndarray
+    """Per token (V + 1): probability of any successor not listed, alpha / (N + alpha * V)."""
+    top_next: np.ndarray
+    """Per token (V + 1): the most likely successor, -1 when the token was never seen."""
+    top_prob: np.ndarray
+    """Per token (V + 1): its probability."""
+    listed: np.ndarray
+    """(V + 1, top_k) successors per token, -1 padded: vectorised P(b | a) without a V x V matrix."""
+    listed_probs: np.ndarray
+
+    def row(self, token: np.ndarray) -> np.ndarray:
+        """Row index of (non-negative) token ids; ids past the vocabulary map to the empty last row."""
+        return np.minimum(np.asarray(token, dtype=np.int64), self.vocab_size)
+
+    def prob(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """P(b | a) from the table, vectorised over equal-shaped 1-D id arrays."""
+        rows, b = self.row(a), np.asarray(b)
+        width = self.listed.shape[1]
+        candidates = np.take(self.listed, rows, axis=0)  # np.take: several times faster than listed[rows]
+        flat = rows * width + (candidates == b[:, None]).argmax(axis=1)  # the match, or column 0
+        found = self.listed.ravel()[flat] == b
+        return np.where(found, self.listed_probs.ravel()[flat], self.floor[rows])
+
+    def successors_of(self, token: int) -> list[tuple[int, float]]:
+        """The listed successors of one token with their probabilities (for people and tests)."""
+        if not 0 <= token < self.vocab_size:
+            return []
+        lo, hi = int(self.indptr[token]), int(self.indptr[token + 1])
+        return [(int(s), float(p)) for s, p in zip(self.successors[lo:hi], self.probs[lo:hi])]
+
+
+REQUIRED = ("format", "fingerprint", "vocab_size", "indptr", "successors", "probs", "totals", "alpha")
+
+
+def load_table(path: str | Path, expected_fingerprint: str | None = None, tokenizer: str | None = None,
+               ) -> BigramTable:
+    """Read and check a table; raise `BigramTableError` saying what is wrong and how to fix it.
+
+    `expected_fingerprint`: the target tokenizer's (`tokenizer_fingerprint`); `tokenizer`: where
+    that tokenizer is, for the messages.
+    """
+    path = Path(path).expanduser()
+    build = BUILD_HINT.format(tokenizer=tokenizer or "TARGET_MODEL_DIR", out=path)
+
+    def corrupt(why: str) -> BigramTableError:
+        return BigramTableError(f"bigram table {path} is corrupt or not a specdeploy bigram table ({why}); "
+                                f"rebuild it with `{build}`")
+
+    if not path.is_file():
+        raise BigramTableError(f"bigram table {path} does not exist. Build it with `{build}`, or leave "
+                               f"speculation.bigram.table unset to use the embedded pair's table")
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            missing = [k for k in REQUIRED if k not in data.files]
+            if missing:
+                raise corrupt(f"missing arrays {missing}")
+            arrays = {k: data[k] for k in data.files}
+    except BigramTableError:
+        raise
+    except Exception as exc:  # zip, pickle, dtype or I/O problems all mean the same to a user
+        raise corrupt(f"{type(exc).__name__}: {exc}") from None
+    if str(arrays["format"]) != FORMAT:
+        raise corrupt(f"format {str(arrays['format'])!r}, expected {FORMAT!r}")
+    v = int(arrays["vocab_size"])
+    indptr, succ, probs, totals = (arrays[k] for k in ("indptr", "successors", "probs", "totals"))
+    alpha = float(arrays["alpha"])
+    consistent = (v >= 2 and indptr.shape == (v + 1,) and totals.shape == (v,) and succ.ndim == 1
+                  and succ.shape == probs.shape and int(indptr[0]) == 0 and int(indptr[-1]) == len(succ)
+                  and bool(np.all(np.diff(indptr) >= 0)) and alpha > 0
+                  and (len(succ) == 0 or (int(succ.min()) >= 0 and int(succ.max()) < v))
+                  and bool(np.all(np.isfinite(probs))) and bool(np.all((probs >= 0) & (probs <= 1))))
+    if not consistent:
+        raise corrupt("arrays are inconsistent")
+    fingerprint = str(arrays["fingerprint"])
+    built_for = str(arrays.get("tokenizer", "")) or "unknown"
+    if expected_fingerprint is not None and fingerprint != expected_fingerprint:
+        raise BigramTableError(
+            f"bigram table {path} was built for another tokenizer ({built_for}, fingerprint {fingerprint[:12]}) "
+            f"than the target's ({tokenizer or 'unknown'}, fingerprint {expected_fingerprint[:12]}); its token "
+            f"ids would mean other tokens. Rebuild it for the target with `{build}`")
+    floor = np.append(alpha / (totals.astype(np.float64) + alpha * v), 1.0 / v).astype(np.float32)
+    counts = np.diff(indptr)
+    rows = np.repeat(np.arange(v, dtype=np.int64), counts)
+    top_next = np.full(v + 1, -1, dtype=np.int64)
+    top_prob = floor.copy()
+    has = counts > 0
+    first = indptr[:-1][has].astype(np.int64)
+    top_next[:v][has] = succ[first]
+    top_prob[:v][has] = probs[first]
+    top_k = int(counts.max()) if len(counts) else 0
+    rank = np.arange(len(succ)) - np.repeat(indptr[:-1].astype(np.int64), counts)
+    listed = np.full((v + 1, max(top_k, 1)), -1, dtype=np.int32)
+    listed_probs = np.zeros((v + 1, max(top_k, 1)), dtype=np.float32)
+    listed[rows, rank] = succ
+    listed_probs[rows, rank] = probs
+    return BigramTable(path.resolve(), fingerprint, built_for, v, indptr.astype(np.int64), succ.astype(np.int64),
+                       probs.astype(np.float32), floor, top_next, top_prob.astype(np.float32), listed, listed_probs)
+
+
+# --- deployments ---------------------------------------------------------------------------------
+
+def target_tokenizer(resolved: ResolvedDeployment) -> str:
+    """Where the target's tokenizer is: `target.tokenizer` if set, else the served model."""
+    from deploy.preflight import looks_like_path
+
+    ref = resolved.config.target.tokenizer
+    if ref and looks_like_path(ref):
+        return str(Path(ref).expanduser().resolve())
+    return ref or resolved.target.path
+
+
+def embedded_table(progress: bool = True) -> Path:
+    """The embedded pair's table, built from its training corpus on first use (file-locked, cached)."""
+    from filelock import FileLock
+
+    from deploy.embedded_pair import corpus_files, ensure_pair
+
+    pair = ensure_pair()
+    # Beside the pair's folder (named after it), not inside: that folder is the other build's output.
+    path = Path(pair.root).parent / f"{Path(pair.root).name}.{EMBEDDED_TABLE_NAME}"
+    tokenizer = str(pair.target)
+    expected = tokenizer_fingerprint(tokenizer)
+    with FileLock(str(path) + ".lock", timeout=1800):
+        if path.is_file():
+            try:
+                load_table(path, expected, tokenizer)
+                return path
+            except BigramTableError as exc:
+                log.warning("rebuilding the embedded bigram table: %s", exc)
+        files = [str(f) for f in corpus_files("train")]
+        log.info("building the embedded pair's bigram table from %d files (once; cached at %s)", len(files), path)
+        return build_table(files, tokenizer, path, progress=progress)
+
+
+def resolve_table_path(resolved: ResolvedDeployment) -> Path:
+    """The checked table file for a bigram deployment, or `ConfigError` before any engine starts.
+
+    No `speculation.bigram.table` on the embedded pair: its table (built on first use). Otherwise
+    the configured file, which must exist, be readable, and match the target's tokenizer.
+    """
+    from deploy.config import ConfigError
+
+    field = "speculation.bigram.table"
+    configured = resolved.config.speculation.bigram.table
+    tokenizer = target_tokenizer(resolved)
+    if configured is None:
+        if not resolved.config.target.model.startswith("embedded:"):
+            raise ConfigError(field, [
+                f"{field}: not set, and only the embedded pair has a built-in table. Build one for the target's "
+                f"tokenizer from text like what it will serve: "
+                f"`{BUILD_HINT.format(tokenizer=tokenizer, out='bigram.npz')}`, then set {field}: bigram.npz"])
+        path = embedded_table()
+    else:
+        path = Path(configured).expanduser().resolve()
+    try:
+        expected = tokenizer_fingerprint(tokenizer, resolved.config.target.revision)
+    except BigramTableError as exc:
+        # A hub tokenizer not in the local cache: the proposer checks again in the server.
+        resolved.notes.append(f"bigram table not checked against the tokenizer here ({exc}); "
+                              f"the server checks it at start")
+        expected = None
+    try:
+        load_table(path, expected, tokenizer)
+    except BigramTableError as exc:
+        raise ConfigError(field, [f"{field}: {exc}"]) from None
+    return path
+
+
+# --- command line ----------------------------------------------------------------------------------
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m plugins.bigram_table", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tokenizer", required=True, help="the target's model or tokenizer folder (or cached hub id)")
+    parser.add_argument("--out", required=True, help="table file to write (.npz)")
+    parser.add_argument("--top-k", type=int, default=DEFAULT_TOP_K, help="successors kept per token (%(default)s)")
+    parser.add_argument("--alpha", type=float, default=DEFAULT_ALPHA, help="Laplace smoothing (%(default)s)")
+    parser.add_argument("files", nargs="*", help="text files (default: the embedded pair's training corpus)")
+    opts = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
+    files = opts.files
+    if not files:
+        from deploy.embedded_pair import corpus_files
+
+        files = [str(f) for f in corpus_files("train")]
+        log.info("no files given: using the embedded pair's training corpus (%d files)", len(files))
+    try:
+        path = build_table(files, opts.tokenizer, opts.out, opts.top_k, opts.alpha)
+    except (BigramTableError, OSError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    table = load_table(path)
+    print(f"wrote {path} ({path.stat().st_size / 1e6:.2f} MB): vocabulary {table.vocab_size}, "
+          f"{len(table.successors)} successor entries, tokenizer fingerprint {table.fingerprint[:12]}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

