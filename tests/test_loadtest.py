@@ -425,8 +425,9 @@ def test_locust_closed_loop_local_and_distributed(servers, tmp_path, workers):
     assert int(rows[("POST", "/v1/completions")]["Request Count"]) == 6
     assert int(rows[("TTFT", "/v1/completions")]["Request Count"]) == 6
     assert int(rows[("TPOT", "/v1/completions")]["Request Count"]) == 6
-    chunks = sum(len(r.tokens_per_chunk) for r in records)
-    assert int(rows[("CHUNK", "/v1/completions")]["Request Count"]) == chunks
+    gaps = sum(len(r.chunk_gaps_s) for r in records)  # a request of n chunks has n - 1 gaps
+    assert gaps == sum(len(r.tokens_per_chunk) - 1 for r in records)
+    assert int(rows[("CHUNK", "/v1/completions")]["Request Count"]) == gaps
     assert (tmp_path / "l.html").is_file()
 
 
