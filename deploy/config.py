@@ -195,6 +195,11 @@ class ServerConfig(Section):
     """Name of the environment variable that holds the API key (the key itself never goes in a file)."""
     startup_timeout_s: float = Field(default=900, gt=0)
     """How long to wait for the server to report healthy."""
+    keep_alive_timeout_s: int = Field(default=65, ge=1)
+    """Seconds an idle HTTP connection stays open (VLLM_HTTP_TIMEOUT_KEEP_ALIVE). Longer than a
+    load balancer's idle timeout (60 s on common cloud ones), so the server never closes a
+    connection a client is about to reuse: with vLLM's default of 5 s, a busy API server that
+    reads a reused connection late drops the request unanswered."""
 
 
 class ResourcesConfig(Section):

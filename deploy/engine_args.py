@@ -152,7 +152,7 @@ def _iomp_library() -> str | None:
 
 def server_environment(resolved: ResolvedDeployment) -> dict[str, str]:
     c = resolved.config
-    env: dict[str, str] = {}
+    env: dict[str, str] = {"VLLM_HTTP_TIMEOUT_KEEP_ALIVE": str(c.server.keep_alive_timeout_s)}
     if resolved.device == "cpu":
         env["VLLM_TARGET_DEVICE"] = "cpu"
         env["VLLM_CPU_KVCACHE_SPACE"] = str(c.resources.cpu_kvcache_space_gib)

@@ -49,7 +49,8 @@ def render_manifests(resolved: ResolvedDeployment, image: str = DEFAULT_IMAGE, r
     gpus = par.tensor_parallel_size * par.pipeline_parallel_size * par.data_parallel_size
     name = config.name.lower().replace(".", "-").replace("_", "-")
     labels = {"app.kubernetes.io/name": name, "app.kubernetes.io/part-of": "specdeploy"}
-    env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in sorted(config.env.items())]
+    keep_alive = {"VLLM_HTTP_TIMEOUT_KEEP_ALIVE": str(config.server.keep_alive_timeout_s)}
+    env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in sorted({**keep_alive, **config.env}.items())]
     if config.server.api_key_env:
         env.append({"name": "VLLM_API_KEY", "valueFrom": {"secretKeyRef": {"name": api_key_secret, "key": "key"}}})
     env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf-token", "key": "token",

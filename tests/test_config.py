@@ -197,6 +197,7 @@ def test_default_preset_on_cpu(embedded_pair) -> None:
     resolved, plan = plan_from_config("default")
     assert resolved.device == "cpu" and plan.env["VLLM_TARGET_DEVICE"] == "cpu"
     assert plan.env["VLLM_CPU_KVCACHE_SPACE"] == "2"
+    assert plan.env["VLLM_HTTP_TIMEOUT_KEEP_ALIVE"] == "65"  # not vLLM's 5 s: see ServerConfig
     spec = json.loads(plan.argv[plan.argv.index("--speculative-config") + 1])
     assert spec == {"method": "draft_model", "model": str(embedded_pair.draft), "num_speculative_tokens": 4}
     assert plan.argv[plan.argv.index("--model") + 1] == str(embedded_pair.target)

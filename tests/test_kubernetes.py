@@ -32,6 +32,8 @@ def test_manifests_for_a_multi_gpu_preset() -> None:
     assert spec["method"] == "draft_model" and spec["model"] == "meta-llama/Llama-2-7b-chat-hf"
     key = next(e for e in container["env"] if e["name"] == "VLLM_API_KEY")
     assert key["valueFrom"]["secretKeyRef"]["name"] == "specdeploy-api-key"
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["VLLM_HTTP_TIMEOUT_KEEP_ALIVE"] == "65"  # outlives a load balancer's 60 s idle timeout
     assert container["readinessProbe"]["httpGet"]["path"] == "/health"
     assert service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
     assert "&id" not in result.stdout, "anchors make manifests hard to read"
