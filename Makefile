@@ -28,8 +28,10 @@ $(STAMP): pyproject.toml scripts/install-env.sh
 
 venv: $(STAMP)
 
+# Build the embedded pair, then measure its step costs on the engine (kept beside it).
 models: $(STAMP)
 	$(PY) -m deploy models
+	$(PY) -m loadtest costs default.yaml --pair
 
 serve: $(STAMP)
 	$(PY) -m deploy serve $(CONFIG_ARGS) $(if $(DRY_RUN),--dry-run)

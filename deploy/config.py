@@ -21,12 +21,12 @@ CONFIGS_DIR = Path(__file__).resolve().parent.parent / "configs"
 DEFAULT_CONFIG = "default.yaml"
 
 DrafterKind = Literal[
-    "none", "small_model", "bigram", "ngram", "suffix", "eagle", "eagle3", "mtp", "medusa", "mlp_speculator"
+    "none", "small_model", "bigram", "ngram", "suffix", "eagle", "eagle3", "mtp", "medusa", "mlp_speculator", "probe"
 ]
 # Drafters that need a separate draft checkpoint in `speculation.model`.
 DRAFTERS_WITH_MODEL = {"small_model", "eagle", "eagle3", "medusa", "mlp_speculator"}
 # Drafters implemented by specdeploy's own proposer plugin (vLLM method `custom_class`).
-PLUGIN_DRAFTERS = {"bigram"}
+PLUGIN_DRAFTERS = {"bigram", "probe"}
 
 
 class ConfigError(ValueError):
@@ -81,7 +81,8 @@ class SpeculationConfig(Section):
     drafter: DrafterKind = "none"
     """Who proposes draft tokens: `none` (plain decoding), `small_model` (a smaller model with the
     target's tokenizer), `bigram` (specdeploy's plugin), or one of vLLM's methods `ngram`, `suffix`,
-    `eagle`, `eagle3`, `mtp`, `medusa`, `mlp_speculator`."""
+    `eagle`, `eagle3`, `mtp`, `medusa`, `mlp_speculator`. `probe` is for measuring, not serving: it
+    drafts K tokens the target rejects, so each step costs a full verification of K + 1 tokens."""
     model: str | None = None
     """Draft checkpoint (folder, hub id or `embedded:draft`) for small_model, eagle, eagle3, medusa
     and mlp_speculator."""

@@ -26,6 +26,7 @@ SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 PLUGIN_CLASSES = {
     "bigram": "plugins.bigram.BigramProposer",
     "small_model": "plugins.small_model.SmallModelProposer",
+    "probe": "plugins.probe.RejectedDraftProposer",
 }
 SECRET_ENV = ("VLLM_API_KEY",)
 
@@ -60,7 +61,7 @@ def speculative_config(resolved: ResolvedDeployment) -> dict[str, Any] | None:
     if not spec.enabled:
         return None
     k = spec.num_speculative_tokens
-    if spec.drafter in PLUGIN_CLASSES and (spec.drafter == "bigram" or spec.implementation == "plugin"):
+    if spec.drafter in PLUGIN_CLASSES and (spec.drafter != "small_model" or spec.implementation == "plugin"):
         result: dict[str, Any] = {"method": "custom_class", "model": PLUGIN_CLASSES[spec.drafter]}
     elif spec.drafter == "small_model":
         result = {"method": "draft_model", "model": resolved.draft.path if resolved.draft else spec.model}

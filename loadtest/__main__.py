@@ -4,6 +4,7 @@
     python -m loadtest run default.yaml --users 1,8,32 --k 2,8       # plus K=2 and K=8 variants
     python -m loadtest run default.yaml --workers 2 --duration 60    # Locust master + 2 workers, 60 s a level
     python -m loadtest compare                                       # table of the newest report
+    python -m loadtest costs default.yaml                            # engine step costs: plain, verify, draft
 """
 
 from __future__ import annotations
@@ -45,8 +46,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--k", type=_int_list, default=[], metavar="K,K", help="extra speculative variants with these K")
     run.add_argument("--users", type=_int_list, default=[1, 32], metavar="C,C",
                      help="concurrency levels (closed-loop users) (default: 1,32)")
+    run.add_argument("--repeat", type=int, default=3,
+                     help="runs of every variant at every concurrency; speedups get a 95%% interval (default: 3)")
     run.add_argument("--requests", type=int, default=None,
-                     help="measured requests per level (default: max(256, 32 x concurrency))")
+                     help="measured requests per run (default: max(32, 8 x concurrency))")
     run.add_argument("--duration", type=float, default=None, metavar="S",
                      help="measure each level for S seconds instead of a request count")
     run.add_argument("--warmup", type=int, default=1, help="warm-up requests per user before each level (default: 1)")
@@ -58,6 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--no-fixed-length", action="store_true", help="let requests stop at EOS (no ignore_eos)")
     run.add_argument("--temperature", type=float, default=0.0)
     run.add_argument("--workers", type=int, default=0, help="Locust worker processes (0: one local process)")
+    run.add_argument("--no-vllm-bench", action="store_true",
+                     help="skip vLLM's serving benchmark after each Locust run (the independent check)")
     run.add_argument("--request-timeout", type=float, default=300, help="seconds before a request fails")
     run.add_argument("--level-timeout", type=float, default=1800, help="seconds before a level is abandoned")
     run.add_argument("--startup-timeout", type=float, default=None, help="seconds to wait for each server")
@@ -70,13 +75,47 @@ def build_parser() -> argparse.ArgumentParser:
                      help="report folder or results.json (default: the newest under reports/)")
     cmp.add_argument("--users", type=_int_list, default=None,
                      help="concurrency levels to show (default: all in the report)")
+    costs = sub.add_parser("costs", help="measure engine step costs: plain decode, verification of K tokens, "
+                                          "the config's drafter, at each batch size")
+    costs.add_argument("config", nargs="?", default=DEFAULT_CONFIG, help="config with a drafter (default: %(default)s)")
+    costs.add_argument("--k", type=int, default=None, help="K (default: the config's num_speculative_tokens)")
+    costs.add_argument("--batches", type=_int_list, default=[1, 32], metavar="B,B", help="batch sizes (default: 1,32)")
+    costs.add_argument("--repeat", type=int, default=5, help="measurements per point; the median is kept")
+    costs.add_argument("--out", type=Path, default=None, help="also write the figures to this JSON file")
+    costs.add_argument("--pair", action="store_true",
+                       help="keep the figures beside the embedded pair and check its goals (make models); "
+                            "measured once per pair unless --force")
+    costs.add_argument("--force", action="store_true", help="with --pair: measure again")
     return parser
+
+
+def cmd_costs(opts: argparse.Namespace) -> int:
+    from deploy.embedded_pair import COSTS_FILE, check_goals, engine_costs, ensure_pair
+    from loadtest import step_costs
+
+    pair = ensure_pair() if opts.pair else None
+    result = engine_costs(pair) if pair and not opts.force else None
+    if result is None:
+        result = step_costs.measure_costs(opts.config, opts.k, tuple(opts.batches), opts.repeat)
+        if pair:
+            step_costs.save(result, pair.root / COSTS_FILE)
+    else:
+        print(f"cached engine costs of the embedded pair ({pair.root / COSTS_FILE}; --force measures again)")
+    if opts.out:
+        step_costs.save(result, opts.out)
+    print(step_costs.describe(result))
+    if pair:
+        print("embedded pair goals:")
+        for text, met in check_goals(pair, result):
+            print(f"  [{'ok' if met else 'MISSED' if met is False else '..'}] {text}")
+    return 0
 
 
 def cmd_run(opts: argparse.Namespace) -> int:
     settings = SweepSettings(
         config=opts.config, overrides=opts.overrides, no_spec=opts.no_spec, baseline=not opts.no_baseline,
-        extra_k=opts.k, users=sorted(dict.fromkeys(opts.users)), requests=opts.requests, duration_s=opts.duration,
+        extra_k=opts.k, users=sorted(dict.fromkeys(opts.users)), repeat=opts.repeat, requests=opts.requests,
+        duration_s=opts.duration, vllm_bench=not opts.no_vllm_bench,
         warmup=opts.warmup, workload=opts.workload, api=opts.api, max_tokens=opts.max_tokens,
         fixed_length=not opts.no_fixed_length, temperature=opts.temperature, workers=opts.workers,
         request_timeout_s=opts.request_timeout, level_timeout_s=opts.level_timeout,
@@ -121,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         datefmt="%H:%M:%S")
     opts = build_parser().parse_args(argv)
-    return cmd_run(opts) if opts.command == "run" else cmd_compare(opts)
+    return {"run": cmd_run, "compare": cmd_compare, "costs": cmd_costs}[opts.command](opts)
 
 
 if __name__ == "__main__":

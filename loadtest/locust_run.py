@@ -36,8 +36,8 @@ class LocustJob:
     max_tokens: int = 128
     fixed_length: bool = True
     temperature: float = 0.0
-    requests_per_user: int = 0
-    """0: run for `duration_s` instead."""
+    requests: int = 0
+    """Requests in all, shared by the users (0: run for `duration_s` instead)."""
     duration_s: float | None = None
     request_timeout_s: float = 300
     workers: int = 0
@@ -58,11 +58,11 @@ class LocustOutcome:
     """CPU time of all Locust processes: near wall_s x processes, the load generator is the bottleneck."""
 
 
-def _user_args(job: LocustJob) -> list[str]:
-    """Our locustfile's own options; given to the master and to every worker alike."""
+def _user_args(job: LocustJob, requests: int) -> list[str]:
+    """Our locustfile's own options, with this process's share of the requests."""
     args = ["--model", job.model, "--workload", job.workload, "--api", job.api,
             "--max-tokens", str(job.max_tokens), "--temperature", str(job.temperature),
-            "--requests-per-user", str(job.requests_per_user), "--request-timeout", str(job.request_timeout_s),
+            "--requests", str(requests), "--request-timeout", str(job.request_timeout_s),
             "--records-dir", str(job.records_dir)]
     if not job.fixed_length:
         args.append("--no-fixed-length")
@@ -83,15 +83,17 @@ def commands(job: LocustJob, deadline_s: float) -> list[list[str]]:
         main += ["--csv", str(job.csv_prefix)]
     if job.html:
         main += ["--html", str(job.html)]
-    main += _user_args(job)
+    main += _user_args(job, job.requests)
     if job.workers <= 0:
         return [main]
     port = free_port()
     master = [*main, "--master", "--master-bind-host", "127.0.0.1", "--master-bind-port", str(port),
               "--expect-workers", str(job.workers), "--expect-workers-max-wait", "120"]
     worker = [*base, "--worker", "--master-host", "127.0.0.1", "--master-port", str(port), "-H", job.host,
-              "--loglevel", "INFO", *_user_args(job)]
-    return [master, *[list(worker) for _ in range(job.workers)]]
+              "--loglevel", "INFO"]
+    # Each worker's users share that worker's part of the requests (Locust spreads users evenly).
+    shares = [job.requests // job.workers + (i < job.requests % job.workers) for i in range(job.workers)]
+    return [master, *[[*worker, *_user_args(job, share)] for share in shares]]
 
 
 def run_locust(job: LocustJob, deadline_s: float, should_abort: Callable[[], str | None] = lambda: None,

@@ -48,8 +48,9 @@ def _add_options(parser: Any) -> None:
     parser.add_argument("--no-fixed-length", action="store_true",
                         help="let requests stop at EOS (default: ignore_eos, exactly --max-tokens each)")
     parser.add_argument("--temperature", type=float, default=0.0)
-    parser.add_argument("--requests-per-user", type=int, default=0,
-                        help="stop each user after this many requests and quit when all are done (0: run until --run-time)")
+    parser.add_argument("--requests", type=int, default=0,
+                        help="requests this process's users send in all, each taking the next while any are left "
+                             "(as vLLM's benchmark does); quit when all are done (0: run until --run-time)")
     parser.add_argument("--request-timeout", type=float, default=300, help="seconds before a request counts as failed")
     parser.add_argument("--records-dir", default="", help="write one JSON line per request to a file in this folder")
     parser.add_argument("--api-key-env", default="", help="environment variable holding the API key, if any")
@@ -98,7 +99,6 @@ class LLMUser(User):
         opts = self.environment.parsed_options
         self.workload = _workload(opts.workload)
         self.session = requests.Session()
-        self.done = 0
         key = os.environ.get(opts.api_key_env, "") if opts.api_key_env else ""
         self.headers = {"Authorization": f"Bearer {key}"} if key else None
         gevent.sleep(opts.start_delay)
@@ -106,17 +106,19 @@ class LLMUser(User):
     @task
     def generate(self) -> None:
         opts = self.environment.parsed_options
-        if opts.requests_per_user and self.done >= opts.requests_per_user:
+        ticket = next(_request_counter)
+        if opts.requests and ticket >= opts.requests:
+            # The budget is shared, so no user waits on its own quota while others are idle:
+            # the run ends when the last request does, as a closed loop over N requests should.
             _user_finished(self.environment)
             raise StopUser()
         # Spread users over the prompts; workers start at different offsets.
         worker = getattr(self.environment.runner, "worker_index", 0)
-        item = self.workload.items[(worker * 7919 + next(_request_counter)) % len(self.workload.items)]
+        item = self.workload.items[(worker * 7919 + ticket) % len(self.workload.items)]
         path, body = request_for(item, opts.model, opts.max_tokens, opts.temperature, not opts.no_fixed_length, opts.api)
         expected = opts.max_tokens if not opts.no_fixed_length else None
         record = stream_request(self.session, self.host.rstrip("/"), path, body, item.id, opts.request_timeout,
                                 expected, self.headers)
-        self.done += 1
         self._report(record)
         _write_record(self.environment, record)
 

@@ -26,22 +26,23 @@ def levels(results: dict[str, Any]) -> Iterator[tuple[dict[str, Any], dict[str, 
                 yield variant, level
 
 
-def _level_at(results: dict[str, Any], variant_name: str, concurrency: int) -> dict[str, Any] | None:
+def _level_at(results: dict[str, Any], variant_name: str, concurrency: int, repeat: int = 1) -> dict[str, Any] | None:
     for variant, level in levels(results):
-        if variant["name"] == variant_name and level["concurrency"] == concurrency:
+        if (variant["name"], level["concurrency"], level.get("repeat", 1)) == (variant_name, concurrency, repeat):
             return level
     return None
 
 
 def derive(results: dict[str, Any]) -> list[dict[str, Any]]:
-    """For each speculative variant and concurrency: speedup over the baseline and the cost model."""
+    """For each speculative variant, concurrency and repeat: speedup over the baseline's run of the
+    same repeat (measured beside it), and the cost model."""
     rows = []
     for variant, level in levels(results):
         if variant["name"] == "baseline" or not variant.get("k"):
             continue
-        c = level["concurrency"]
+        c, repeat = level["concurrency"], level.get("repeat", 1)
         client, server = level["client"], level.get("server") or {}
-        base = _level_at(results, "baseline", c)
+        base = _level_at(results, "baseline", c, repeat)
         base_client = base["client"] if base else {}
         # Per-token costs from the engine's own clock when the server reports them (robust to a
         # client or API server that is short of CPU and delivers chunks late), else the client's.
@@ -50,13 +51,78 @@ def derive(results: dict[str, Any]) -> list[dict[str, Any]]:
         if tpot is None or base_tpot is None:
             tpot, source = _tpot_s(level, client_side=True), "client"
             base_tpot = _tpot_s(base, client_side=True) if base else None
-        row: dict[str, Any] = {"variant": variant["name"], "concurrency": c, "per_token_source": source}
+        row: dict[str, Any] = {"variant": variant["name"], "concurrency": c, "repeat": repeat,
+                               "per_token_source": source}
         row.update(stats.speculation_analysis(
             server.get("acceptance_rate"), server.get("mean_accepted_length"), variant["k"], tpot, base_tpot))
         if base_client.get("output_tokens_per_s"):
             row["speedup"] = client["output_tokens_per_s"] / base_client["output_tokens_per_s"]
+        bench, base_bench = level.get("vllm_bench") or {}, (base or {}).get("vllm_bench") or {}
+        if bench.get("output_tokens_per_s") and base_bench.get("output_tokens_per_s"):
+            row["vllm_bench_speedup"] = bench["output_tokens_per_s"] / base_bench["output_tokens_per_s"]
         rows.append(row)
     return rows
+
+
+SPEEDUPS = {"speedup": "client output tokens/s (Locust)", "vllm_bench_speedup": "vLLM's benchmark output tokens/s",
+            "measured_speedup": "per token on the engine's clock"}
+
+
+def summarize_speedups(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per speculative variant and concurrency: each speedup's mean over the repeats and its 95%
+    interval (Student's t; none from one run), and a verdict read from all of them together."""
+    groups: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    for row in derive(results):
+        groups.setdefault((row["variant"], row["concurrency"]), []).append(row)
+    out = []
+    for (variant, c), rows in groups.items():
+        entry: dict[str, Any] = {"variant": variant, "concurrency": c, "runs": len(rows)}
+        for key in SPEEDUPS:
+            entry[key] = stats.mean_interval([r[key] for r in rows if r.get(key) is not None])
+        entry["acceptance_rate"] = stats.mean_interval([r["acceptance_rate"] for r in rows
+                                                        if r.get("acceptance_rate") is not None])
+        entry["verdict"] = verdict(entry)
+        out.append(entry)
+    return out
+
+
+def verdict(entry: dict[str, Any]) -> str:
+    """Pays / does not pay / even, from the client's interval, checked against the engine and vLLM's benchmark."""
+    client = entry.get("speedup") or {}
+    if client.get("mean") is None:
+        return "no baseline to compare with"
+    low, high = client.get("low"), client.get("high")
+    if low is not None and low > 1:
+        text = "pays"
+    elif high is not None and high < 1:
+        text = "does not pay"
+    elif low is None:
+        text = "pays" if client["mean"] > 1 else "does not pay"
+    else:
+        text = "breaks even (the 95% interval spans 1.0x)"
+    others = [(SPEEDUPS[k], (entry.get(k) or {}).get("mean")) for k in ("vllm_bench_speedup", "measured_speedup")]
+    against = [name for name, mean in others if mean is not None and (mean > 1) != (client["mean"] > 1)]
+    if against:
+        text += f"; but {' and '.join(against)} say the opposite: read the report's trust section before using it"
+    return text
+
+
+def headline(results: dict[str, Any]) -> list[str]:
+    """The report's first lines: per batch size, whether speculation pays and by how much."""
+    lines = []
+    for e in sorted(summarize_speedups(results), key=lambda e: (e["concurrency"], e["variant"])):
+        parts = []
+        for key, name in SPEEDUPS.items():
+            m = e.get(key) or {}
+            if m.get("mean") is None:
+                continue
+            spread = f" (95% interval {m['low']:.2f}-{m['high']:.2f})" if m.get("low") is not None else ""
+            parts.append(f"{m['mean']:.2f}x {name}{spread}")
+        accept = (e.get("acceptance_rate") or {}).get("mean")
+        lines.append(f"batch {e['concurrency']}, {e['variant']}: speculation {e['verdict']}: " + "; ".join(parts)
+                     + (f"; acceptance {accept:.0%}" if accept is not None else "")
+                     + f" ({e['runs']} run{'s' if e['runs'] != 1 else ''}, each beside a baseline run)")
+    return lines
 
 
 def _tpot_s(level: dict[str, Any], client_side: bool = False) -> float | None:
@@ -80,19 +146,27 @@ def _fmt(value: Any, digits: int = 1, pct: bool = False) -> str:
 
 
 def compare_rows(results: dict[str, Any], concurrencies: list[int] | None = None) -> list[dict[str, Any]]:
-    derived = {(r["variant"], r["concurrency"]): r for r in derive(results)}
+    derived = {(r["variant"], r["concurrency"], r["repeat"]): r for r in derive(results)}
     wanted = concurrencies or sorted({lv["concurrency"] for _, lv in levels(results)})
+    repeats = sorted({lv.get("repeat", 1) for v in results.get("variants", []) for lv in v.get("levels", [])})
     rows = []
     for c in wanted:
-        for variant in results.get("variants", []):
-            level = next((lv for lv in variant.get("levels", []) if lv["concurrency"] == c), None)
-            if level is None:
-                continue
-            client = level.get("client") or {}
-            server = level.get("server") or {}
-            d = derived.get((variant["name"], c), {})
-            rows.append({
-                "concurrency": c, "variant": variant["name"], "status": level["status"],
+        for repeat in repeats:
+            for variant in results.get("variants", []):
+                level = next((lv for lv in variant.get("levels", [])
+                              if lv["concurrency"] == c and lv.get("repeat", 1) == repeat), None)
+                if level is not None:
+                    rows.append(_compare_row(variant, level, derived.get((variant["name"], c, repeat), {})))
+    return rows
+
+
+def _compare_row(variant: dict[str, Any], level: dict[str, Any], d: dict[str, Any]) -> dict[str, Any]:
+    client = level.get("client") or {}
+    server = level.get("server") or {}
+    bench = level.get("vllm_bench") or {}
+    return {
+                "concurrency": level["concurrency"], "repeat": level.get("repeat", 1), "variant": variant["name"],
+                "status": level["status"],
                 "requests": f"{client.get('ok', 0)}/{client.get('requests', 0)}",
                 "system_tps": client.get("output_tokens_per_s"),
                 "user_tps": (client.get("per_user_tokens_per_s") or {}).get("p50"),
@@ -102,9 +176,10 @@ def compare_rows(results: dict[str, Any], concurrencies: list[int] | None = None
                 "acceptance": server.get("acceptance_rate"),
                 "accepted_length": server.get("mean_accepted_length"),
                 "speedup": d.get("speedup"),
+                "bench_tps": bench.get("output_tokens_per_s"),
+                "bench_agrees": (level.get("vllm_bench_agreement") or {}).get("agrees"),
                 "server_agrees": (level.get("consistency") or {}).get("ok"),
-            })
-    return rows
+    }
 
 
 def _with_engine(client_ms: float | None, server: dict[str, Any], hist: str, digits: int = 1) -> str:
@@ -115,11 +190,12 @@ def _with_engine(client_ms: float | None, server: dict[str, Any], hist: str, dig
 
 
 COMPARE_COLUMNS = [
-    ("concurrency", "batch"), ("variant", "variant"), ("requests", "ok/req"), ("system_tps", "tok/s system"),
+    ("concurrency", "batch"), ("variant", "variant"), ("repeat", "run"), ("requests", "ok/req"),
+    ("system_tps", "tok/s system"), ("bench_tps", "vLLM bench tok/s"),
     ("user_tps", "tok/s per user"), ("ttft_p50", "TTFT p50 (engine) ms"),
     ("tpot_p50", "per-token p50 (engine) ms"),
     ("acceptance", "acceptance"), ("accepted_length", "tokens/step"), ("speedup", "speedup"),
-    ("server_agrees", "counters agree"), ("status", "status"),
+    ("bench_agrees", "bench agrees"), ("server_agrees", "counters agree"), ("status", "status"),
 ]
 
 
@@ -130,9 +206,9 @@ def _cell(key: str, value: Any) -> str:
         return _fmt(value, 2)
     if key == "speedup":
         return "-" if value is None else f"{value:.2f}x"
-    if key == "server_agrees":
+    if key in ("server_agrees", "bench_agrees"):
         return "-" if value is None else ("yes" if value else "NO")
-    if key in ("concurrency",):
+    if key in ("concurrency", "repeat"):
         return str(value)
     return _fmt(value, 1)
 
@@ -140,10 +216,13 @@ def _cell(key: str, value: Any) -> str:
 def compare_table(results: dict[str, Any], concurrencies: list[int] | None = None) -> str:
     """Plain-text table for the terminal."""
     rows = compare_rows(results, concurrencies)
+    top = [line for line in headline(results)
+           if not concurrencies or int(line.split(",")[0].removeprefix("batch ")) in concurrencies]
     header = [title for _, title in COMPARE_COLUMNS]
     body = [[_cell(k, r[k]) for k, _ in COMPARE_COLUMNS] for r in rows]
     widths = [max(len(h), *(len(b[i]) for b in body)) if body else len(h) for i, h in enumerate(header)]
-    lines = ["  ".join(h.rjust(w) if i > 1 else h.ljust(w) for i, (h, w) in enumerate(zip(header, widths)))]
+    lines = [*top, *([""] if top else [])]
+    lines.append("  ".join(h.rjust(w) if i > 1 else h.ljust(w) for i, (h, w) in enumerate(zip(header, widths))))
     lines.append("  ".join("-" * w for w in widths))
     previous = None
     for r, b in zip(rows, body):
@@ -151,7 +230,7 @@ def compare_table(results: dict[str, Any], concurrencies: list[int] | None = Non
             lines.append("")
         previous = r["concurrency"]
         lines.append("  ".join(c.rjust(w) if i > 1 else c.ljust(w) for i, (c, w) in enumerate(zip(b, widths))))
-    notes = [f"{v['name']} c={lv['concurrency']}: {n}" for v in results.get("variants", [])
+    notes = [f"{v['name']} c={lv['concurrency']} run {lv.get('repeat', 1)}: {n}" for v in results.get("variants", [])
              for lv in v.get("levels", []) if not concurrencies or lv["concurrency"] in concurrencies
              for n in (lv.get("problems") or []) + (lv.get("notes") or [])]
     if notes:
@@ -166,7 +245,7 @@ def _md_table(header: list[str], rows: list[list[str]]) -> str:
 
 
 def _latency_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
-    header = ["variant", "batch", "TTFT p50/p95/p99 ms", "per-token p50/p95/p99 ms", "chunk gap p50/p99 ms",
+    header = ["variant", "batch", "run", "TTFT p50/p95/p99 ms", "per-token p50/p95/p99 ms", "chunk gap p50/p99 ms",
               "tokens/chunk mean", "e2e p50/p99 ms", "req/s", "peak tok/s"]
     rows = []
     for variant, level in levels(results):
@@ -176,7 +255,8 @@ def _latency_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
             d = c.get(key) or {}
             return " / ".join(_fmt(d.get(f"p{p}")) for p in ps)
 
-        rows.append([variant["name"], str(level["concurrency"]), trio("ttft_ms"), trio("per_token_latency_ms"),
+        rows.append([variant["name"], str(level["concurrency"]), str(level.get("repeat", 1)), trio("ttft_ms"),
+                     trio("per_token_latency_ms"),
                      trio("chunk_gap_ms", (50, 99)), _fmt((c.get("tokens_per_chunk") or {}).get("mean"), 2),
                      trio("e2e_ms", (50, 99)), _fmt(c.get("request_throughput"), 2),
                      _fmt(c.get("peak_output_tokens_per_s"), 0)])
@@ -184,20 +264,20 @@ def _latency_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
 
 
 def _spec_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
-    header = ["variant", "batch", "K", "per-token costs from", "acceptance rate alpha", "E(alpha,K)",
+    header = ["variant", "batch", "run", "K", "per-token costs from", "acceptance rate alpha", "E(alpha,K)",
               "measured tokens/step L", "implied per-token a", "per-position acceptance", "step cost r",
               "break-even alpha*", "break-even a*", "pays (L > r)", "per-token speedup (engine)",
               "throughput speedup"]
     rows = []
     for d in derive(results):
-        level = _level_at(results, d["variant"], d["concurrency"]) or {}
+        level = _level_at(results, d["variant"], d["concurrency"], d["repeat"]) or {}
         per_pos = (level.get("server") or {}).get("per_position_acceptance") or []
         costed = "step_cost_ratio" in d
 
         def never(key: str) -> str:
             return "never" if costed and d.get(key) is None else _fmt(d.get(key), 3)
 
-        rows.append([d["variant"], str(d["concurrency"]), str(d["k"]), d.get("per_token_source", "-"),
+        rows.append([d["variant"], str(d["concurrency"]), str(d["repeat"]), str(d["k"]), d.get("per_token_source", "-"),
                      _fmt(d.get("acceptance_rate"), 3), _fmt(d.get("expected_tokens_per_step"), 2),
                      _fmt(d.get("mean_accepted_length"), 2), _fmt(d.get("implied_per_token_acceptance"), 3),
                      " ".join(f"{p:.2f}" for p in per_pos) or "-", _fmt(d.get("step_cost_ratio"), 2),
@@ -208,7 +288,7 @@ def _spec_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
 
 
 def _trust_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
-    header = ["variant", "batch", "status", "client tokens", "server tokens", "difference", "client tok/s",
+    header = ["variant", "batch", "run", "status", "client tokens", "server tokens", "difference", "client tok/s",
               "server tok/s", "TTFT mean client/server ms", "e2e mean client/server ms", "per-token mean client/server ms",
               "problems and notes"]
     rows = []
@@ -223,7 +303,7 @@ def _trust_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
                 return f"{_fmt(mine)} / {_fmt(theirs * 1000 if theirs is not None else None)}"
 
             diff = k.get("relative_error")
-            rows.append([variant["name"], str(level["concurrency"]), level["status"],
+            rows.append([variant["name"], str(level["concurrency"]), str(level.get("repeat", 1)), level["status"],
                          _fmt(k.get("client_output_tokens"), 0), _fmt(k.get("server_generation_tokens"), 0),
                          "-" if diff is None else f"{100 * diff:.2f}%" + ("" if k.get("ok") else " FLAG"),
                          _fmt(c.get("output_tokens_per_s")), _fmt(s.get("output_tokens_per_s")),
@@ -233,19 +313,69 @@ def _trust_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     return header, rows
 
 
+def _bench_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+    header = ["variant", "batch", "run", "output tok/s Locust / vLLM bench", "TTFT p50 ms Locust / vLLM bench",
+              "per-token p50 ms Locust / vLLM bench", "agrees", "engine TTFT / per-token mean ms"]
+    rows = []
+    for variant, level in levels(results):
+        a = level.get("vllm_bench_agreement")
+        if not a:
+            error = (level.get("vllm_bench") or {}).get("error")
+            if error:
+                rows.append([variant["name"], str(level["concurrency"]), str(level.get("repeat", 1)), "-", "-", "-",
+                             error, "-"])
+            continue
+
+        def pair(key: str, digits: int = 1) -> str:
+            v = a[key]
+            diff = "" if v["difference"] is None else f" ({100 * v['difference']:+.1f}%)"
+            return f"{_fmt(v['locust'], digits)} / {_fmt(v['vllm_bench'], digits)}{diff}"
+
+        h = (level.get("server") or {}).get("histograms") or {}
+        engine = " / ".join(_fmt((h.get(k) or {}).get("mean") and 1000 * h[k]["mean"], 2)
+                            for k in ("ttft_s", "per_token_latency_s"))
+        off = [k for k, v in a.items() if isinstance(v, dict) and v["agrees"] is False]
+        rows.append([variant["name"], str(level["concurrency"]), str(level.get("repeat", 1)), pair("output_tokens_per_s"),
+                     pair("ttft_p50_ms"), pair("per_token_p50_ms", 2),
+                     "yes" if a["agrees"] else ("NO: " + ", ".join(off) if a["agrees"] is False else "-"), engine])
+    return header, rows
+
+
 # ---------------------------------------------------------------------------------- plots
+def _averaged(rows: list[dict[str, Any]], keys: tuple[str, ...]) -> list[dict[str, Any]]:
+    """Rows of one series averaged over repeats: one row per concurrency, the mean of each key."""
+    by_c: dict[int, list[dict[str, Any]]] = {}
+    for row in rows:
+        by_c.setdefault(row["concurrency"], []).append(row)
+    out = []
+    for c, group in sorted(by_c.items()):
+        mean = {"concurrency": c}
+        for key in keys:
+            values = [r[key] for r in group if r.get(key) is not None]
+            mean[key] = sum(values) / len(values) if values else None
+        out.append(mean)
+    return out
+
+
 def plot(results: dict[str, Any], out: Path) -> list[Path]:
-    """PNG plots against concurrency; only those with data are written."""
+    """PNG plots against concurrency (means over repeats); only those with data are written."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    series: dict[str, list[tuple[int, dict[str, Any]]]] = {}
+    client_rows: dict[str, list[dict[str, Any]]] = {}
     for variant, level in levels(results):
-        series.setdefault(variant["name"], []).append((level["concurrency"], level))
+        c = level["client"]
+        row = {"concurrency": level["concurrency"], "tps": c["output_tokens_per_s"],
+               "user_tps": c["per_user_tokens_per_s"]["p50"]}
+        for key in ("ttft_ms", "per_token_latency_ms"):
+            row.update({f"{key}_p{p}": c[key][f"p{p}"] for p in (50, 95, 99)})
+        client_rows.setdefault(variant["name"], []).append(row)
+    series = {name: _averaged(rows, tuple(k for k in rows[0] if k != "concurrency"))
+              for name, rows in client_rows.items()}
     derived = derive(results)
-    concurrencies = sorted({c for pts in series.values() for c, _ in pts})
+    concurrencies = sorted({r["concurrency"] for rows in series.values() for r in rows})
     written = []
 
     def axis(ax: Any, title: str, ylabel: str) -> None:
@@ -267,11 +397,10 @@ def plot(results: dict[str, Any], out: Path) -> list[Path]:
 
     if series:
         fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-        for name, pts in series.items():
-            pts.sort(key=lambda p: p[0])
-            xs = [c for c, _ in pts]
-            axes[0].plot(xs, [lv["client"]["output_tokens_per_s"] for _, lv in pts], "o-", label=name)
-            axes[1].plot(xs, [lv["client"]["per_user_tokens_per_s"]["p50"] for _, lv in pts], "o-", label=name)
+        for name, rows in series.items():
+            xs = [r["concurrency"] for r in rows]
+            axes[0].plot(xs, [r["tps"] for r in rows], "o-", label=name)
+            axes[1].plot(xs, [r["user_tps"] for r in rows], "o-", label=name)
         axis(axes[0], "System output throughput", "output tokens/s")
         axis(axes[1], "Per-user throughput (median request)", "output tokens/s per user")
         save(fig, "throughput.png")
@@ -279,20 +408,20 @@ def plot(results: dict[str, Any], out: Path) -> list[Path]:
         fig, axes = plt.subplots(1, 2, figsize=(11, 4))
         for i, (key, title) in enumerate((("ttft_ms", "Time to first token"),
                                           ("per_token_latency_ms", "Per-token latency (after the first)"))):
-            for j, (name, pts) in enumerate(series.items()):
-                xs = [c for c, _ in pts]
-                color = f"C{j}"
+            for j, (name, rows) in enumerate(series.items()):
+                xs = [r["concurrency"] for r in rows]
                 for p, style in ((50, "o-"), (95, "s--"), (99, "^:")):
-                    axes[i].plot(xs, [lv["client"][key][f"p{p}"] for _, lv in pts], style, color=color,
-                                 label=f"{name} p{p}")
+                    axes[i].plot(xs, [r[f"{key}_p{p}"] for r in rows], style, color=f"C{j}", label=f"{name} p{p}")
             axis(axes[i], title, "ms")
         save(fig, "latency.png")
 
     spec = [d for d in derived if d.get("acceptance_rate") is not None]
     if spec:
         fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+        keys = ("acceptance_rate", "break_even_acceptance_rate", "mean_accepted_length", "expected_tokens_per_step",
+                "step_cost_ratio")
         for j, name in enumerate(dict.fromkeys(d["variant"] for d in spec)):
-            rows = sorted((d for d in spec if d["variant"] == name), key=lambda d: d["concurrency"])
+            rows = _averaged([d for d in spec if d["variant"] == name], keys)
             xs = [d["concurrency"] for d in rows]
             axes[0].plot(xs, [d["acceptance_rate"] for d in rows], "o-", color=f"C{j}",
                          label=f"{name} acceptance rate alpha")
@@ -312,18 +441,22 @@ def plot(results: dict[str, Any], out: Path) -> list[Path]:
         axis(axes[1], "Tokens per verification step", "tokens (cost: target steps)")
         save(fig, "acceptance.png")
 
-    speed = [d for d in derived if d.get("speedup") is not None]
+    speed = [e for e in summarize_speedups(results) if (e.get("speedup") or {}).get("mean") is not None]
     if speed:
-        fig, ax = plt.subplots(figsize=(6, 4))
-        for j, name in enumerate(dict.fromkeys(d["variant"] for d in speed)):
-            rows = sorted((d for d in speed if d["variant"] == name), key=lambda d: d["concurrency"])
-            ax.plot([d["concurrency"] for d in rows], [d["speedup"] for d in rows], "o-", color=f"C{j}",
-                    label=f"{name} system output tokens/s")
-            engine = [(d["concurrency"], d["measured_speedup"]) for d in rows if d.get("measured_speedup")]
-            if engine:
-                ax.plot(*zip(*engine), "x--", color=f"C{j}", label=f"{name} per-token latency (engine)")
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        styles = {"speedup": "o-", "vllm_bench_speedup": "d--", "measured_speedup": "x:"}
+        for j, name in enumerate(dict.fromkeys(e["variant"] for e in speed)):
+            rows = sorted((e for e in speed if e["variant"] == name), key=lambda e: e["concurrency"])
+            for key, label in SPEEDUPS.items():
+                pts = [(e["concurrency"], e[key]) for e in rows if (e.get(key) or {}).get("mean") is not None]
+                if not pts:
+                    continue
+                xs, ms = [c for c, _ in pts], [m["mean"] for _, m in pts]
+                err = [[m["mean"] - m["low"] if m.get("low") is not None else 0 for _, m in pts],
+                       [m["high"] - m["mean"] if m.get("high") is not None else 0 for _, m in pts]]
+                ax.errorbar(xs, ms, yerr=err, fmt=styles[key], color=f"C{j}", capsize=3, label=f"{name}: {label}")
         ax.axhline(1.0, color="grey", lw=1)
-        axis(ax, "Speedup of speculation over the baseline", "x baseline")
+        axis(ax, "Speedup of speculation over the baseline (95% intervals)", "x baseline")
         save(fig, "speedup.png")
     return written
 
@@ -336,10 +469,13 @@ PREFORMATTED = "Speculation: acceptance, expected tokens and break-even"  # its 
 def _sections(results: dict[str, Any]) -> list[Section]:
     """(title, prose, table) for both Markdown and HTML."""
     s = results.get("settings", {})
-    per_level = {lv["concurrency"]: lv["requests_per_user"] * lv["concurrency"]
-                 for v in results.get("variants", []) for lv in v.get("levels", []) if lv.get("requests_per_user")}
-    load = (f"{s.get('duration_s')} s a level" if s.get("duration_s") else
-            "measured requests per level: " + ", ".join(f"{n} at batch {c}" for c, n in sorted(per_level.items())))
+    per_level = {lv["concurrency"]: lv["requests"]
+                 for v in results.get("variants", []) for lv in v.get("levels", []) if lv.get("requests")}
+    load = (f"{s.get('duration_s')} s a run" if s.get("duration_s") else
+            "measured requests per run: " + ", ".join(f"{n} at batch {c}" for c, n in sorted(per_level.items())))
+    load += f", {s.get('repeat', 1)} run(s) of each"
+    if s.get("vllm_bench"):
+        load += ", each followed by vLLM's serving benchmark on the same server (same prompts, length and concurrency)"
     intro = (f"Config `{results.get('config')}`, status **{results.get('status')}**. Workload `{s.get('workload')}`, "
              f"{s.get('max_tokens')} output tokens per request"
              f"{' (fixed: ignore_eos)' if s.get('fixed_length') else ''}, temperature {s.get('temperature')}, "
@@ -347,28 +483,31 @@ def _sections(results: dict[str, Any]) -> list[Section]:
              f"excluded, Locust workers: {s.get('workers') or 'none (one process)'}. "
              f"Machine: {results.get('machine', {}).get('cpus')} CPUs, vLLM {results.get('machine', {}).get('vllm')}, "
              f"Locust {results.get('machine', {}).get('locust')}.")
-    findings = [
-        f"- batch {d['concurrency']}: {d['variant']} makes {_fmt(d.get('speedup'), 2)}x the baseline's output "
-        f"tokens/s; per token on the engine {_fmt(d.get('measured_speedup'), 2)}x; acceptance "
-        f"{_fmt(d.get('acceptance_rate'), pct=True)}, {_fmt(d.get('mean_accepted_length'), 2)} tokens a step "
-        f"against a break-even of {_fmt(d.get('step_cost_ratio'), 2)}"
-        for d in derive(results) if d.get("speedup") is not None]
+    findings = [f"- {line}" for line in headline(results)]
     if findings:
-        intro += "\n\n" + "\n".join(findings)
+        intro = "\n".join(findings) + "\n\n" + intro
     problems = results.get("problems") or []
-    variants = [[v["name"], v.get("label", ""), v["status"], _fmt(v.get("startup_s"), 0),
+    variants = [[v["name"], v.get("label", ""), v["status"],
+                 " / ".join(_fmt(t, 0) for t in v.get("startup_s") or []) or "-",
                  json.dumps(v.get("speculative_config")) if v.get("speculative_config") else "off",
                  v.get("error") or ""] for v in results.get("variants", [])]
     cmp_rows = compare_rows(results)
     compare = ([t for _, t in COMPARE_COLUMNS], [[_cell(k, r[k]) for k, _ in COMPARE_COLUMNS] for r in cmp_rows])
     return [
         ("Summary", intro + ("\n\nProblems: " + "; ".join(problems) if problems else ""), None),
-        ("Variants", "Each variant ran on its own freshly started server.",
+        ("Variants", "Each variant ran on its own server (start-up times: one per start).",
          (["variant", "label", "status", "start-up s", "speculative_config", "error"], variants)),
         ("Batch comparison", "tok/s system: output tokens of all successful requests / measured interval. "
          "tok/s per user: median over requests of output tokens / end-to-end latency. Speedup: system tok/s of "
-         "the variant / the baseline's at the same concurrency. Acceptance and tokens/step from the server's "
-         "/metrics over the same run (as vLLM's benchmark computes them).", compare),
+         "the variant / the baseline's run of the same repeat at the same concurrency. Acceptance and "
+         "tokens/step from the server's /metrics over the same run (as vLLM's benchmark computes them). "
+         "vLLM bench tok/s: vLLM's own serving benchmark right after, on the same server.", compare),
+        ("Second opinion: Locust against vLLM's serving benchmark",
+         "After each Locust run, `vllm/benchmarks/serve.py` loaded the same server with the same prompts, output "
+         "length, temperature, concurrency and request count. Runs where output tokens/s differ by more than 5%, or "
+         "TTFT or per-token p50 by more than 10%, are flagged. The last column is the engine's own mean over the "
+         "Locust run (its histograms): what both clients should see when delivery costs nothing.",
+         _bench_rows(results)),
         ("Latency", "Per-token latency = (end-to-end - TTFT) / tokens after the first chunk. Chunk gaps are "
          "the times between streamed chunks; with speculation a chunk carries several tokens, so they are not "
          "per-token latencies.", _latency_rows(results)),

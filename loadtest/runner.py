@@ -1,10 +1,18 @@
-"""The batch-size sweep: for each variant of a config, start its server, load it at each
-concurrency, read the server's counters around each run, stop the server.
+"""The batch-size sweep: each variant of a config on its own server, loaded at each concurrency,
+the server's counters read around each run, and vLLM's own benchmark run after Locust on the
+same server as a second opinion.
 
 Variants: speculation as configured, optional extra K values, and the baseline (speculation
-off). Per concurrency level: a warm-up run (not measured), a settled `/metrics` snapshot, the
-measured Locust run (closed loop, `requests` per level or `duration_s`), another snapshot.
-Results go to `results.json` after every level, so a crash or a dead server keeps what was done.
+off). A run of one variant at one concurrency: warm-up (not measured), a settled `/metrics`
+snapshot, the measured Locust run (closed loop, a request count or a duration), another
+snapshot, then vLLM's serving benchmark with the same prompts, output length, temperature,
+concurrency and request count. `--repeat N` makes N runs of every (variant, concurrency).
+
+Order: on a CPU every variant's server stays up (an idle vLLM server costs no CPU) and the
+variants take turns at each run, so spec and baseline of the same repeat are measured minutes
+apart and share the machine's mood; each speedup is paired within its repeat. Where servers
+cannot share the device (GPUs), one server runs at a time, each repeat restarting them.
+Results go to `results.json` after every run, so a crash or a dead server keeps what was done.
 """
 
 from __future__ import annotations
@@ -27,12 +35,14 @@ from typing import Any
 from tqdm import tqdm
 
 from deploy import ConfigError, Server, ServerStartError, free_port, load_config, plan_from_config
-from loadtest import prom, stats
+from deploy.preflight import GIB
+from loadtest import prom, stats, vllm_bench
 from loadtest.client import RequestRecord
 from loadtest.locust_run import LocustJob, LocustOutcome, run_locust
+from loadtest.workloads import load_workload
 
 log = logging.getLogger("specdeploy.loadtest")
-RESULTS_SCHEMA = 1
+RESULTS_SCHEMA = 2
 
 
 @dataclass
@@ -46,12 +56,14 @@ class SweepSettings:
     extra_k: list[int] = field(default_factory=list)
     """More speculative variants with these K (num_speculative_tokens)."""
     users: list[int] = field(default_factory=lambda: [1, 32])
+    repeat: int = 3
+    """Runs of every (variant, concurrency); speedups get a 95% interval over them."""
     requests: int | None = None
     """Measured requests per concurrency level (rounded up to a multiple of it); default: see `requests_for`."""
     duration_s: float | None = None
     """Measure for this long per level instead of a request count."""
     warmup: int = 1
-    """Warm-up requests per user before each level (not measured)."""
+    """Warm-up requests per user before each run (not measured)."""
     workload: str = "code"
     api: str = "auto"
     max_tokens: int = 128
@@ -59,6 +71,8 @@ class SweepSettings:
     temperature: float = 0.0
     workers: int = 0
     """Locust worker processes (0: one local process)."""
+    vllm_bench: bool = True
+    """After each Locust run, run vLLM's serving benchmark on the same server and compare."""
     request_timeout_s: float = 300
     level_timeout_s: float = 1800
     startup_timeout_s: float | None = None
@@ -69,11 +83,9 @@ class SweepSettings:
 
 
 def requests_for(concurrency: int, requested: int | None) -> int:
-    """Measured requests per user: `requested` spread over the users (rounded up), or the default
-    max(256, 32 x concurrency): on the embedded default 1-2 minutes a level, the whole
-    batch-1 vs batch-32 sweep (two server starts included) in about 10 minutes on 2 CPU cores."""
-    total = requested if requested else max(256, 32 * concurrency)
-    return max(1, math.ceil(total / concurrency))
+    """Measured requests of a run: `requested`, or max(32, 8 x concurrency): on the embedded
+    default about half a minute a run at batch 1 and at batch 32 without speculation."""
+    return max(1, requested or max(32, 8 * concurrency))
 
 
 @dataclass(frozen=True)
@@ -100,6 +112,15 @@ def plan_variants(settings: SweepSettings) -> list[Variant]:
     return variants + ([baseline] if settings.baseline else [])
 
 
+def run_order(variants: list[Variant], users: list[int], repeat: int,
+              together: bool) -> list[tuple[int, int, Variant]]:
+    """(repeat, concurrency, variant) in the order they run: variants take turns at each run when
+    their servers are up together; otherwise each variant's levels run in a row, per repeat."""
+    if together:
+        return [(r, c, v) for c in users for r in range(1, repeat + 1) for v in variants]
+    return [(r, c, v) for r in range(1, repeat + 1) for v in variants for c in users]
+
+
 def default_out_dir(config: str) -> Path:
     stem = re.sub(r"[^A-Za-z0-9._-]", "_", Path(config).stem)
     return Path("reports") / f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -120,6 +141,22 @@ def machine_info() -> dict[str, Any]:
     return info
 
 
+@dataclass
+class _Running:
+    """A variant's server and what the sweep knows of it."""
+
+    entry: dict[str, Any]
+    plan: Any = None
+    server: Server | None = None
+    tokenizer: str = ""
+    api_key_env: str = ""
+    startup_timeout_s: float = 900
+    broken: str | None = None
+    """Why this variant runs no more levels (failed start, server died)."""
+    died: bool = False
+    """Its server died after starting: the levels it misses are recorded as skipped."""
+
+
 class Sweep:
     """Runs the sweep and keeps `results` (the future results.json) up to date."""
 
@@ -127,7 +164,7 @@ class Sweep:
         self.settings = settings
         self.out = settings.out or default_out_dir(settings.config)
         self.on_server_started = on_server_started
-        """Hook for tests and tools: called once each variant's server is healthy."""
+        """Hook for tests and tools: called each time a variant's server is healthy."""
         s = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(settings).items()}
         self.results: dict[str, Any] = {
             "schema": RESULTS_SCHEMA, "status": "running", "config": settings.config, "settings": s,
@@ -149,88 +186,131 @@ class Sweep:
         self.out.mkdir(parents=True, exist_ok=True)
         try:
             variants = plan_variants(self.settings)
-        except ConfigError as exc:
+            if self.settings.vllm_bench:
+                load_workload(self.settings.workload)  # a bad workload fails here, before any server
+        except (ConfigError, ValueError, OSError) as exc:
             self.results["status"] = "failed"
             self.results["problems"].append(str(exc))
             self.save()
             return self.results
-        log.info("load test of %s: variants %s, concurrency %s, report in %s", self.settings.config,
-                 ", ".join(v.name for v in variants), ",".join(map(str, self.settings.users)), self.out)
+        running = {v.name: self._prepare(v) for v in variants}
+        planned = [r for r in running.values() if r.plan is not None]
+        together = self._servers_fit_together(planned)
+        order = run_order(variants, self.settings.users, self.settings.repeat, together)
+        log.info("load test of %s: variants %s, concurrency %s, %d run(s) each, %s; report in %s",
+                 self.settings.config, ", ".join(v.name for v in variants), ",".join(map(str, self.settings.users)),
+                 self.settings.repeat, "servers up together, variants interleaved" if together else
+                 "one server at a time", self.out)
         try:
-            for index, variant in enumerate(variants, 1):
-                entry = self._run_variant(variant, f"{index}/{len(variants)}")
-                if entry["status"] == "failed":
-                    self.results["problems"].append(f"{variant.name}: {entry.get('error') or 'failed'}")
+            for n, (repeat, users, variant) in enumerate(order, 1):
+                state = running[variant.name]
+                if not state.broken and state.server is not None and not state.server.alive():
+                    state.broken, state.died = "server no longer running", True
+                if state.broken:
+                    if state.died:
+                        state.entry["levels"].append({"concurrency": users, "repeat": repeat, "status": "skipped",
+                                                      "problems": [state.broken]})
+                    continue
+                if not together:  # one server at a time: the others stop first
+                    for other in running.values():
+                        if other is not state:
+                            self._stop(other)
+                if state.server is None and not self._start(state, variant, f"{n}/{len(order)}"):
+                    continue
+                title = f"[{n}/{len(order)}] {variant.name} c={users} run {repeat}/{self.settings.repeat}"
+                state.entry["levels"].append(self._run_level(state, variant, users, repeat, title))
+                self.save()
         except KeyboardInterrupt:
             self.results["problems"].append("interrupted")
             self.results["status"] = "interrupted"
-            self.save()
             raise
-        self.results["status"] = overall_status(self.results)
-        self.save()
+        finally:
+            # Whatever happened (failure, Ctrl-C), no server is left running.
+            for state in running.values():
+                self._stop(state)
+                self._finish_variant(state)
+            if self.results["status"] != "interrupted":
+                self.results["status"] = overall_status(self.results)
+            self.save()
         return self.results
 
-    def _run_variant(self, variant: Variant, position: str) -> dict[str, Any]:
+    def _prepare(self, variant: Variant) -> _Running:
         entry: dict[str, Any] = {"name": variant.name, "label": variant.label, "k": variant.k,
                                  "drafter": variant.drafter, "status": "starting", "levels": []}
         self.results["variants"].append(entry)
-        self.save()
+        state = _Running(entry)
         try:
             resolved, plan = plan_from_config(self.settings.config,
                                               [*self.settings.overrides, *variant.overrides,
                                                f"server.port={free_port()}"], variant.no_speculation)
         except (ConfigError, OSError, ValueError) as exc:
             entry.update(status="failed", error=f"config: {exc}")
-            self.save()
-            return entry
-        entry.update(served_model=plan.served_name, speculative_config=plan.speculative_config,
-                     device=plan.device, command=plan.describe())
+            state.broken = entry["error"]
+            return state
+        state.plan = plan
+        state.tokenizer = resolved.config.target.tokenizer or resolved.target.path
+        state.api_key_env = resolved.config.server.api_key_env or ""
+        state.startup_timeout_s = self.settings.startup_timeout_s or resolved.config.server.startup_timeout_s
         server_log = self.out / "logs" / f"server-{variant.name}.log"
-        entry["server_log"] = str(server_log.relative_to(self.out))
-        timeout = self.settings.startup_timeout_s or resolved.config.server.startup_timeout_s
+        entry.update(served_model=plan.served_name, speculative_config=plan.speculative_config,
+                     device=plan.device, command=plan.describe(), server_log=str(server_log.relative_to(self.out)),
+                     startup_s=[])
+        return state
+
+    @staticmethod
+    def _servers_fit_together(planned: list[_Running]) -> bool:
+        """On a CPU, when every server's KV cache and weights fit in memory with room to spare."""
+        if len(planned) < 2 or any(s.plan.device != "cpu" for s in planned):
+            return len(planned) < 2
+        kv_gib = sum(int(s.plan.env.get("VLLM_CPU_KVCACHE_SPACE", "4")) for s in planned)
+        host_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / GIB
+        return kv_gib + 3 * len(planned) <= 0.7 * host_gib  # ~3 GiB of processes and weights a server
+
+    def _start(self, state: _Running, variant: Variant, position: str) -> bool:
+        server_log = self.out / state.entry["server_log"]
         print(f"[{position}] {variant.name} ({variant.label}): starting vLLM, log {server_log}", file=sys.stderr,
               flush=True)
-        server = Server(plan, server_log)
+        server = Server(state.plan, server_log)
+        state.server = server
         try:
-            try:
-                server.start()
-                entry["startup_s"] = server.wait_healthy(timeout, progress=True)
-            except ServerStartError as exc:
-                log.error("%s: server failed to start: %s", variant.name, exc.reason)
-                entry.update(status="failed", error=f"server failed to start: {exc.reason}",
-                             server_log_tail=exc.log_tail[-20:])
-                return entry
-            if self.on_server_started:
-                self.on_server_started(server, variant)
-            for n, users in enumerate(self.settings.users, 1):
-                if not server.alive():
-                    entry["levels"].append({"concurrency": users, "status": "skipped",
-                                            "problems": ["server no longer running"]})
-                    continue
-                level = self._run_level(server, variant, users, f"[{position}] {variant.name} c={users} "
-                                        f"({n}/{len(self.settings.users)})", resolved.config.server.api_key_env or "")
-                entry["levels"].append(level)
-                self.save()
-        finally:
-            # Whatever happened (failure, Ctrl-C), no server is left running.
-            entry["server_exit_code"] = server.stop()
+            server.start()
+            state.entry["startup_s"].append(server.wait_healthy(state.startup_timeout_s, progress=True))
+        except ServerStartError as exc:
+            log.error("%s: server failed to start: %s", variant.name, exc.reason)
+            state.entry.update(status="failed", error=f"server failed to start: {exc.reason}",
+                               server_log_tail=exc.log_tail[-20:])
+            state.broken = state.entry["error"]
+            self._stop(state)
             self.save()
-        failed = [lv for lv in entry["levels"] if lv["status"] in ("failed", "skipped")]
-        entry["status"] = "failed" if failed else ("flagged" if any(lv["status"] == "flagged"
-                                                                     for lv in entry["levels"]) else "ok")
-        if failed:
-            entry["error"] = "; ".join(p for lv in failed for p in lv.get("problems", [])[:2])
-        self.save()
-        return entry
+            return False
+        if self.on_server_started:
+            self.on_server_started(server, variant)
+        return True
 
-    def _run_level(self, server: Server, variant: Variant, users: int, title: str,
-                   api_key_env: str = "") -> dict[str, Any]:
+    def _stop(self, state: _Running) -> None:
+        if state.server is not None:
+            state.entry["server_exit_code"] = state.server.stop()
+            state.server = None
+
+    def _finish_variant(self, state: _Running) -> None:
+        entry = state.entry
+        if entry["status"] == "failed" and not entry["levels"]:
+            return
+        failed = [lv for lv in entry["levels"] if lv["status"] in ("failed", "skipped")]
+        entry["status"] = "failed" if failed or not entry["levels"] else (
+            "flagged" if any(lv["status"] == "flagged" for lv in entry["levels"]) else "ok")
+        if failed:
+            entry["error"] = "; ".join(dict.fromkeys(p for lv in failed for p in lv.get("problems", [])[:2]))
+
+    def _run_level(self, state: _Running, variant: Variant, users: int, repeat: int, title: str) -> dict[str, Any]:
         s = self.settings
-        key = os.environ.get(api_key_env, "") if api_key_env else ""
+        server = state.server
+        assert server is not None
+        key = os.environ.get(state.api_key_env, "") if state.api_key_env else ""
         auth = {"Authorization": f"Bearer {key}"} if key else None
-        tag = f"{variant.name}-c{users}"
-        per_user = 0 if s.duration_s else requests_for(users, s.requests)
-        level: dict[str, Any] = {"concurrency": users, "requests_per_user": per_user or None,
+        tag = f"{variant.name}-c{users}" + (f"-r{repeat}" if s.repeat > 1 else "")
+        total = 0 if s.duration_s else requests_for(users, s.requests)
+        level: dict[str, Any] = {"concurrency": users, "repeat": repeat, "requests": total or None,
                                  "duration_target_s": s.duration_s, "problems": []}
 
         def server_gone() -> str | None:
@@ -238,18 +318,18 @@ class Sweep:
                 return None
             return f"server process exited (code {server.process.returncode if server.process else '?'}) mid-run"
 
-        def job(phase: str, requests_per_user: int, measured: bool) -> LocustJob:
+        def job(phase: str, requests: int, measured: bool) -> LocustJob:
             return LocustJob(
                 host=server.base_url, users=users, records_dir=self.out / "records" / f"{tag}{phase}",
                 model=server.plan.served_name, workload=s.workload, api=s.api, max_tokens=s.max_tokens,
-                fixed_length=s.fixed_length, temperature=s.temperature, requests_per_user=requests_per_user,
+                fixed_length=s.fixed_length, temperature=s.temperature, requests=requests,
                 duration_s=s.duration_s if measured else None, request_timeout_s=s.request_timeout_s,
-                workers=s.workers, log_path=self.out / "logs" / f"locust-{tag}{phase}.log", api_key_env=api_key_env,
-                csv_prefix=self.out / "locust" / tag if measured else None,
+                workers=s.workers, log_path=self.out / "logs" / f"locust-{tag}{phase}.log",
+                api_key_env=state.api_key_env, csv_prefix=self.out / "locust" / tag if measured else None,
                 html=self.out / "locust" / f"{tag}.html" if measured else None)
 
         if s.warmup > 0:
-            warm = job("-warmup", s.warmup, measured=False)
+            warm = job("-warmup", users * s.warmup, measured=False)
             with _Progress(f"{title} warm-up", users * s.warmup, warm.records_dir) as bar:
                 outcome = run_locust(warm, s.level_timeout_s, server_gone, bar.tick)
             if outcome.aborted:
@@ -269,9 +349,8 @@ class Sweep:
             level.update(status="failed", problems=[f"/metrics before the run: {exc}"])
             return level
 
-        measured = job("", per_user, measured=True)
-        total = users * per_user if per_user else None
-        with _Progress(title, total, measured.records_dir, s.duration_s) as bar:
+        measured = job("", total, measured=True)
+        with _Progress(title, total or None, measured.records_dir, s.duration_s) as bar:
             outcome = run_locust(measured, s.level_timeout_s, server_gone, bar.tick)
         level["locust"] = {"exit_code": outcome.exit_code, "wall_s": outcome.wall_s, "cpu_s": outcome.cpu_s,
                            "csv": f"locust/{tag}_stats.csv",
@@ -310,9 +389,35 @@ class Sweep:
         if total and client["requests"] < total and not outcome.aborted:
             level["problems"].append(f"only {client['requests']} of {total} requests finished")
         broken = outcome.aborted or not client["ok"] or after is None
+        if s.vllm_bench and not broken:
+            self._second_opinion(state, level, users, tag, title)
         level["status"] = "failed" if broken else ("flagged" if level["problems"] else "ok")
         _log_level(tag, level)
         return level
+
+    def _second_opinion(self, state: _Running, level: dict[str, Any], users: int, tag: str, title: str) -> None:
+        """vLLM's serving benchmark on the same server, prompts, length and concurrency; compared."""
+        s, server = self.settings, state.server
+        assert server is not None
+        print(f"{title}: vLLM's serving benchmark, {level['client']['requests']} requests", file=sys.stderr,
+              flush=True)
+        job = vllm_bench.BenchJob(
+            base_url=server.base_url, model=server.plan.served_name, tokenizer=state.tokenizer,
+            workload=load_workload(s.workload), api=s.api, concurrency=users,
+            num_prompts=level["client"]["requests"], max_tokens=s.max_tokens, fixed_length=s.fixed_length,
+            temperature=s.temperature, out_dir=self.out / "vllm-bench" / tag, api_key_env=state.api_key_env,
+            timeout_s=s.level_timeout_s)
+        bench = vllm_bench.run(job)
+        level["vllm_bench"] = bench
+        if "error" in bench:
+            level["problems"].append(bench["error"])
+            return
+        agreement = vllm_bench.compare(level["client"], bench)
+        level["vllm_bench_agreement"] = agreement
+        off = [f"{k} {100 * v['difference']:+.1f}% (tolerance {100 * v['tolerance']:.0f}%)"
+               for k, v in agreement.items() if isinstance(v, dict) and v["agrees"] is False]
+        if off:
+            level["problems"].append("Locust and vLLM's benchmark disagree: " + ", ".join(off))
 
 
 def load_records(folder: Path) -> list[RequestRecord]:

@@ -55,6 +55,23 @@ def distribution(values: Sequence[float], scale: float = 1.0) -> dict[str, float
     return out
 
 
+def mean_interval(values: Sequence[float], confidence: float = 0.95) -> dict[str, float | None]:
+    """Mean of repeated measurements and its two-sided `confidence` interval (Student's t), with
+    the largest relative distance of a run from the mean; no interval from fewer than two runs."""
+    n = len(values)
+    if n == 0:
+        return {"n": 0, "mean": None, "low": None, "high": None, "max_deviation": None}
+    mean = statistics.fmean(values)
+    out: dict[str, float | None] = {"n": n, "mean": mean, "low": None, "high": None,
+                                    "max_deviation": max(abs(v - mean) for v in values) / mean if mean else None}
+    if n >= 2:
+        from scipy.stats import t
+
+        half = t.ppf(0.5 + confidence / 2, n - 1) * statistics.stdev(values) / math.sqrt(n)
+        out.update(low=mean - half, high=mean + half)
+    return out
+
+
 def expected_tokens_per_step(a: float, k: int) -> float:
     """E(a, K) = (1 - a^(K+1)) / (1 - a): tokens per verification step at i.i.d. acceptance a."""
     if k < 0:

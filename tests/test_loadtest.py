@@ -269,7 +269,7 @@ def test_builtin_workloads_and_request_bodies(tmp_path):
 
 
 def test_requests_per_user_and_variants():
-    assert requests_for(1, None) == 256 and requests_for(32, None) == 32 and requests_for(4, 10) == 3
+    assert requests_for(1, None) == 32 and requests_for(32, None) == 128 and requests_for(4, 10) == 10
     names = [v.name for v in plan_variants(SweepSettings("default", extra_k=[2, 4, 8]))]
     assert names == ["spec-k4", "spec-k2", "spec-k8", "baseline"]
     assert [v.name for v in plan_variants(SweepSettings("default", no_spec=True))] == ["baseline"]
@@ -410,7 +410,7 @@ def test_locust_closed_loop_local_and_distributed(servers, tmp_path, workers):
     server = servers.get("default")
     before = _served_tokens(server)
     job = LocustJob(host=server.base_url, users=3, records_dir=tmp_path / "rec", model=server.plan.served_name,
-                    max_tokens=7, requests_per_user=2, workers=workers, csv_prefix=tmp_path / "locust",
+                    max_tokens=7, requests=6, workers=workers, csv_prefix=tmp_path / "locust",
                     html=tmp_path / "l.html")
     outcome = run_locust(job, deadline_s=300)
     assert outcome.aborted is None and outcome.exit_code == 0, outcome.log_tail

@@ -1,0 +1,214 @@
+"""What one engine step costs, measured on the deployment's own engine.
+
+Speculation pays when a step makes more tokens than it costs in plain decode steps. The costs
+come from the engine, never from an HTTP client: for each variant below, vLLM's engine is built
+from the config with exactly the engine arguments and environment `make serve` gives the
+server (same dtype, same CPU layout: the worker bound to its core), B identical prompts are
+submitted at once so they decode in lockstep, and the step time is the extra wall time of a
+longer generation over its extra engine steps (prefill and start-up cancel out):
+
+    step = (t(M2 tokens) - t(M1 tokens)) / (steps(M2) - steps(M1))
+
+where the steps are the engine's own count of its iterations (`vllm:iteration_tokens_total`).
+
+All three variants run with vLLM's async scheduling off. vLLM turns it on for plain decoding
+and its native draft model (the scheduler of step n+1 then overlaps the forward pass of step
+n) but not for custom proposers, so with it on the verify variant would pay ~4 ms per step of
+scheduling the others hide, and the ratios would measure scheduling, not the forward passes.
+
+  plain    speculation off: one target decode step
+  verify   `drafter: probe` with K: every step verifies K + 1 tokens and keeps one (the cost of
+           verification alone; see plugins/probe.py)
+  draft    the config's own drafter with K: verification plus K draft steps
+
+so that, at batch B:
+  verify ratio = verify / plain               (about 1 where decode is bandwidth-bound)
+  draft step   = propose / K / plain          (one draft step in target steps)
+  step cost r  = draft / plain                (a speculative step in target steps: speculation
+                                               pays when a step makes more than r tokens)
+
+`propose` is timed inside the draft variant's worker (its drafter's `propose`, K draft forward
+passes, wrapped through `collective_rpc`): a draft step is a fraction of a millisecond, below
+what the difference of two engines' step times can resolve on a shared machine.
+
+Engines of different variants run one after another, and on a shared machine one engine can be
+~10% faster than the next; each figure is the median of `repeats` measurements.
+`python -m loadtest costs CONFIG` prints them; `make models` keeps them beside the embedded pair.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from deploy import load_config, plan_from_config
+from deploy.engine_args import engine_arguments
+from loadtest.workloads import load_workload
+
+VARIANTS = ("plain", "verify", "draft")
+LENGTHS = (8, 72)
+"""M1 and M2: output tokens of the short and the long generation."""
+
+
+def variant_overrides(k: int) -> dict[str, tuple[list[str], bool]]:
+    """Config overrides (and no-speculation) that turn the config into each variant."""
+    return {
+        "plain": ([], True),
+        "verify": (["speculation.drafter=probe", "speculation.model=null", "speculation.implementation=native",
+                    f"speculation.num_speculative_tokens={k}"], False),
+        "draft": ([f"speculation.num_speculative_tokens={k}"], False),
+    }
+
+
+def measure_costs(config: str = "default", k: int | None = None, batches: tuple[int, ...] = (1, 32),
+                  repeats: int = 5) -> dict[str, Any]:
+    """Step times of the three variants (module doc) at each batch size, and their ratios."""
+    base = load_config(config)
+    if not base.speculation.enabled:
+        raise ValueError(f"config {config} has no drafter; step costs compare a drafter with plain decoding")
+    k = k or base.speculation.num_speculative_tokens
+    result: dict[str, Any] = {"config": config, "drafter": base.speculation.drafter, "k": k, "repeats": repeats,
+                              "lengths": list(LENGTHS), "batches": {str(b): {} for b in batches},
+                              "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    prompt = next(item.prompt for item in load_workload("code").items if item.prompt)
+    for variant in tqdm(VARIANTS, desc="step costs (an engine each)", unit="engine"):
+        extra, no_spec = variant_overrides(k)[variant]
+        resolved, plan = plan_from_config(config, extra, no_spec)
+        job = {"args": engine_arguments(resolved), "batches": list(batches), "repeats": repeats,
+               "prompt": prompt, "lengths": list(LENGTHS), "time_drafter": variant == "draft"}
+        result.setdefault("layout", {"device": plan.device, "env": {n: v for n, v in plan.env.items()
+                                                                    if n != "VLLM_API_KEY"}})
+        for batch, figures in _run_engine(job, plan.env).items():
+            result["batches"][batch][variant] = figures
+    result["ratios"] = ratios(result)
+    return result
+
+
+def _run_engine(job: dict[str, Any], env: dict[str, str]) -> dict[str, Any]:
+    """One engine in a subprocess (vLLM spawns its own processes and wants a guarded main)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        spec, out = Path(tmp) / "job.json", Path(tmp) / "result.json"
+        spec.write_text(json.dumps(job))
+        # Insecure serialization lets collective_rpc send _time_drafter (a function) to the worker.
+        proc = subprocess.run([sys.executable, "-m", "loadtest.step_costs", str(spec), str(out)],
+                              env={**os.environ, **env, "VLLM_ALLOW_INSECURE_SERIALIZATION": "1"}, capture_output=True, text=True, timeout=1800)
+        if proc.returncode != 0 or not out.is_file():
+            tail = (proc.stdout + proc.stderr).strip().splitlines()[-15:]
+            raise RuntimeError("the step-cost engine failed:\n" + "\n".join(tail))
+        return json.loads(out.read_text())
+
+
+def _time_drafter(worker: Any) -> bool:
+    """In the worker: record the wall time of every `drafter.propose` call (False: no drafter)."""
+    runner = worker.model_runner
+    drafter = getattr(runner, "drafter", None)
+    if drafter is None:
+        return False
+    original, drafter.propose_seconds = drafter.propose, []
+
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        started = time.perf_counter()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            drafter.propose_seconds.append(time.perf_counter() - started)
+
+    drafter.propose = timed
+    return True
+
+
+def _drain_drafter_times(worker: Any) -> list[float]:
+    times = getattr(worker.model_runner.drafter, "propose_seconds", [])
+    drained = list(times)
+    times.clear()
+    return drained
+
+
+def _engine_main(job_path: str, out_path: str) -> None:
+    """In the subprocess: build the engine from the server's arguments and time generations."""
+    from vllm import LLM, SamplingParams
+    from vllm.engine.arg_utils import EngineArgs
+
+    job = json.loads(Path(job_path).read_text())
+    known = {f.name for f in dataclasses.fields(EngineArgs)}
+    args = {n: v for n, v in job["args"].items() if n in known}
+    llm = LLM(**{**args, "async_scheduling": False}, disable_log_stats=False)
+    timing_drafter = job.get("time_drafter", False) and all(llm.collective_rpc(_time_drafter))
+
+    def iterations() -> float:
+        return sum(m.count for m in llm.get_metrics() if m.name == "vllm:iteration_tokens_total")
+
+    def generate(batch: int, tokens: int) -> tuple[float, float]:
+        """(seconds, engine steps) of one generation of `tokens` tokens for `batch` identical prompts."""
+        params = SamplingParams(max_tokens=tokens, temperature=0, ignore_eos=True)
+        before, started = iterations(), time.perf_counter()
+        llm.generate([job["prompt"]] * batch, params, use_tqdm=False)
+        return time.perf_counter() - started, iterations() - before
+
+    short, long = job["lengths"]
+    result = {}
+    for batch in job["batches"]:
+        generate(batch, 4)  # warm-up: the first steps at a new batch size are slower
+        steps, tokens_per_step, propose = [], [], []
+        if timing_drafter:
+            llm.collective_rpc(_drain_drafter_times)
+        for _ in range(job["repeats"]):
+            (t1, s1), (t2, s2) = generate(batch, short), generate(batch, long)
+            steps.append(1000 * (t2 - t1) / (s2 - s1))
+            tokens_per_step.append((long - short) / (s2 - s1))
+        figures = {"step_ms": statistics.median(steps), "step_ms_runs": [round(s, 3) for s in steps],
+                   "tokens_per_step": statistics.median(tokens_per_step)}
+        if timing_drafter:
+            times = llm.collective_rpc(_drain_drafter_times)[0]
+            figures["propose_ms"] = 1000 * statistics.median(times)
+            figures["propose_calls"] = len(times)
+        result[str(batch)] = figures
+    Path(out_path).write_text(json.dumps(result))
+
+
+def ratios(result: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """Per batch size: verify ratio, draft step (in target steps) and step cost r."""
+    out = {}
+    for batch, v in result["batches"].items():
+        plain, verify, draft = (v[name]["step_ms"] for name in VARIANTS)
+        propose = v["draft"].get("propose_ms", draft - verify)
+        out[batch] = {"verify_ratio": verify / plain, "draft_step": propose / result["k"] / plain,
+                      "step_cost": draft / plain}
+    return out
+
+
+def describe(result: dict[str, Any]) -> str:
+    """The costs as a table a person reads."""
+    lines = [f"engine step costs of {result['config']} ({result['drafter']}, K={result['k']}; median of "
+             f"{result['repeats']}), measured {result['measured_at']}:",
+             f"{'batch':>5}  {'plain ms':>9}  {'verify ms':>9}  {'draft ms':>9}  {'verify/plain':>12}  "
+             f"{'draft step':>10}  {'step cost r':>11}"]
+    for batch, v in result["batches"].items():
+        r = result["ratios"][batch]
+        lines.append(f"{batch:>5}  {v['plain']['step_ms']:>9.2f}  {v['verify']['step_ms']:>9.2f}  "
+                     f"{v['draft']['step_ms']:>9.2f}  {r['verify_ratio']:>11.2f}x  {r['draft_step']:>10.1%}  "
+                     f"{r['step_cost']:>11.2f}")
+    lines.append("draft step: one draft forward pass in target steps; step cost r: a speculative step in "
+                 "target steps (speculation pays where a step makes more than r tokens)")
+    return "\n".join(lines)
+
+
+def save(result: dict[str, Any], path: Path) -> Path:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(result, indent=2) + "\n")
+    tmp.replace(path)
+    return path
+
+
+if __name__ == "__main__":
+    _engine_main(*sys.argv[1:3])
