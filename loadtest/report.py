@@ -99,7 +99,7 @@ def verdict(entry: dict[str, Any]) -> str:
     elif low is None:
         text = "pays" if client["mean"] > 1 else "does not pay"
     else:
-        text = "breaks even (the 95% interval spans 1.0x)"
+        return "breaks even (the 95% interval spans 1.0x)"
     others = [(SPEEDUPS[k], (entry.get(k) or {}).get("mean")) for k in ("vllm_bench_speedup", "measured_speedup")]
     against = [name for name, mean in others if mean is not None and (mean > 1) != (client["mean"] > 1)]
     if against:

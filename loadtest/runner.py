@@ -20,7 +20,6 @@ from __future__ import annotations
 import importlib.metadata
 import json
 import logging
-import math
 import os
 import platform
 import re

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -69,7 +68,7 @@ def bench_args(job: BenchJob, dataset: Path, result_file: Path) -> list[str]:
             "--num-warmups", str(job.concurrency), "--temperature", str(job.temperature), "--seed", "0",
             "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,90,95,99",
             "--ready-check-timeout-sec", "0", "--disable-tqdm",
-            "--save-result", "--result-dir", str(result_file.parent), "--result-filename", result_file.name]
+            "--save-result", "--save-detailed", "--result-dir", str(result_file.parent), "--result-filename", result_file.name]
     if job.fixed_length:
         args.append("--ignore-eos")
     return args
@@ -99,22 +98,35 @@ def run(job: BenchJob) -> dict[str, Any]:
 
 
 def summarize(raw: dict[str, Any]) -> dict[str, Any]:
-    """The benchmark's figures in the units and names of our client summary."""
+    """The benchmark's figures in the units and names of our client summary: from its per-request
+    data (`--save-detailed`), else from its own aggregates (same definitions, fewer fields)."""
     ok = [i for i, e in enumerate(raw.get("errors") or []) if not e]
-    ttfts = [raw["ttfts"][i] for i in ok]
-    lens, lat = [raw["output_lens"][i] for i in ok], [raw["latencies"][i] for i in ok]
-    # vLLM's TPOT: (latency - TTFT) / (output tokens - 1), per request.
-    tpots = [(lat[n] - ttfts[n]) / (lens[n] - 1) for n in range(len(ok)) if lens[n] > 1]
+    if ok:
+        ttfts = [raw["ttfts"][i] for i in ok]
+        lens, lat = [raw["output_lens"][i] for i in ok], [raw["latencies"][i] for i in ok]
+        # vLLM's TPOT: (latency - TTFT) / (output tokens - 1), per request.
+        tpots = [(lat[n] - ttfts[n]) / (lens[n] - 1) for n in range(len(ok)) if lens[n] > 1]
+        ttft, tpot, e2e = (stats.distribution(ttfts, 1000), stats.distribution(tpots, 1000),
+                           stats.distribution(lat, 1000))
+    else:
+        ttft, tpot, e2e = (_aggregate(raw, name) for name in ("ttft", "tpot", "e2el"))
     return {
         "completed": raw.get("completed"), "failed": raw.get("failed"), "duration_s": raw.get("duration"),
         "output_tokens": raw.get("total_output_tokens"), "output_tokens_per_s": raw.get("output_throughput"),
-        "ttft_ms": stats.distribution(ttfts, 1000), "per_token_latency_ms": stats.distribution(tpots, 1000),
+        "ttft_ms": ttft, "per_token_latency_ms": tpot,
         "itl_ms": {"mean": raw.get("mean_itl_ms"), "p50": raw.get("median_itl_ms")},
-        "e2e_ms": stats.distribution(lat, 1000),
+        "e2e_ms": e2e,
         "acceptance_rate": (raw["spec_decode_acceptance_rate"] / 100
                             if raw.get("spec_decode_acceptance_rate") is not None else None),
         "mean_accepted_length": raw.get("spec_decode_acceptance_length"),
     }
+
+
+def _aggregate(raw: dict[str, Any], name: str) -> dict[str, Any]:
+    """One of the benchmark's own summaries (`mean_ttft_ms`, `median_ttft_ms`, `p90_ttft_ms`, ...)."""
+    return {"n": raw.get("completed"), "mean": raw.get(f"mean_{name}_ms"), "std": raw.get(f"std_{name}_ms"),
+            "p50": raw.get(f"median_{name}_ms"),
+            **{f"p{q}": raw.get(f"p{q}_{name}_ms") for q in (90, 95, 99)}}
 
 
 def compare(client: dict[str, Any], bench: dict[str, Any]) -> dict[str, Any]:

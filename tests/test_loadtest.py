@@ -269,7 +269,7 @@ def test_builtin_workloads_and_request_bodies(tmp_path):
 
 
 def test_requests_per_user_and_variants():
-    assert requests_for(1, None) == 32 and requests_for(32, None) == 128 and requests_for(4, 10) == 10
+    assert requests_for(1, None) == 32 and requests_for(32, None) == 256 and requests_for(4, 10) == 10
     names = [v.name for v in plan_variants(SweepSettings("default", extra_k=[2, 4, 8]))]
     assert names == ["spec-k4", "spec-k2", "spec-k8", "baseline"]
     assert [v.name for v in plan_variants(SweepSettings("default", no_spec=True))] == ["baseline"]
@@ -487,7 +487,7 @@ def test_sweep_spec_and_baseline_report_agrees_with_server(tmp_path, embedded_pa
 
     # The `mixed` workload uses both APIs; the embedded tokenizer has no chat template, so give it one.
     settings = SweepSettings("default", overrides=[f"engine_args.chat_template='{CHAT_TEMPLATE}'"],
-                             workload="mixed", users=[1, 4], requests=4, out=tmp_path / "report", **FAST)
+                             workload="mixed", users=[1, 4], repeat=1, requests=4, out=tmp_path / "report", **FAST)
     started = time.monotonic()
     results = Sweep(settings, on_server_started=agree_with_vllm_benchmark).run()
     files = write_report(results, settings.out)
@@ -511,6 +511,16 @@ def test_sweep_spec_and_baseline_report_agrees_with_server(tmp_path, embedded_pa
             assert sum(r.output_tokens for r in records) == client["output_tokens"]
             assert all(sum(r.tokens_per_chunk) == r.output_tokens for r in records)
             assert (settings.out / level["locust"]["csv"]).is_file() and (settings.out / level["locust"]["html"]).is_file()
+            # vLLM's serving benchmark ran on the same server after Locust, as many requests, same length.
+            bench, agreement = level["vllm_bench"], level["vllm_bench_agreement"]
+            assert "error" not in bench, bench
+            assert bench["completed"] == 4 and bench["failed"] == 0 and bench["output_tokens"] == 4 * 32
+            assert set(agreement) == {"output_tokens_per_s", "ttft_p50_ms", "per_token_p50_ms", "agrees"}
+            assert agreement["output_tokens_per_s"]["vllm_bench"] == bench["output_tokens_per_s"] > 0
+            assert bench["ttft_ms"]["n"] == 4 and agreement["ttft_p50_ms"]["vllm_bench"] > 0
+            assert agreement["per_token_p50_ms"]["vllm_bench"] > 0
+            if agreement["agrees"] is False:  # a disagreement is never silent
+                assert any("vLLM's benchmark disagree" in p for p in level["problems"])
             if variant["name"] == "spec-k4":
                 assert server["spec_enabled"] and 0 <= server["acceptance_rate"] <= 1
                 assert 1 <= server["mean_accepted_length"] <= 5 and len(server["per_position_acceptance"]) == 4
@@ -518,6 +528,7 @@ def test_sweep_spec_and_baseline_report_agrees_with_server(tmp_path, embedded_pa
                 assert not server["spec_enabled"] and server["acceptance_rate"] is None
     for name in ("json", "markdown", "html", "throughput", "latency", "acceptance", "speedup"):
         assert files[name].is_file(), name
+    assert "Second opinion" in files["markdown"].read_text()
     comparisons = {d["concurrency"]: d for d in results["comparisons"]}
     assert set(comparisons) == {1, 4} and all(d["speedup"] > 0 for d in comparisons.values())
     assert all(math.isfinite(d["expected_tokens_per_step"]) for d in comparisons.values())

@@ -1,0 +1,162 @@
+"""The pieces behind honest batch-size figures (issue 7): the widened target computes what the
+trained one does, step costs turn into the right ratios and goals, Locust's figures are checked
+against vLLM's benchmark, and repeated runs give intervals and a verdict.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from deploy import plan_from_config
+from deploy.embedded_pair import GOALS, check_goals
+from deploy.engine_args import engine_arguments
+from deploy.widen import widen_llama
+from loadtest import step_costs, vllm_bench
+from loadtest.report import headline, summarize_speedups
+from loadtest.stats import mean_interval
+
+
+def _tiny_llama(seed: int = 0):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=2, head_dim=32, tie_word_embeddings=True)
+    model = LlamaForCausalLM(config).eval()
+    with torch.no_grad():  # non-trivial norms, so that tiling them is really exercised
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.uniform_(0.5, 1.5)
+    return model
+
+
+@pytest.mark.parametrize("copies,kv_copies", [(3, 1), (6, 2), (4, 4)])
+def test_widened_model_computes_the_same_logits(copies: int, kv_copies: int) -> None:
+    model = _tiny_llama()
+    wide = widen_llama(model, copies, kv_copies)
+    cfg = wide.config
+    assert (cfg.hidden_size, cfg.intermediate_size) == (64 * copies, 96 * copies)
+    assert (cfg.num_attention_heads, cfg.num_key_value_heads) == (2 * copies, 2 * kv_copies)
+    assert not cfg.tie_word_embeddings
+    ids = torch.randint(0, 97, (2, 24), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        narrow_logits, wide_logits = model(input_ids=ids).logits, wide(input_ids=ids).logits
+    assert torch.allclose(narrow_logits, wide_logits, atol=1e-4, rtol=1e-4)
+    assert sum(p.numel() for p in wide.parameters()) > copies * sum(p.numel() for p in model.parameters())
+
+
+def test_widening_refuses_what_it_cannot_preserve() -> None:
+    with pytest.raises(ValueError, match="multiple of kv_copies"):
+        widen_llama(_tiny_llama(), 3, 2)
+
+
+def _costs(plain: float, verify: float, draft: float, propose: float | None, k: int = 4) -> dict:
+    figures = {"plain": {"step_ms": plain}, "verify": {"step_ms": verify}, "draft": {"step_ms": draft}}
+    if propose is not None:
+        figures["draft"]["propose_ms"] = propose
+    return {"k": k, "batches": {"1": figures}}
+
+
+def test_step_cost_ratios() -> None:
+    r = step_costs.ratios(_costs(10.0, 11.0, 13.0, 2.0))["1"]
+    assert r == pytest.approx({"verify_ratio": 1.1, "draft_step": 0.05, "step_cost": 1.3})
+    # Without a timed drafter the draft cost falls back to the difference of the two engines.
+    assert step_costs.ratios(_costs(10.0, 11.0, 13.0, None))["1"]["draft_step"] == pytest.approx(0.05)
+
+
+def test_cost_variants_are_built_from_the_served_config(embedded_pair) -> None:
+    overrides = step_costs.variant_overrides(4)
+    args = {}
+    for name, (extra, no_spec) in overrides.items():
+        resolved, _ = plan_from_config("default", extra, no_spec)
+        args[name] = engine_arguments(resolved)
+    assert "speculative_config" not in args["plain"]
+    assert args["verify"]["speculative_config"] == {"method": "custom_class", "num_speculative_tokens": 4,
+                                                   "model": "plugins.probe.RejectedDraftProposer"}
+    assert args["draft"]["speculative_config"]["method"] == "draft_model"
+    # Everything else is what `make serve` gives the server: same model, dtype, lengths.
+    for name in ("verify", "draft"):
+        assert {k: v for k, v in args[name].items() if k != "speculative_config"} == args["plain"]
+    assert args["plain"]["dtype"] == "bfloat16"
+
+
+def test_goals_are_checked_against_measured_costs(embedded_pair) -> None:
+    good = {"k": 4, "ratios": {"1": {"verify_ratio": 1.05, "draft_step": 0.05},
+                               "32": {"verify_ratio": 3.9, "draft_step": 0.01}}}
+    lines = dict(check_goals(embedded_pair, good))
+    assert sum(1 for met in lines.values() if met) >= 3 and len(lines) == 5
+    bad = {"k": 4, "ratios": {"1": {"verify_ratio": GOALS["verify_batch_1"] + 0.1, "draft_step": 0.5},
+                              "32": {"verify_ratio": 1.2, "draft_step": 0.1}}}
+    failed = [line for line, met in check_goals(embedded_pair, bad) if met is False]
+    assert len(failed) >= 3 and any("batch 32" in line for line in failed)
+    assert all(met is None for line, met in check_goals(embedded_pair, None) if "verifying" in line)
+
+
+def test_bench_summary_and_agreement() -> None:
+    raw = {"completed": 3, "failed": 1, "duration": 2.0, "total_output_tokens": 300, "output_throughput": 150.0,
+           "errors": ["", "", "", "boom"], "ttfts": [0.02, 0.03, 0.04, 0.0], "output_lens": [100, 100, 100, 0],
+           "latencies": [1.01, 1.02, 1.03, 0.0]}
+    bench = vllm_bench.summarize(raw)
+    assert bench["ttft_ms"]["p50"] == pytest.approx(30.0)
+    assert bench["per_token_latency_ms"]["p50"] == pytest.approx(10.0)  # (1.02 - 0.03) / 99
+    client = {"output_tokens_per_s": 147.0, "ttft_ms": {"p50": 36.0}, "per_token_latency_ms": {"p50": 10.5}}
+    agreement = vllm_bench.compare(client, bench)
+    assert agreement["output_tokens_per_s"]["agrees"] and agreement["per_token_p50_ms"]["agrees"]
+    assert agreement["ttft_p50_ms"]["agrees"] is False and agreement["ttft_p50_ms"]["difference"] == pytest.approx(0.2)
+    assert agreement["agrees"] is False
+    # Saved without per-request data, the benchmark's own aggregates are used.
+    aggregates = {"completed": 3, "median_ttft_ms": 30.0, "mean_ttft_ms": 31.0, "median_tpot_ms": 10.0,
+                  "output_throughput": 150.0}
+    fallback = vllm_bench.summarize(aggregates)
+    assert fallback["ttft_ms"]["p50"] == 30.0 and fallback["per_token_latency_ms"]["p50"] == 10.0
+    assert vllm_bench.compare(client, fallback)["ttft_p50_ms"]["difference"] == pytest.approx(0.2)
+
+
+def test_mean_interval() -> None:
+    one = mean_interval([2.0])
+    assert one["mean"] == 2.0 and one["low"] is None
+    m = mean_interval([1.9, 2.0, 2.1])
+    # t(0.975, 2) = 4.303, stdev 0.1, sqrt(3): half width 0.2484
+    assert m["low"] == pytest.approx(2.0 - 0.2484, abs=1e-3) and m["high"] == pytest.approx(2.0 + 0.2484, abs=1e-3)
+    assert m["max_deviation"] == pytest.approx(0.05)
+
+
+def _run(c: int, repeat: int, tps: float, name: str = "spec-k4", bench_tps: float | None = None) -> tuple:
+    client = {"ok": 32, "output_tokens_per_s": tps, "per_token_latency_ms": {"mean": 1000 / tps}}
+    level = {"concurrency": c, "repeat": repeat, "client": client, "server": {},
+             "vllm_bench": {"output_tokens_per_s": bench_tps or tps}}
+    return name, level
+
+
+def _results(runs: list[tuple]) -> dict:
+    variants: dict = {}
+    for name, level in runs:
+        variants.setdefault(name, {"name": name, "k": None if name == "baseline" else 4, "levels": []})
+        variants[name]["levels"].append(level)
+    return {"variants": list(variants.values())}
+
+
+def test_repeats_give_an_interval_and_a_verdict_per_batch_size() -> None:
+    runs = []
+    for repeat, (s1, s32) in enumerate([(200, 800), (210, 820), (190, 790)], start=1):
+        runs += [_run(1, repeat, s1), _run(1, repeat, 100, "baseline"),
+                 _run(32, repeat, s32), _run(32, repeat, 1000, "baseline", bench_tps=700)]
+    summary = {e["concurrency"]: e for e in summarize_speedups(_results(runs))}
+    assert summary[1]["runs"] == 3 and summary[1]["speedup"]["mean"] == pytest.approx(2.0)
+    assert summary[1]["speedup"]["low"] < 2.0 < summary[1]["speedup"]["high"]
+    assert summary[1]["verdict"] == "pays"
+    assert summary[32]["verdict"].startswith("does not pay")
+    # vLLM's benchmark saw the baseline at 700 tok/s: it says speculation pays, and the verdict says so.
+    assert "say the opposite" in summary[32]["verdict"]
+    lines = headline(_results(runs))
+    assert lines[0].startswith("batch 1, spec-k4: speculation pays: 2.00x") and "95% interval" in lines[0]
+    assert lines[1].startswith("batch 32, spec-k4: speculation does not pay")
+
+
+def test_an_interval_spanning_one_is_called_even() -> None:
+    runs = []
+    for repeat, tps in enumerate([90, 115, 100], start=1):
+        runs += [_run(1, repeat, tps), _run(1, repeat, 100, "baseline")]
+    (entry,) = summarize_speedups(_results(runs))
+    assert entry["verdict"].startswith("breaks even")
