@@ -58,11 +58,12 @@ class LocustOutcome:
     """CPU time of all Locust processes: near wall_s x processes, the load generator is the bottleneck."""
 
 
-def _user_args(job: LocustJob, requests: int) -> list[str]:
-    """Our locustfile's own options, with this process's share of the requests."""
+def _user_args(job: LocustJob) -> list[str]:
+    """Our locustfile's own options (the master's reach the workers too; each takes its share)."""
     args = ["--model", job.model, "--workload", job.workload, "--api", job.api,
             "--max-tokens", str(job.max_tokens), "--temperature", str(job.temperature),
-            "--requests", str(requests), "--request-timeout", str(job.request_timeout_s),
+            "--requests", str(job.requests), "--worker-count", str(max(0, job.workers)),
+            "--request-timeout", str(job.request_timeout_s),
             "--records-dir", str(job.records_dir)]
     if not job.fixed_length:
         args.append("--no-fixed-length")
@@ -83,7 +84,7 @@ def commands(job: LocustJob, deadline_s: float) -> list[list[str]]:
         main += ["--csv", str(job.csv_prefix)]
     if job.html:
         main += ["--html", str(job.html)]
-    main += _user_args(job, job.requests)
+    main += _user_args(job)
     if job.workers <= 0:
         return [main]
     port = free_port()
@@ -91,9 +92,7 @@ def commands(job: LocustJob, deadline_s: float) -> list[list[str]]:
               "--expect-workers", str(job.workers), "--expect-workers-max-wait", "120"]
     worker = [*base, "--worker", "--master-host", "127.0.0.1", "--master-port", str(port), "-H", job.host,
               "--loglevel", "INFO"]
-    # Each worker's users share that worker's part of the requests (Locust spreads users evenly).
-    shares = [job.requests // job.workers + (i < job.requests % job.workers) for i in range(job.workers)]
-    return [master, *[[*worker, *_user_args(job, share)] for share in shares]]
+    return [master, *[[*worker, *_user_args(job)] for _ in range(job.workers)]]
 
 
 def run_locust(job: LocustJob, deadline_s: float, should_abort: Callable[[], str | None] = lambda: None,

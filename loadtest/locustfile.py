@@ -49,8 +49,10 @@ def _add_options(parser: Any) -> None:
                         help="let requests stop at EOS (default: ignore_eos, exactly --max-tokens each)")
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--requests", type=int, default=0,
-                        help="requests this process's users send in all, each taking the next while any are left "
+                        help="requests the users send in all, each taking the next while any are left "
                              "(as vLLM's benchmark does); quit when all are done (0: run until --run-time)")
+    parser.add_argument("--worker-count", type=int, default=0,
+                        help="Locust workers sharing --requests (each sends its share); 0: one local process")
     parser.add_argument("--request-timeout", type=float, default=300, help="seconds before a request counts as failed")
     parser.add_argument("--records-dir", default="", help="write one JSON line per request to a file in this folder")
     parser.add_argument("--api-key-env", default="", help="environment variable holding the API key, if any")
@@ -92,6 +94,17 @@ def _write_record(environment: Any, record: RequestRecord) -> None:
     _records_file.flush()  # the runner counts lines for its progress bar, and keeps them if we die
 
 
+def _budget(environment: Any) -> int:
+    """This process's part of --requests. Locust hands the master's options to every worker, so
+    a worker takes its share by its index rather than from an option of its own."""
+    opts = environment.parsed_options
+    workers = opts.worker_count
+    if workers <= 0:
+        return opts.requests
+    index = getattr(environment.runner, "worker_index", 0)
+    return opts.requests // workers + (index < opts.requests % workers)
+
+
 class LLMUser(User):
     wait_time = constant(0)  # closed loop: the next request goes out when the previous one ends
 
@@ -107,7 +120,7 @@ class LLMUser(User):
     def generate(self) -> None:
         opts = self.environment.parsed_options
         ticket = next(_request_counter)
-        if opts.requests and ticket >= opts.requests:
+        if opts.requests and ticket >= _budget(self.environment):
             # The budget is shared, so no user waits on its own quota while others are idle:
             # the run ends when the last request does, as a closed loop over N requests should.
             _user_finished(self.environment)

@@ -557,7 +557,7 @@ def test_server_that_fails_to_start_gives_a_failed_run(tmp_path, embedded_pair):
 
 @pytest.mark.engine
 def test_server_killed_mid_run_keeps_partial_results(tmp_path, embedded_pair):
-    settings = SweepSettings("default", no_spec=True, users=[2, 4], requests=60, out=tmp_path / "report",
+    settings = SweepSettings("default", no_spec=True, users=[2, 4], repeat=1, requests=60, out=tmp_path / "report",
                              **{**FAST, "max_tokens": 64})
     records_dir = settings.out / "records" / "baseline-c2"
 
