@@ -455,6 +455,11 @@ def check_goals(pair: EmbeddedPair, costs: dict | None) -> list[tuple[str, bool 
     return out
 
 
+def goal_lines(pair: EmbeddedPair, costs: dict | None) -> list[str]:
+    """The goals as printed lines: `[ok]`, `[MISSED]`, or `[..]` where nothing was measured yet."""
+    return [f"  [{'ok' if met else 'MISSED' if met is False else '..'}] {text}" for text, met in check_goals(pair, costs)]
+
+
 def _table(pair: EmbeddedPair) -> str:
     r = pair.report
     ev, tr = r["heldout"], r["train"]
@@ -472,8 +477,7 @@ def _table(pair: EmbeddedPair) -> str:
               f"(same predictions, realistic costs)",
               f"build {r['build_seconds']:.0f} s on {r['threads']} threads, torch {r['torch']}, recipe {r['recipe_hash']}",
               f"target: {pair.target}", f"draft:  {pair.draft}", "goals:"]
-    lines += [f"  [{'ok' if met else 'MISSED' if met is False else '..'}] {text}"
-              for text, met in check_goals(pair, engine_costs(pair))]
+    lines += goal_lines(pair, engine_costs(pair))
     return "\n".join(lines)
 
 

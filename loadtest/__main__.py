@@ -90,7 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_costs(opts: argparse.Namespace) -> int:
-    from deploy.embedded_pair import COSTS_FILE, check_goals, engine_costs, ensure_pair
+    from deploy.embedded_pair import COSTS_FILE, engine_costs, ensure_pair, goal_lines
     from loadtest import step_costs
 
     pair = ensure_pair() if opts.pair else None
@@ -105,9 +105,7 @@ def cmd_costs(opts: argparse.Namespace) -> int:
         step_costs.save(result, opts.out)
     print(step_costs.describe(result))
     if pair:
-        print("embedded pair goals:")
-        for text, met in check_goals(pair, result):
-            print(f"  [{'ok' if met else 'MISSED' if met is False else '..'}] {text}")
+        print("\n".join(["embedded pair goals:", *goal_lines(pair, result)]))
     return 0
 
 

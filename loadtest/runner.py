@@ -38,7 +38,7 @@ from deploy.preflight import GIB
 from loadtest import prom, stats, vllm_bench
 from loadtest.client import RequestRecord
 from loadtest.locust_run import LocustJob, LocustOutcome, run_locust
-from loadtest.workloads import load_workload
+from loadtest.workloads import Workload, load_workload
 
 log = logging.getLogger("specdeploy.loadtest")
 RESULTS_SCHEMA = 2
@@ -58,7 +58,7 @@ class SweepSettings:
     repeat: int = 3
     """Runs of every (variant, concurrency); speedups get a 95% interval over them."""
     requests: int | None = None
-    """Measured requests per concurrency level (rounded up to a multiple of it); default: see `requests_for`."""
+    """Measured requests of each run, shared by its users; default: see `requests_for`."""
     duration_s: float | None = None
     """Measure for this long per level instead of a request count."""
     warmup: int = 1
@@ -164,6 +164,8 @@ class Sweep:
         self.out = settings.out or default_out_dir(settings.config)
         self.on_server_started = on_server_started
         """Hook for tests and tools: called each time a variant's server is healthy."""
+        self.workload: Workload | None = None
+        """The workload, read once when vLLM's benchmark needs it as its dataset."""
         s = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(settings).items()}
         self.results: dict[str, Any] = {
             "schema": RESULTS_SCHEMA, "status": "running", "config": settings.config, "settings": s,
@@ -185,8 +187,8 @@ class Sweep:
         self.out.mkdir(parents=True, exist_ok=True)
         try:
             variants = plan_variants(self.settings)
-            if self.settings.vllm_bench:
-                load_workload(self.settings.workload)  # a bad workload fails here, before any server
+            # Read once; a bad workload fails here, before any server starts.
+            self.workload = load_workload(self.settings.workload) if self.settings.vllm_bench else None
         except (ConfigError, ValueError, OSError) as exc:
             self.results["status"] = "failed"
             self.results["problems"].append(str(exc))
@@ -397,12 +399,12 @@ class Sweep:
     def _second_opinion(self, state: _Running, level: dict[str, Any], users: int, tag: str, title: str) -> None:
         """vLLM's serving benchmark on the same server, prompts, length and concurrency; compared."""
         s, server = self.settings, state.server
-        assert server is not None
+        assert server is not None and self.workload is not None
         print(f"{title}: vLLM's serving benchmark, {level['client']['requests']} requests", file=sys.stderr,
               flush=True)
         job = vllm_bench.BenchJob(
             base_url=server.base_url, model=server.plan.served_name, tokenizer=state.tokenizer,
-            workload=load_workload(s.workload), api=s.api, concurrency=users,
+            workload=self.workload, api=s.api, concurrency=users,
             num_prompts=level["client"]["requests"], max_tokens=s.max_tokens, fixed_length=s.fixed_length,
             temperature=s.temperature, out_dir=self.out / "vllm-bench" / tag, api_key_env=state.api_key_env,
             timeout_s=s.level_timeout_s)
