@@ -19,7 +19,8 @@ help:
 	@echo "make models               build the embedded default model pair (cached)"
 	@echo "make test                 run the test suite (real vLLM engines on CPU)"
 	@echo "make bench-drafters       compare drafters on the embedded default"
-	@echo "make loadtest CONFIG=... USERS=1,32 [WORKERS=N] [LOADTEST_ARGS='--k 2,8 --workload chat']"
+	@echo "make loadtest CONFIG=... USERS=1,32 [WORKERS=N] [SLO=ttft_p95=500ms,tpot_p95=50ms] [LOADTEST_ARGS='--k 2,8']"
+	@echo "make loadtest URL=http://host:port [BASELINE_URL=http://host:port] [CONFIG=...]   servers already running"
 	@echo "make compare [REPORT=reports/...]   batch-1 vs batch-32 table of a report"
 
 $(STAMP): pyproject.toml scripts/install-env.sh
@@ -47,8 +48,13 @@ test: $(STAMP)
 bench-drafters: $(STAMP)
 	$(PY) -m plugins.bench_drafters
 
+# With URL the servers already run (make serve, elsewhere): CONFIG is read only when given.
+LOADTEST_SERVERS = $(if $(URL),--url $(URL) $(if $(BASELINE_URL),--baseline-url $(BASELINE_URL)) \
+	$(if $(filter-out file,$(origin CONFIG)),$(CONFIG)),$(CONFIG_ARGS))
+
 loadtest: $(STAMP)
-	$(PY) -m loadtest run $(CONFIG_ARGS) --users $(USERS) --workers $(WORKERS) $(LOADTEST_ARGS)
+	$(PY) -m loadtest run $(LOADTEST_SERVERS) --users $(USERS) --workers $(WORKERS) \
+	  $(if $(SLO),--slo $(SLO)) $(LOADTEST_ARGS)
 
 compare: $(STAMP)
 	$(PY) -m loadtest compare $(REPORT)

@@ -132,6 +132,10 @@ class Server:
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None
 
+    def exit_reason(self) -> str:
+        code = self.process.returncode if self.process else "?"
+        return f"server process exited (code {code}) mid-run"
+
     def healthy(self) -> bool:
         try:
             return requests.get(f"{self.base_url}/health", timeout=2).status_code == 200

@@ -3,6 +3,8 @@
     python -m loadtest run default.yaml --users 1,32                 # spec vs baseline, batch 1 and 32
     python -m loadtest run default.yaml --users 1,8,32 --k 2,8       # plus K=2 and K=8 variants
     python -m loadtest run default.yaml --workers 2 --duration 60    # Locust master + 2 workers, 60 s a level
+    python -m loadtest run --url http://gpu1:8000 --baseline-url http://gpu1:8001 --slo ttft_p95=500ms
+                                                                     # servers already running elsewhere
     python -m loadtest compare                                       # table of the newest report
     python -m loadtest costs default.yaml                            # engine step costs: plain, verify, draft
 """
@@ -19,6 +21,7 @@ from types import FrameType
 from deploy.config import DEFAULT_CONFIG
 from loadtest.report import compare_table, load_results, newest_report, write_report
 from loadtest.runner import Sweep, SweepSettings
+from loadtest.slo import parse_targets
 from loadtest.workloads import BUILTIN
 
 
@@ -32,13 +35,23 @@ def _int_list(text: str) -> list[int]:
     return values
 
 
+def _slo(text: str) -> str:
+    try:
+        parse_targets(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m loadtest", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser("run", help="start each variant's server, load it at each concurrency, write a report")
-    run.add_argument("config", nargs="?", default=DEFAULT_CONFIG, help="config file or preset name (default: %(default)s)")
+    run.add_argument("config", nargs="?", default=None,
+                     help=f"config file or preset name (default: {DEFAULT_CONFIG}; with --url: read only when given, "
+                          f"for the model name, API key variable and tokenizer)")
     run.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
                      help="override a config field for every variant (repeatable)")
     run.add_argument("--no-spec", action="store_true", help="run the baseline (speculation off) only")
@@ -68,6 +81,17 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--startup-timeout", type=float, default=None, help="seconds to wait for each server")
     run.add_argument("--tolerance", type=float, default=0.05,
                      help="allowed difference between our token counts and the server's (default: 0.05)")
+    run.add_argument("--slo", type=_slo, default=None, metavar="TARGETS",
+                     help="service targets, e.g. ttft_p95=500ms,tpot_p95=50ms (metrics ttft, tpot, e2e): per run the "
+                          "share of requests meeting each, the goodput, and the highest concurrency meeting all")
+    remote = run.add_argument_group("servers already running (instead of starting them)")
+    remote.add_argument("--url", default="", help="load this running server, e.g. one started by `make serve`")
+    remote.add_argument("--baseline-url", default="", help="a running server without speculation to compare with")
+    remote.add_argument("--model", default="", help="served model name (default: the config's, else the server's only one)")
+    remote.add_argument("--tokenizer", default="",
+                        help="tokenizer for vLLM's benchmark (default: the served model's folder when it is on this machine)")
+    remote.add_argument("--api-key-env", default=None, metavar="VAR",
+                        help="variable holding the servers' API key (default: the config's server.api_key_env)")
     run.add_argument("--out", type=Path, default=None, help="report folder (default: reports/<config>-<time>)")
 
     cmp = sub.add_parser("compare", help="print the batch comparison table of a report")
@@ -110,14 +134,23 @@ def cmd_costs(opts: argparse.Namespace) -> int:
 
 
 def cmd_run(opts: argparse.Namespace) -> int:
+    if opts.baseline_url and not opts.url:
+        print("--baseline-url needs --url (the speculative server)", file=sys.stderr)
+        return 2
+    if opts.url and (opts.overrides or opts.k or opts.no_spec):
+        print("--set, --k and --no-spec change the servers the sweep starts; with --url they run already",
+              file=sys.stderr)
+        return 2
     settings = SweepSettings(
-        config=opts.config, overrides=opts.overrides, no_spec=opts.no_spec, baseline=not opts.no_baseline,
+        config=opts.config or ("" if opts.url else DEFAULT_CONFIG), overrides=opts.overrides, no_spec=opts.no_spec, baseline=not opts.no_baseline,
         extra_k=opts.k, users=sorted(dict.fromkeys(opts.users)), repeat=opts.repeat, requests=opts.requests,
         duration_s=opts.duration, vllm_bench=not opts.no_vllm_bench,
         warmup=opts.warmup, workload=opts.workload, api=opts.api, max_tokens=opts.max_tokens,
         fixed_length=not opts.no_fixed_length, temperature=opts.temperature, workers=opts.workers,
         request_timeout_s=opts.request_timeout, level_timeout_s=opts.level_timeout,
-        startup_timeout_s=opts.startup_timeout, tolerance=opts.tolerance, out=opts.out)
+        startup_timeout_s=opts.startup_timeout, tolerance=opts.tolerance, slo=opts.slo or "", url=opts.url,
+        baseline_url=opts.baseline_url, model=opts.model, tokenizer=opts.tokenizer, api_key_env=opts.api_key_env,
+        out=opts.out)
     sweep = Sweep(settings)
 
     def on_term(signum: int, _frame: FrameType | None) -> None:
@@ -130,6 +163,9 @@ def cmd_run(opts: argparse.Namespace) -> int:
         results = sweep.results
         print("interrupted: servers stopped; writing the partial report", file=sys.stderr)
     files = write_report(results, sweep.out)
+    if not results["variants"]:  # nothing was measured: the reason is the whole story
+        print(f"error: {'; '.join(results['problems'])}", file=sys.stderr)
+        return 2
     print()
     print(compare_table(results))
     print(f"\nstatus: {results['status']}" + (f" ({'; '.join(results['problems'])})" if results["problems"] else ""))

@@ -42,6 +42,8 @@ class RequestRecord:
     chunk_gaps_s: list[float] = field(default_factory=list)
     tokens_per_chunk: list[int] = field(default_factory=list)
     per_token_latency_s: float | None = None
+    send_lag_s: float | None = None
+    """How late the request left: its user's previous response ended this long before (closed loop)."""
     spec_decode: dict[str, Any] | None = None
     """The server's own per-request acceptance (`metrics.speculative_decoding`), when it sends it."""
 

@@ -8,6 +8,10 @@ latency, output tokens as the size), every request adds rows to Locust's own sta
   CHUNK  each gap between streamed chunks (size: the tokens that chunk carried; with
          speculation a chunk carries several tokens, so a gap is not a per-token latency)
 Failures (HTTP errors, timeouts, streams that end early) count on the POST row.
+The load generator watches itself: each record keeps how late its request left (the time
+between the user's previous response ending and this request going out; a closed loop should
+send at once), and a greenlet measures how late gevent's loop wakes it (a blocked or starved
+client), written to `loop-lag-<pid>.json` beside the records.
 
 Standalone: locust -f loadtest/locustfile.py -H http://127.0.0.1:8000 --model embedded-default
 `python -m loadtest run` drives it headless (also distributed: a master and N workers).
@@ -19,6 +23,7 @@ import functools
 import itertools
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +41,8 @@ _request_counter = itertools.count()
 _workload = functools.lru_cache(maxsize=None)(load_workload)  # read a user's file once per process
 _records_file = None
 _users_done = 0
+_loop_lags: list[float] = []
+LOOP_PROBE_S = 0.01
 
 
 @events.init_command_line_parser.add_listener
@@ -66,6 +73,30 @@ def _on_init(environment: Any, **_: Any) -> None:
     if isinstance(environment.runner, MasterRunner):
         # Workers report each user that finished its requests; quit when all have.
         environment.runner.register_message("user_done", lambda msg, **kw: _user_finished(environment))
+
+
+@events.test_start.add_listener
+def _start_loop_probe(environment: Any, **_: Any) -> None:
+    if not isinstance(environment.runner, MasterRunner):
+        gevent.spawn(_probe_loop)
+
+
+def _probe_loop() -> None:
+    """Sleep LOOP_PROBE_S at a time and keep how much later than asked the loop woke us: the
+    time some other greenlet held the process (or the OS kept it off the CPU)."""
+    while True:
+        asked = time.perf_counter()
+        gevent.sleep(LOOP_PROBE_S)
+        _loop_lags.append(time.perf_counter() - asked - LOOP_PROBE_S)
+
+
+@events.quitting.add_listener
+def _save_loop_lags(environment: Any, **_: Any) -> None:
+    folder = environment.parsed_options.records_dir
+    if folder and _loop_lags and not isinstance(environment.runner, MasterRunner):
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        (Path(folder) / f"loop-lag-{os.getpid()}.json").write_text(
+            json.dumps({"probe_s": LOOP_PROBE_S, "lags_s": [round(x, 5) for x in _loop_lags]}))
 
 
 def _user_finished(environment: Any) -> None:
@@ -114,6 +145,7 @@ class LLMUser(User):
         self.session = requests.Session()
         key = os.environ.get(opts.api_key_env, "") if opts.api_key_env else ""
         self.headers = {"Authorization": f"Bearer {key}"} if key else None
+        self.last_end: float | None = None
         gevent.sleep(opts.start_delay)
 
     @task
@@ -130,8 +162,11 @@ class LLMUser(User):
         item = self.workload.items[(worker * 7919 + ticket) % len(self.workload.items)]
         path, body = request_for(item, opts.model, opts.max_tokens, opts.temperature, not opts.no_fixed_length, opts.api)
         expected = opts.max_tokens if not opts.no_fixed_length else None
+        lag = time.perf_counter() - self.last_end if self.last_end is not None else None
         record = stream_request(self.session, self.host.rstrip("/"), path, body, item.id, opts.request_timeout,
                                 expected, self.headers)
+        self.last_end = time.perf_counter()  # reporting the record below counts as the next request's lag
+        record.send_lag_s = lag
         self._report(record)
         _write_record(self.environment, record)
 

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from loadtest import stats
+from loadtest import slo, stats
 
 PLOTS = ("throughput.png", "latency.png", "acceptance.png", "speedup.png")
 COST_MODEL = stats.__doc__.strip().split("\n", 1)[1].strip() if stats.__doc__ else ""
@@ -122,6 +122,26 @@ def headline(results: dict[str, Any]) -> list[str]:
         lines.append(f"batch {e['concurrency']}, {e['variant']}: speculation {e['verdict']}: " + "; ".join(parts)
                      + (f"; acceptance {accept:.0%}" if accept is not None else "")
                      + f" ({e['runs']} run{'s' if e['runs'] != 1 else ''}, each beside a baseline run)")
+    return lines + slo_lines(results)
+
+
+def slo_lines(results: dict[str, Any]) -> list[str]:
+    """Per variant: the highest concurrency at which every run met every service target."""
+    targets = (results.get("settings") or {}).get("slo")
+    if not targets:
+        return []
+    described = ", ".join(t.describe() for t in slo.parse_targets(targets))
+    lines = []
+    for variant in results.get("variants", []):
+        measured = [lv for lv in variant.get("levels", []) if lv.get("slo")]
+        if not measured:
+            continue
+        best = slo.highest_concurrency(measured)
+        at_best = [lv["slo"]["goodput_tokens_per_s"] for lv in measured
+                   if lv["concurrency"] == best and lv["slo"].get("goodput_tokens_per_s") is not None]
+        lines.append(f"service targets ({described}), {variant['name']}: "
+                     + (f"met up to batch {best}, goodput {sum(at_best) / len(at_best):.0f} tok/s there"
+                        if best is not None and at_best else "not met at any measured batch size"))
     return lines
 
 
@@ -216,8 +236,8 @@ def _cell(key: str, value: Any) -> str:
 def compare_table(results: dict[str, Any], concurrencies: list[int] | None = None) -> str:
     """Plain-text table for the terminal."""
     rows = compare_rows(results, concurrencies)
-    top = [line for line in headline(results)
-           if not concurrencies or int(line.split(",")[0].removeprefix("batch ")) in concurrencies]
+    top = [line for line in headline(results) if not concurrencies or not line.startswith("batch ")
+           or int(line.split(",")[0].removeprefix("batch ")) in concurrencies]
     header = [title for _, title in COMPARE_COLUMNS]
     body = [[_cell(k, r[k]) for k, _ in COMPARE_COLUMNS] for r in rows]
     widths = [max(len(h), *(len(b[i]) for b in body)) if body else len(h) for i, h in enumerate(header)]
@@ -310,6 +330,44 @@ def _trust_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
                          pair("ttft_ms", "ttft_s"), pair("e2e_ms", "e2e_s"),
                          pair("per_token_latency_ms", "per_token_latency_s"),
                          "; ".join((level.get("problems") or []) + (level.get("notes") or [])) or "none"])
+    return header, rows
+
+
+def _slo_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+    targets = slo.parse_targets((results.get("settings") or {}).get("slo") or "") \
+        if (results.get("settings") or {}).get("slo") else []
+    header = ["variant", "batch", "run", *[f"{t.describe()}: value ms (share within)" for t in targets],
+              "goodput tok/s", "tok/s", "all met"]
+    rows = []
+    for variant, level in levels(results):
+        r = level.get("slo")
+        if not r:
+            continue
+        cells = []
+        for t in targets:
+            v = r["targets"].get(t.name) or {}
+            share = v.get("share_within")
+            cells.append(f"{_fmt(v.get('value_ms'))} ({'-' if share is None else f'{100 * share:.0f}%'})"
+                         + ("" if v.get("met") else " MISSED"))
+        rows.append([variant["name"], str(level["concurrency"]), str(level.get("repeat", 1)), *cells,
+                     _fmt(r.get("goodput_tokens_per_s")), _fmt(level["client"].get("output_tokens_per_s")),
+                     "yes" if r.get("met") else "no"])
+    return header, rows
+
+
+def _lag_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+    header = ["variant", "batch", "run", "send lag p50/p99 ms", "loop lag p50/p99/max ms", "loop stalls > 50 ms",
+              "Locust CPU (cores)"]
+    rows = []
+    for variant, level in levels(results):
+        lag = level.get("load_generator") or {}
+        send, loop = lag.get("send_lag_ms") or {}, lag.get("loop_lag_ms") or {}
+        loc = level.get("locust") or {}
+        cpu = loc["cpu_s"] / loc["wall_s"] if loc.get("wall_s") else None
+        rows.append([variant["name"], str(level["concurrency"]), str(level.get("repeat", 1)),
+                     f"{_fmt(send.get('p50'), 2)} / {_fmt(send.get('p99'), 2)}",
+                     f"{_fmt(loop.get('p50'), 2)} / {_fmt(loop.get('p99'), 2)} / {_fmt(loop.get('max'), 1)}",
+                     _fmt(loop.get("over_50ms"), 0), _fmt(cpu, 2)])
     return header, rows
 
 
@@ -488,15 +546,16 @@ def _sections(results: dict[str, Any]) -> list[Section]:
         intro = "\n".join(findings) + "\n\n" + intro
     problems = results.get("problems") or []
     variants = [[v["name"], v.get("label", ""), v["status"],
-                 " / ".join(_fmt(t, 0) for t in v.get("startup_s") or []) or "-",
+                 v.get("url") or " / ".join(_fmt(t, 0) for t in v.get("startup_s") or []) or "-",
                  json.dumps(v.get("speculative_config")) if v.get("speculative_config") else "off",
                  v.get("error") or ""] for v in results.get("variants", [])]
     cmp_rows = compare_rows(results)
     compare = ([t for _, t in COMPARE_COLUMNS], [[_cell(k, r[k]) for k, _ in COMPARE_COLUMNS] for r in cmp_rows])
     return [
         ("Summary", intro + ("\n\nProblems: " + "; ".join(problems) if problems else ""), None),
-        ("Variants", "Each variant ran on its own server (start-up times: one per start).",
-         (["variant", "label", "status", "start-up s", "speculative_config", "error"], variants)),
+        ("Variants", "Each variant ran on its own server: started by the sweep (start-up times, one per start) "
+         "or already running (its address; its speculative config as read from its /metrics).",
+         (["variant", "label", "status", "start-up s or address", "speculative_config", "error"], variants)),
         ("Batch comparison", "tok/s system: output tokens of all successful requests / measured interval. "
          "tok/s per user: median over requests of output tokens / end-to-end latency. Speedup: system tok/s of "
          "the variant / the baseline's run of the same repeat at the same concurrency. Acceptance and "
@@ -512,6 +571,17 @@ def _sections(results: dict[str, Any]) -> list[Section]:
          "the times between streamed chunks; with speculation a chunk carries several tokens, so they are not "
          "per-token latencies.", _latency_rows(results)),
         (PREFORMATTED, COST_MODEL, _spec_rows(results)),
+        ("Service targets",
+         "Per run: each target's percentile over all requests, with the share of requests within its bound "
+         "(failed requests count as missing it); goodput = output tokens/s of the requests within every bound "
+         "(vLLM's benchmark's definition). A batch size meets the targets when every run at it does.",
+         _slo_rows(results)),
+        ("The load generator's own lag",
+         "Send lag: how long after its user's previous response a request left (a closed loop should send at "
+         "once; more means the offered load was lower than the concurrency says). Loop lag: how much later than "
+         "asked Locust's event loop woke a probe that sleeps 10 ms at a time; a stall delays the timing of every "
+         "chunk that arrived meanwhile, so client latency tails include it. Locust CPU: busy cores over the run.",
+         _lag_rows(results)),
         ("Trust: client numbers against the server's counters",
          "Client output tokens (from each response's usage) against the delta of "
          "`vllm:generation_tokens_total` over the same interval; runs differing by more than "

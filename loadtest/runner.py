@@ -35,8 +35,9 @@ from tqdm import tqdm
 
 from deploy import ConfigError, Server, ServerStartError, free_port, load_config, plan_from_config
 from deploy.preflight import GIB
-from loadtest import prom, stats, vllm_bench
+from loadtest import prom, slo, stats, vllm_bench
 from loadtest.client import RequestRecord
+from loadtest.endpoint import EndpointError, RemoteServer, discover
 from loadtest.locust_run import LocustJob, LocustOutcome, run_locust
 from loadtest.workloads import Workload, load_workload
 
@@ -78,6 +79,18 @@ class SweepSettings:
     """Default: the config's server.startup_timeout_s."""
     tolerance: float = 0.05
     """Allowed relative difference between our token counts and the server's counter."""
+    slo: str = ""
+    """Service targets, e.g. `ttft_p95=500ms,tpot_p95=50ms` (see `loadtest.slo`); empty: none."""
+    url: str = ""
+    """Load the server already running here instead of starting one (`make serve` elsewhere)."""
+    baseline_url: str = ""
+    """With `url`: a running server without speculation to compare with."""
+    model: str = ""
+    """With `url`: the served model name (default: the config's, else the server's only model)."""
+    tokenizer: str = ""
+    """With `url`: tokenizer for vLLM's benchmark (default: the served model's folder if it is here)."""
+    api_key_env: str | None = None
+    """With `url`: variable holding the API key (default: the config's server.api_key_env)."""
     out: Path | None = None
 
 
@@ -146,7 +159,9 @@ class _Running:
 
     entry: dict[str, Any]
     plan: Any = None
-    server: Server | None = None
+    server: Server | RemoteServer | None = None
+    """The sweep's own server while it runs, or a running server given by URL (never stopped here)."""
+    served_name: str = ""
     tokenizer: str = ""
     api_key_env: str = ""
     startup_timeout_s: float = 900
@@ -161,14 +176,16 @@ class Sweep:
 
     def __init__(self, settings: SweepSettings, on_server_started: Callable[[Server, Variant], None] | None = None):
         self.settings = settings
-        self.out = settings.out or default_out_dir(settings.config)
+        self.out = settings.out or default_out_dir(settings.config or "running-servers")
         self.on_server_started = on_server_started
         """Hook for tests and tools: called each time a variant's server is healthy."""
         self.workload: Workload | None = None
-        """The workload, read once when vLLM's benchmark needs it as its dataset."""
+        """The workload, read once before any server starts (vLLM's benchmark's dataset)."""
+        self.targets = slo.parse_targets(settings.slo) if settings.slo else []
         s = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(settings).items()}
         self.results: dict[str, Any] = {
-            "schema": RESULTS_SCHEMA, "status": "running", "config": settings.config, "settings": s,
+            "schema": RESULTS_SCHEMA, "status": "running", "config": settings.config or settings.url,
+            "settings": s,
             "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "machine": machine_info(), "variants": [],
             "problems": [],
         }
@@ -186,17 +203,20 @@ class Sweep:
     def run(self) -> dict[str, Any]:
         self.out.mkdir(parents=True, exist_ok=True)
         try:
-            variants = plan_variants(self.settings)
             # Read once; a bad workload fails here, before any server starts.
-            self.workload = load_workload(self.settings.workload) if self.settings.vllm_bench else None
-        except (ConfigError, ValueError, OSError) as exc:
+            self.workload = load_workload(self.settings.workload)
+            if self.settings.url:
+                variants, running = self._running_servers()
+                together = True
+            else:
+                variants = plan_variants(self.settings)
+                running = {v.name: self._prepare(v) for v in variants}
+                together = self._servers_fit_together([r for r in running.values() if r.plan is not None])
+        except (ConfigError, EndpointError, ValueError, OSError) as exc:
             self.results["status"] = "failed"
             self.results["problems"].append(str(exc))
             self.save()
             return self.results
-        running = {v.name: self._prepare(v) for v in variants}
-        planned = [r for r in running.values() if r.plan is not None]
-        together = self._servers_fit_together(planned)
         order = run_order(variants, self.settings.users, self.settings.repeat, together)
         log.info("load test of %s: variants %s, concurrency %s, %d run(s) each, %s; report in %s",
                  self.settings.config, ", ".join(v.name for v in variants), ",".join(map(str, self.settings.users)),
@@ -249,6 +269,7 @@ class Sweep:
             state.broken = entry["error"]
             return state
         state.plan = plan
+        state.served_name = plan.served_name
         state.tokenizer = resolved.config.target.tokenizer or resolved.target.path
         state.api_key_env = resolved.config.server.api_key_env or ""
         state.startup_timeout_s = self.settings.startup_timeout_s or resolved.config.server.startup_timeout_s
@@ -257,6 +278,46 @@ class Sweep:
                      device=plan.device, command=plan.describe(), server_log=str(server_log.relative_to(self.out)),
                      startup_s=[])
         return state
+
+    def _running_servers(self) -> tuple[list[Variant], dict[str, _Running]]:
+        """Variants for servers already running (`url`, `baseline_url`): what each serves and
+        whether it speculates come from the server; the YAML, when given, names the model and key."""
+        s = self.settings
+        config = load_config(s.config, s.overrides) if s.config else None
+        key_env = s.api_key_env if s.api_key_env is not None else (config.server.api_key_env or "" if config else "")
+        model = s.model or (config.served_name if config else "")
+        tokenizer = s.tokenizer or (config.target.tokenizer or "" if config else "")
+        variants, running = [], {}
+        for url, role in ((s.url, "url"), (s.baseline_url, "baseline_url")):
+            if not url:
+                continue
+            remote = discover(url, model, key_env, tokenizer)
+            if role == "baseline_url":
+                if remote.speculates:
+                    raise EndpointError(f"the baseline server at {url} speculates (K={remote.spec_k}); start it "
+                                        f"with speculation off (make serve NO_SPEC=1)")
+                variant = Variant("baseline", "no speculation (running server)", (), True, None, None)
+            elif remote.speculates:
+                variant = Variant(f"spec-k{remote.spec_k}", f"speculation K={remote.spec_k} (running server)", (),
+                                  False, remote.spec_k, config.speculation.drafter if config else None)
+            else:
+                name = "baseline" if not s.baseline_url else "server"
+                variant = Variant(name, "no speculation (running server)", (), True, None, None)
+            entry: dict[str, Any] = {
+                "name": variant.name, "label": variant.label, "k": variant.k, "drafter": variant.drafter,
+                "status": "running", "levels": [], "url": remote.base_url, "served_model": remote.served_name,
+                "speculative_config": {"num_speculative_tokens": remote.spec_k} if remote.speculates else None,
+                "metrics": remote.metrics, "startup_s": []}
+            if variant.name in running:
+                raise EndpointError(f"--url and --baseline-url both serve without speculation; give the "
+                                    f"speculative server as --url")
+            self.results["variants"].append(entry)
+            running[variant.name] = _Running(entry, server=remote, served_name=remote.served_name,
+                                             tokenizer=remote.tokenizer, api_key_env=key_env)
+            variants.append(variant)
+            log.info("%s: %s serves '%s', %s; /metrics %s", variant.name, remote.base_url, remote.served_name,
+                     variant.label, "readable" if remote.metrics else "NOT readable: engine figures will be missing")
+        return variants, running
 
     @staticmethod
     def _servers_fit_together(planned: list[_Running]) -> bool:
@@ -289,7 +350,7 @@ class Sweep:
         return True
 
     def _stop(self, state: _Running) -> None:
-        if state.server is not None:
+        if isinstance(state.server, Server):  # a server given by URL is not ours to stop
             state.entry["server_exit_code"] = state.server.stop()
             state.server = None
 
@@ -315,14 +376,12 @@ class Sweep:
                                  "duration_target_s": s.duration_s, "problems": []}
 
         def server_gone() -> str | None:
-            if server.alive():
-                return None
-            return f"server process exited (code {server.process.returncode if server.process else '?'}) mid-run"
+            return None if server.alive() else server.exit_reason()
 
         def job(phase: str, requests: int, measured: bool) -> LocustJob:
             return LocustJob(
                 host=server.base_url, users=users, records_dir=self.out / "records" / f"{tag}{phase}",
-                model=server.plan.served_name, workload=s.workload, api=s.api, max_tokens=s.max_tokens,
+                model=state.served_name, workload=s.workload, api=s.api, max_tokens=s.max_tokens,
                 fixed_length=s.fixed_length, temperature=s.temperature, requests=requests,
                 duration_s=s.duration_s if measured else None, request_timeout_s=s.request_timeout_s,
                 workers=s.workers, log_path=self.out / "logs" / f"locust-{tag}{phase}.log",
@@ -344,11 +403,14 @@ class Sweep:
                 level.update(status="failed", problems=[f"every warm-up request failed: {first}"])
                 log.error("%s: every warm-up request failed: %s", tag, first)
                 return level
-        try:
-            before = prom.scrape_settled(server.base_url, headers=auth)
-        except Exception as exc:  # noqa: BLE001 - any scrape failure ends this level the same way
-            level.update(status="failed", problems=[f"/metrics before the run: {exc}"])
-            return level
+        metrics = state.entry.get("metrics", True)
+        before = None
+        if metrics:
+            try:
+                before = prom.scrape_settled(server.base_url, headers=auth)
+            except Exception as exc:  # noqa: BLE001 - any scrape failure ends this level the same way
+                level.update(status="failed", problems=[f"/metrics before the run: {exc}"])
+                return level
 
         measured = job("", total, measured=True)
         with _Progress(title, total or None, measured.records_dir, s.duration_s) as bar:
@@ -361,8 +423,11 @@ class Sweep:
             level["problems"].append(outcome.aborted)
         records = load_records(measured.records_dir)
         level["client"] = stats.summarize(records)
+        level["load_generator"] = load_generator_lag(records, measured.records_dir)
+        if self.targets and records:
+            level["slo"] = slo.evaluate(records, self.targets, level["client"]["duration_s"])
         after = None
-        if server.alive():
+        if before is not None and server.alive():
             try:
                 after = prom.scrape_settled(server.base_url, headers=auth)
             except Exception as exc:  # noqa: BLE001
@@ -383,13 +448,16 @@ class Sweep:
                     f"server counter {d.generation_tokens:.0f} over the same interval")
         client = level["client"]
         level["notes"] = (delivery_notes(client, level.get("server"), outcome, s.workers)
-                          + load_generator_notes(outcome, s.workers))
+                          + load_generator_notes(outcome, s.workers, level["load_generator"]))
+        if not metrics:
+            level["notes"].append("the server's /metrics could not be read: the engine's histograms, acceptance "
+                                  "and the token-count check are missing for this run")
         if client["failed"]:
             level["problems"].append(f"{client['failed']} of {client['requests']} requests failed: "
                                      f"{client['failure_reasons']}")
         if total and client["requests"] < total and not outcome.aborted:
             level["problems"].append(f"only {client['requests']} of {total} requests finished")
-        broken = outcome.aborted or not client["ok"] or after is None
+        broken = outcome.aborted or not client["ok"] or (metrics and after is None)
         if s.vllm_bench and not broken:
             self._second_opinion(state, level, users, tag, title)
         level["status"] = "failed" if broken else ("flagged" if level["problems"] else "ok")
@@ -400,10 +468,14 @@ class Sweep:
         """vLLM's serving benchmark on the same server, prompts, length and concurrency; compared."""
         s, server = self.settings, state.server
         assert server is not None and self.workload is not None
+        if not state.tokenizer:
+            level["notes"].append("vLLM's benchmark skipped: no tokenizer for the served model on this machine "
+                                  "(give --tokenizer or the deployment's YAML)")
+            return
         print(f"{title}: vLLM's serving benchmark, {level['client']['requests']} requests", file=sys.stderr,
               flush=True)
         job = vllm_bench.BenchJob(
-            base_url=server.base_url, model=server.plan.served_name, tokenizer=state.tokenizer,
+            base_url=server.base_url, model=state.served_name, tokenizer=state.tokenizer,
             workload=self.workload, api=s.api, concurrency=users,
             num_prompts=level["client"]["requests"], max_tokens=s.max_tokens, fixed_length=s.fixed_length,
             temperature=s.temperature, out_dir=self.out / "vllm-bench" / tag, api_key_env=state.api_key_env,
@@ -456,13 +528,42 @@ def _locust_share(outcome: LocustOutcome, workers: int) -> float:
     return outcome.cpu_s / outcome.wall_s / max(workers, 1) if outcome.wall_s > 0 else 0.0
 
 
-def load_generator_notes(outcome: LocustOutcome, workers: int) -> list[str]:
-    """Warn when Locust itself was busy enough to limit the numbers (it shares the machine)."""
+def load_generator_lag(records: list[RequestRecord], folder: Path) -> dict[str, Any]:
+    """How late the load generator was: requests leaving after their user's previous response
+    (closed loop: they should leave at once), and gevent's loop waking later than asked."""
+    lags: list[float] = []
+    for path in folder.glob("loop-lag-*.json"):
+        try:
+            lags += json.loads(path.read_text())["lags_s"]
+        except (OSError, ValueError, KeyError):
+            continue
+    return {"send_lag_ms": stats.distribution([r.send_lag_s for r in records if r.send_lag_s is not None], 1000),
+            "loop_lag_ms": {**stats.distribution(lags, 1000), "max": 1000 * max(lags) if lags else None,
+                            "over_50ms": sum(x > 0.05 for x in lags)}}
+
+
+# Beyond these the client, not the server, may be what a latency percentile measures.
+SEND_LAG_P99_MS = 20.0
+LOOP_LAG_MAX_MS = 100.0
+
+
+def load_generator_notes(outcome: LocustOutcome, workers: int, lag: dict[str, Any] | None = None) -> list[str]:
+    """Warn when Locust itself was busy or late enough to limit the numbers (it shares the machine)."""
+    notes = []
     share = _locust_share(outcome, workers)
     if share > 0.6:
-        return [f"the load generator used {100 * share:.0f}% of a core per Locust process: it may limit the "
-                f"measurement; use more Locust workers (--workers N) or another machine"]
-    return []
+        notes.append(f"the load generator used {100 * share:.0f}% of a core per Locust process: it may limit the "
+                     f"measurement; use more Locust workers (--workers N) or another machine")
+    send = ((lag or {}).get("send_lag_ms") or {}).get("p99")
+    if send is not None and send > SEND_LAG_P99_MS:
+        notes.append(f"the load generator sent requests late (p99 {send:.0f} ms after the previous response "
+                     f"ended): the offered load was lower than the concurrency says")
+    loop = (lag or {}).get("loop_lag_ms") or {}
+    if loop.get("max") is not None and loop["max"] > LOOP_LAG_MAX_MS:
+        notes.append(f"the load generator's event loop stalled (longest {loop['max']:.0f} ms, {loop['over_50ms']} "
+                     f"stalls over 50 ms): chunks that arrived meanwhile were timed late, so client latency "
+                     f"tails include the client's own delay")
+    return notes
 
 
 def overall_status(results: dict[str, Any]) -> str:

@@ -1,0 +1,150 @@
+"""Load-testing servers that are already running (`--url`), service targets and the load
+generator's own lag: the parts on plain data, then sweeps of real servers the test started
+outside the runner."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import requests
+
+from deploy import free_port
+from loadtest import slo
+from loadtest.client import RequestRecord
+from loadtest.endpoint import EndpointError, discover
+from loadtest.locust_run import LocustOutcome
+from loadtest.report import headline, write_report
+from loadtest.runner import Sweep, SweepSettings, load_generator_lag, load_generator_notes
+
+REPO = Path(__file__).resolve().parents[1]
+KEY_ENV = "SPECDEPLOY_TEST_KEY"
+KEYED_BASELINE = ("default", ("speculation.drafter=none", f"server.api_key_env={KEY_ENV}"))
+
+
+def _record(ttft: float, tpot: float, tokens: int = 10, ok: bool = True) -> RequestRecord:
+    return RequestRecord(item_id="x", path="/v1/completions", start=0.0, ok=ok, ttft_s=ttft,
+                         per_token_latency_s=tpot, e2e_s=ttft + tpot * (tokens - 1), output_tokens=tokens)
+
+
+# ------------------------------------------------------------------------------------- service targets
+def test_parse_targets_reads_units_and_refuses_what_it_cannot_read():
+    targets = slo.parse_targets("ttft_p95=500ms, tpot_p99=0.05s,e2e_p50=2s")
+    assert [(t.name, t.bound_s) for t in targets] == [("ttft_p95", 0.5), ("tpot_p99", 0.05), ("e2e_p50", 2.0)]
+    for bad in ("ttft=500ms", "ttft_p95=500", "itl_p95=5ms", "ttft_p100=1s", "ttft_p95=0ms", "ttft_p95=1s,ttft_p95=2s",
+                ""):
+        with pytest.raises(ValueError, match="service target|percentile|twice"):
+            slo.parse_targets(bad)
+
+
+def test_evaluate_counts_failures_against_targets_and_goodput_keeps_only_good_requests():
+    targets = slo.parse_targets("ttft_p50=100ms,tpot_p50=20ms")
+    records = [_record(0.05, 0.01), _record(0.05, 0.01), _record(0.5, 0.01), _record(0.05, 0.05),
+               _record(0.05, 0.01, ok=False)]
+    result = slo.evaluate(records, targets, duration_s=2.0)
+    ttft, tpot = result["targets"]["ttft_p50"], result["targets"]["tpot_p50"]
+    assert ttft["share_within"] == pytest.approx(3 / 5) and ttft["met"]      # 60% >= 50%
+    assert tpot["share_within"] == pytest.approx(3 / 5) and tpot["met"]
+    assert ttft["value_ms"] == pytest.approx(50) and ttft["bound_ms"] == 500 / 5
+    assert result["share_within_all"] == pytest.approx(2 / 5)
+    assert result["goodput_tokens_per_s"] == pytest.approx(2 * 10 / 2.0)     # two requests met both
+    assert result["met"]
+    strict = slo.evaluate(records, slo.parse_targets("ttft_p90=100ms"), duration_s=2.0)
+    assert not strict["met"] and not strict["targets"]["ttft_p90"]["met"]    # 80% within < 90%
+    levels = [{"concurrency": 1, "slo": result}, {"concurrency": 32, "slo": strict},
+              {"concurrency": 8, "slo": result}, {"concurrency": 8, "slo": strict}]
+    assert slo.highest_concurrency(levels) == 1                              # one run at 8 missed
+
+
+def test_load_generator_lag_and_its_notes(tmp_path):
+    records = [_record(0.01, 0.01) for _ in range(4)]
+    for r, lag in zip(records, (None, 0.001, 0.002, 0.04)):
+        r.send_lag_s = lag
+    (tmp_path / "loop-lag-1.json").write_text(json.dumps({"probe_s": 0.01, "lags_s": [0.0001, 0.0002, 0.3]}))
+    lag = load_generator_lag(records, tmp_path)
+    assert lag["send_lag_ms"]["n"] == 3 and lag["send_lag_ms"]["p50"] == pytest.approx(2.0)
+    assert lag["loop_lag_ms"]["max"] == pytest.approx(300) and lag["loop_lag_ms"]["over_50ms"] == 1
+    notes = load_generator_notes(LocustOutcome(0, None, [], wall_s=10, cpu_s=1), 0, lag)
+    assert any("sent requests late" in n for n in notes) and any("event loop stalled" in n for n in notes)
+    quiet = load_generator_lag(records[:3], tmp_path / "none")
+    assert load_generator_notes(LocustOutcome(0, None, [], wall_s=10, cpu_s=1), 0, quiet) == []
+
+
+# ------------------------------------------------------------------------------------- real servers
+@pytest.fixture()
+def keyed_baseline(servers, monkeypatch):
+    """A baseline server that wants an API key (its variable set while the test runs)."""
+    monkeypatch.setenv(KEY_ENV, "sk-test-running")
+    return servers.get(KEYED_BASELINE[0], KEYED_BASELINE[1])
+
+
+@pytest.mark.engine
+def test_sweep_of_running_servers_with_service_targets(servers, keyed_baseline, tmp_path):
+    spec = servers.get("default")
+    settings = SweepSettings("", url=spec.base_url, baseline_url=keyed_baseline.base_url, api_key_env=KEY_ENV,
+                             users=[1, 2], repeat=1, requests=4, max_tokens=24, slo="ttft_p95=30s,tpot_p50=1ms",
+                             request_timeout_s=120, level_timeout_s=600, out=tmp_path / "report")
+    results = Sweep(settings).run()
+    files = write_report(results, settings.out)
+    assert results["status"] in ("ok", "flagged"), results["problems"]
+    # What each server is was read from the server: name, speculation and its K.
+    variants = {v["name"]: v for v in results["variants"]}
+    assert list(variants) == ["spec-k4", "baseline"]
+    assert variants["spec-k4"]["speculative_config"] == {"num_speculative_tokens": 4}
+    assert variants["baseline"]["speculative_config"] is None
+    assert {v["url"] for v in variants.values()} == {spec.base_url, keyed_baseline.base_url}
+    for variant in variants.values():
+        assert variant["served_model"] == "embedded-default"
+        for level in variant["levels"]:
+            assert level["status"] in ("ok", "flagged") and level["client"]["ok"] == 4
+            assert level["consistency"]["ok"]                              # the engine's counter agrees
+            assert "error" not in level["vllm_bench"]                        # tokenizer found from /v1/models
+            targets = level["slo"]["targets"]
+            assert targets["ttft_p95"]["met"] and targets["ttft_p95"]["share_within"] == 1.0
+            assert not targets["tpot_p50"]["met"] and level["slo"]["goodput_tokens_per_s"] == 0
+            assert not level["slo"]["met"]
+            lag = level["load_generator"]
+            assert lag["send_lag_ms"]["n"] == 4 - level["concurrency"]       # a user's first request has none
+            assert lag["loop_lag_ms"]["n"] > 10 and lag["loop_lag_ms"]["p50"] >= 0
+    # The servers were not the sweep's: both still serve.
+    assert spec.alive() and keyed_baseline.alive()
+    assert requests.get(f"{spec.base_url}/health", timeout=10).status_code == 200
+    assert any(line.startswith("service targets") and "not met" in line for line in headline(results))
+    text = files["markdown"].read_text()
+    assert "## Service targets" in text and "MISSED" in text and "## The load generator's own lag" in text
+
+
+@pytest.mark.engine
+def test_running_server_problems_are_one_clear_line(servers, keyed_baseline, monkeypatch, tmp_path):
+    spec = servers.get("default")
+    nobody = f"http://127.0.0.1:{free_port()}"
+    with pytest.raises(EndpointError, match="cannot reach .*is the server running"):
+        discover(nobody)
+    with pytest.raises(EndpointError, match="does not serve 'llama'; it serves: embedded-default"):
+        discover(spec.base_url, model="llama")
+    with pytest.raises(EndpointError, match="wants an API key: name the variable"):
+        discover(keyed_baseline.base_url)
+    monkeypatch.setenv("SPECDEPLOY_WRONG_KEY", "sk-wrong")
+    with pytest.raises(EndpointError, match="the key in \\$SPECDEPLOY_WRONG_KEY was refused"):
+        discover(keyed_baseline.base_url, api_key_env="SPECDEPLOY_WRONG_KEY")
+    with pytest.raises(EndpointError, match="SPECDEPLOY_UNSET_KEY is not set"):
+        discover(keyed_baseline.base_url, api_key_env="SPECDEPLOY_UNSET_KEY")
+    with pytest.raises(EndpointError, match="baseline server .* speculates"):
+        Sweep(SweepSettings("", url=spec.base_url, baseline_url=spec.base_url))._running_servers()
+    remote = discover(keyed_baseline.base_url, api_key_env=KEY_ENV)
+    assert remote.served_name == "embedded-default" and not remote.speculates and remote.metrics
+    # The command line: one line on stderr, exit 2, nothing else.
+    env = {k: v for k, v in os.environ.items() if k != KEY_ENV}
+    for args, expected in ((["--url", nobody], "cannot reach"),
+                           (["--url", spec.base_url, "--model", "llama"], "does not serve 'llama'"),
+                           (["--url", keyed_baseline.base_url], "wants an API key")):
+        out = subprocess.run([sys.executable, "-m", "loadtest", "run", *args, "--users", "1",
+                              "--out", str(tmp_path / "r")], cwd=REPO, env=env, capture_output=True,
+                             text=True, timeout=120)
+        errors = [line for line in out.stderr.splitlines() if line.startswith("error:")]
+        assert out.returncode == 2 and len(errors) == 1 and expected in errors[0], out.stderr
+        assert "Traceback" not in out.stderr and out.stdout.strip() == ""
