@@ -219,7 +219,7 @@ class Sweep:
             return self.results
         order = run_order(variants, self.settings.users, self.settings.repeat, together)
         log.info("load test of %s: variants %s, concurrency %s, %d run(s) each, %s; report in %s",
-                 self.settings.config, ", ".join(v.name for v in variants), ",".join(map(str, self.settings.users)),
+                 self.settings.config or self.settings.url, ", ".join(v.name for v in variants), ",".join(map(str, self.settings.users)),
                  self.settings.repeat, "servers up together, variants interleaved" if together else
                  "one server at a time", self.out)
         try:
