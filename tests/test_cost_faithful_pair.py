@@ -5,6 +5,8 @@ against vLLM's benchmark, and repeated runs give intervals and a verdict.
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -15,6 +17,7 @@ from deploy.widen import widen_llama
 from loadtest import step_costs, vllm_bench
 from loadtest.report import headline, summarize_speedups
 from loadtest.stats import mean_interval
+from loadtest.workloads import load_workload
 
 
 def _tiny_llama(seed: int = 0):
@@ -111,6 +114,66 @@ def test_bench_summary_and_agreement() -> None:
     fallback = vllm_bench.summarize(aggregates)
     assert fallback["ttft_ms"]["p50"] == 30.0 and fallback["per_token_latency_ms"]["p50"] == 10.0
     assert vllm_bench.compare(client, fallback)["ttft_p50_ms"]["difference"] == pytest.approx(0.2)
+
+
+def _window(e2e_s: float, ttft_s: float, per_token_s: float) -> dict:
+    """The engine's histogram means over one client's window, as `prom.ServerDelta.to_json()` has them."""
+    return {"histograms": {"e2e_s": {"mean": e2e_s}, "ttft_s": {"mean": ttft_s},
+                           "per_token_latency_s": {"mean": per_token_s}}}
+
+
+def test_agreement_takes_the_engines_own_drift_out() -> None:
+    # The server itself was 10% slower while the benchmark ran: its figures are 10% worse.
+    client = {"output_tokens_per_s": 100.0, "ttft_ms": {"p50": 30.0}, "per_token_latency_ms": {"p50": 10.0}}
+    bench = {"output_tokens_per_s": 100.0 / 1.1, "ttft_ms": {"p50": 33.0}, "per_token_latency_ms": {"p50": 11.0}}
+    raw = vllm_bench.compare(client, bench)
+    assert raw["agrees"] is False and raw["output_tokens_per_s"]["difference"] == pytest.approx(0.1)
+    assert raw["output_tokens_per_s"]["engine_drift"] is None and raw["output_tokens_per_s"]["difference_adjusted"] is None
+    steady, slower = _window(1.0, 0.020, 0.008), _window(1.1, 0.022, 0.0088)
+    a = vllm_bench.compare(client, bench, steady, slower)
+    assert a["agrees"] is True
+    for key in ("output_tokens_per_s", "ttft_p50_ms", "per_token_p50_ms"):
+        assert a[key]["engine_drift"] == pytest.approx(0.1)
+        assert a[key]["difference_adjusted"] == pytest.approx(0.0, abs=1e-9)
+        assert a[key]["difference"] != pytest.approx(0.0, abs=0.05)  # the raw figure is kept
+    # Drift does not excuse a client that is off: the engine was steady, the benchmark 10% faster.
+    fast_bench = {**client, "output_tokens_per_s": 110.0}
+    off = vllm_bench.compare(client, fast_bench, steady, steady)
+    assert off["output_tokens_per_s"]["agrees"] is False and off["agrees"] is False
+    assert off["output_tokens_per_s"]["difference_adjusted"] == pytest.approx(100 / 110 - 1)
+
+
+def test_a_client_that_is_off_in_every_run_is_caught_over_the_repeats() -> None:
+    def run(locust_tps: float, bench_tps: float) -> dict:
+        client = {"output_tokens_per_s": locust_tps, "ttft_ms": {"p50": 30.0}, "per_token_latency_ms": {"p50": 10.0}}
+        bench = {"output_tokens_per_s": bench_tps, "ttft_ms": {"p50": 30.0}, "per_token_latency_ms": {"p50": 10.0}}
+        return vllm_bench.compare(client, bench)
+
+    # Drift of either sign from run to run averages out...
+    noisy = vllm_bench.systematic([run(108, 100), run(92, 100), run(101, 100)])
+    assert noisy["agrees"] and noisy["output_tokens_per_s"]["mean"] == pytest.approx(0.01 / 3)
+    # ...a client 8% slow in every run does not.
+    biased = vllm_bench.systematic([run(92, 100), run(93, 100), run(91, 100)])
+    assert biased["agrees"] is False and biased["output_tokens_per_s"]["mean"] == pytest.approx(-0.08)
+    results = {"variants": [{"name": "baseline", "levels": [
+        {"concurrency": 32, "vllm_bench_agreement": a} for a in (run(92, 100), run(93, 100), run(91, 100))]}]}
+    [entry] = vllm_bench.systematic_by_level(results)
+    line = vllm_bench.describe_systematic(entry)
+    assert "batch 32, baseline" in line and "tok/s -8.0%" in line and "DISAGREE" in line and "3 runs" in line
+    assert line in headline(results)
+
+
+def test_benchmark_is_given_the_prompts_locust_sends(tmp_path) -> None:
+    workload = load_workload("code")
+    n = len(workload.items)
+    path = vllm_bench.write_dataset(workload, 2 * n + 3, 0, tmp_path / "d.jsonl")
+    prompts = [json.loads(line)["prompt"] for line in path.read_text().splitlines()]
+    assert prompts == [workload.items[t % n].prompt for t in range(2 * n + 3)]
+    # Two Locust workers split 7 requests 4 + 3, each starting at its own offset.
+    two = workload.sequence(7, workers=2)
+    assert two == [workload.item_for(t, 0) for t in range(4)] + [workload.item_for(t, 1) for t in range(3)]
+    assert "--disable-shuffle" in vllm_bench.bench_args(
+        vllm_bench.BenchJob("http://x", "m", "tok", workload, "auto", 1, 7, 8, True, 0.0, tmp_path), path, tmp_path / "r.json")
 
 
 def test_mean_interval() -> None:

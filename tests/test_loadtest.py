@@ -521,6 +521,15 @@ def test_sweep_spec_and_baseline_report_agrees_with_server(tmp_path, embedded_pa
             assert agreement["per_token_p50_ms"]["vllm_bench"] > 0
             if agreement["agrees"] is False:  # a disagreement is never silent
                 assert any("vLLM's benchmark disagree" in p for p in level["problems"])
+            # Both clients sent the same prompts: Locust's sequence is the benchmark's dataset.
+            sent = load_workload("mixed").sequence(4)
+            assert sorted(r.item_id for r in records) == sorted(i.id for i in sent)
+            dataset = settings.out / "vllm-bench" / f"{variant['name']}-c{level['concurrency']}" / "dataset.jsonl"
+            assert len(dataset.read_text().splitlines()) == 4
+            # The engine's counters over the benchmark's window: its requests and its warm-ups.
+            window = level["vllm_bench_server"]
+            assert window["requests_finished"] == 4 + level["concurrency"]
+            assert agreement["per_token_p50_ms"]["engine_drift"] is not None
             if variant["name"] == "spec-k4":
                 assert server["spec_enabled"] and 0 <= server["acceptance_rate"] <= 1
                 assert 1 <= server["mean_accepted_length"] <= 5 and len(server["per_position_acceptance"]) == 4
