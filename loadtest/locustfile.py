@@ -42,7 +42,9 @@ _workload = functools.lru_cache(maxsize=None)(load_workload)  # read a user's fi
 _records_file = None
 _users_done = 0
 _loop_lags: list[float] = []
+_stalls: list[tuple[float, float]] = []  # (lag, of which runnable but off the CPU), seconds
 LOOP_PROBE_S = 0.01
+STALL_S = 0.05
 
 
 @events.init_command_line_parser.add_listener
@@ -81,13 +83,26 @@ def _start_loop_probe(environment: Any, **_: Any) -> None:
         gevent.spawn(_probe_loop)
 
 
+def _runqueue_wait_s() -> float | None:
+    """Time this process's main thread has spent runnable but waiting for a CPU (Linux)."""
+    try:
+        with open("/proc/self/schedstat", encoding="ascii") as f:
+            return int(f.read().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def _probe_loop() -> None:
     """Sleep LOOP_PROBE_S at a time and keep how much later than asked the loop woke us: the
-    time some other greenlet held the process (or the OS kept it off the CPU)."""
+    time some other greenlet held the process, or the OS kept it off the CPU. For each stall
+    the kernel's run-queue wait tells which: on 2 shared cores it was the OS, for up to seconds."""
     while True:
-        asked = time.perf_counter()
+        asked, waited = time.perf_counter(), _runqueue_wait_s()
         gevent.sleep(LOOP_PROBE_S)
-        _loop_lags.append(time.perf_counter() - asked - LOOP_PROBE_S)
+        lag = time.perf_counter() - asked - LOOP_PROBE_S
+        _loop_lags.append(lag)
+        if lag > STALL_S and waited is not None:
+            _stalls.append((lag, (_runqueue_wait_s() or waited) - waited))
 
 
 @events.quitting.add_listener
@@ -96,7 +111,8 @@ def _save_loop_lags(environment: Any, **_: Any) -> None:
     if folder and _loop_lags and not isinstance(environment.runner, MasterRunner):
         Path(folder).mkdir(parents=True, exist_ok=True)
         (Path(folder) / f"loop-lag-{os.getpid()}.json").write_text(
-            json.dumps({"probe_s": LOOP_PROBE_S, "lags_s": [round(x, 5) for x in _loop_lags]}))
+            json.dumps({"probe_s": LOOP_PROBE_S, "lags_s": [round(x, 5) for x in _loop_lags],
+                        "stalls_s": [[round(lag, 5), round(wait, 5)] for lag, wait in _stalls]}))
 
 
 def _user_finished(environment: Any) -> None:

@@ -546,14 +546,20 @@ def load_generator_lag(records: list[RequestRecord], folder: Path) -> dict[str, 
     """How late the load generator was: requests leaving after their user's previous response
     (closed loop: they should leave at once), and gevent's loop waking later than asked."""
     lags: list[float] = []
+    stalls: list[list[float]] = []  # [lag, run-queue wait] of each loop stall over 50 ms
     for path in folder.glob("loop-lag-*.json"):
         try:
-            lags += json.loads(path.read_text())["lags_s"]
+            saved = json.loads(path.read_text())
+            lags += saved["lags_s"]
+            stalls += saved.get("stalls_s", [])
         except (OSError, ValueError, KeyError):
             continue
+    stalled = sum(lag for lag, _ in stalls)
     return {"send_lag_ms": stats.distribution([r.send_lag_s for r in records if r.send_lag_s is not None], 1000),
             "loop_lag_ms": {**stats.distribution(lags, 1000), "max": 1000 * max(lags) if lags else None,
-                            "over_50ms": sum(x > 0.05 for x in lags)}}
+                            "over_50ms": sum(x > 0.05 for x in lags)},
+            # How much of the stalled time the OS had Locust runnable but off the CPU (None: not known).
+            "stall_runqueue_share": sum(wait for _, wait in stalls) / stalled if stalled else None}
 
 
 # Beyond these the client, not the server, may be what a latency percentile measures.
@@ -574,8 +580,13 @@ def load_generator_notes(outcome: LocustOutcome, workers: int, lag: dict[str, An
                      f"ended): the offered load was lower than the concurrency says")
     loop = (lag or {}).get("loop_lag_ms") or {}
     if loop.get("max") is not None and loop["max"] > LOOP_LAG_MAX_MS:
+        runq = (lag or {}).get("stall_runqueue_share")
+        cause = "" if runq is None else (
+            f"; for {100 * runq:.0f}% of that time the OS kept it runnable but off the CPU (run-queue wait): "
+            f"the machine's cores were taken, not Locust busy" if runq >= 0.5 else
+            f"; only {100 * runq:.0f}% of that time was run-queue wait: something in Locust's process held its loop")
         notes.append(f"the load generator's event loop stalled (longest {loop['max']:.0f} ms, {loop['over_50ms']} "
-                     f"stalls over 50 ms): chunks that arrived meanwhile were timed late, so client latency "
+                     f"stalls over 50 ms{cause}): chunks that arrived meanwhile were timed late, so client latency "
                      f"tails include the client's own delay")
     return notes
 
