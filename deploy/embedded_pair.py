@@ -7,11 +7,12 @@ in a folder keyed by a hash of the recipe and of the corpus file list.
 
 Costs like a real deployment's. A model 2 cores can train in minutes (2M parameters) costs
 framework overhead per step, not weights or arithmetic, so speculation behaves unlike it does
-on a GPU. The served target is therefore the trained 2M-parameter model widened 6 times
-without changing its function (`deploy.widen`): a dense 59M-parameter bf16 model whose decode
-step reads 118 MB of weights. At batch 1 a step is bound by memory bandwidth, so verifying
+on a GPU. The served target is therefore the trained 2M-parameter model widened 8 times
+without changing its function (`deploy.widen`): a dense 102M-parameter bf16 model whose decode
+step reads 204 MB of weights. At batch 1 a step is bound by memory bandwidth, so verifying
 K + 1 = 5 tokens costs about one plain step; at batch 32 it is bound by arithmetic, so verifying
-32 x 5 tokens costs several plain steps; the 0.34M-parameter draft costs under a tenth of a
+32 x 5 tokens costs about 4 plain steps (6 times wide, 59M, cost 3.6-4.0 and made speculation
+break even at batch 32, where a real 70B/7B pair loses ~10%); the 0.34M-parameter draft costs under a tenth of a
 target step. `make models` measures these ratios on the engine (`loadtest.step_costs`) and
 keeps them beside the pair (`engine_costs.json`), with the goals they must meet (`GOALS`).
 
@@ -74,8 +75,8 @@ class Recipe:
     target_width: int = 192  # target hidden size (3 heads of 64)
     target_ffn: int = 512  # target SwiGLU inner size
     target_steps: int = 600  # fixed step count (not a time budget) so builds are reproducible
-    target_copies: int = 6  # served target = trained target widened this many times (59M parameters)
-    target_kv_copies: int = 2  # key/value heads copied this many times: 18 query over 6 key/value heads
+    target_copies: int = 8  # served target = trained target widened this many times (102M parameters; 6x, 59M, broke even at batch 32)
+    target_kv_copies: int = 2  # key/value heads copied this many times: 24 query over 6 key/value heads
     serve_dtype: str = "bfloat16"  # saved weights; bf16 halves the bytes a decode step reads
     draft_layers: int = 1  # draft depth
     draft_width: int = 128  # draft hidden size (2 heads of 64)
