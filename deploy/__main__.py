@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 import time
@@ -49,15 +50,29 @@ def cmd_serve(opts: argparse.Namespace) -> int:
     log_path = LOG_DIR / f"{resolved.config.name}-{plan.port}.log"
     server = Server(plan, log_path, echo=False)
 
+    stopping = False
+
     def forward(signum: int, _frame: FrameType | None) -> None:
-        # Ctrl-C / SIGTERM: stop the engine cleanly (process group), then leave.
-        log.info("received %s, stopping the server", signal.Signals(signum).name)
+        # Ctrl-C, SIGTERM, or SIGHUP (a closed terminal): stop the engine cleanly (its whole
+        # process group), then leave. A second signal while stopping kills it at once.
+        nonlocal stopping
+        name = signal.Signals(signum).name
+        if stopping:
+            log.warning("received %s again while stopping: killing the server now", name)
+            server.kill()
+            os._exit(128 + signum)
+        stopping = True
+        log.info("received %s, stopping the server (again to kill it now)", name)
         server.stop()
         sys.exit(128 + signum)
 
-    signal.signal(signal.SIGINT, forward)
-    signal.signal(signal.SIGTERM, forward)
-    server.start()
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, forward)
+    try:
+        server.start()
+    except ServerStartError as exc:  # the port is taken: one line, not a traceback
+        log.error("%s", exc)
+        return 2
     try:
         took = server.wait_healthy(resolved.config.server.startup_timeout_s)
     except ServerStartError as exc:

@@ -8,6 +8,7 @@ here touches models, GPUs or vLLM: checks that look at the machine live in `pref
 from __future__ import annotations
 
 import difflib
+import math
 import re
 from pathlib import Path
 from typing import Any, Literal
@@ -40,8 +41,9 @@ class ConfigError(ValueError):
 
 
 class Section(BaseModel):
-    # Unknown keys are errors, not silently ignored settings.
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=True)
+    # Unknown keys are errors, not silently ignored settings; .inf and .nan are not numbers here.
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=True,
+                              allow_inf_nan=False)
 
 
 class TargetConfig(Section):
@@ -201,6 +203,44 @@ class ServerConfig(Section):
     load balancer's idle timeout (60 s on common cloud ones), so the server never closes a
     connection a client is about to reuse: with vLLM's default of 5 s, a busy API server that
     reads a reused connection late drops the request unanswered."""
+    public_metrics: bool = False
+    """With an API key: `/metrics` answers without it too (for a Prometheus that cannot send one).
+    Every other route but `/health` wants the key (`plugins/auth.py`), not only vLLM's `/v1`."""
+    allow_unauthenticated: bool = False
+    """Listen on a non-loopback address without an API key. Refused unless set: anyone who can
+    reach the port could use the model, tokenize, and read the metrics."""
+
+    @model_validator(mode="after")
+    def _check_exposure(self) -> ServerConfig:
+        if not (self.api_key_env or self.allow_unauthenticated or is_loopback(self.host)):
+            raise ValueError(
+                f"host '{self.host}' accepts remote clients but no API key is set: set server.api_key_env to "
+                f"the name of an environment variable holding a key, or server.allow_unauthenticated: true "
+                f"to serve anyone who can reach the port")
+        return self
+
+
+def _finite(value: Any) -> bool:
+    """No inf/NaN anywhere inside (YAML's .inf and .nan would reach vLLM as 'inf' and 'nan')."""
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if isinstance(value, dict):
+        return all(_finite(v) for v in value.values())
+    if isinstance(value, list):
+        return all(_finite(v) for v in value)
+    return True
+
+
+def is_loopback(host: str) -> bool:
+    """True for addresses only this machine can reach (`""` and `::` mean every interface)."""
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a host name: it may resolve to anything
 
 
 class ResourcesConfig(Section):
@@ -235,17 +275,39 @@ class DeploymentConfig(Section):
     """Further vLLM server arguments by their Python name (`enforce_eager: true`), checked against
     vLLM's own argument list."""
     env: dict[str, str] = Field(default_factory=dict)
-    """Extra environment variables for the server process."""
+    """Extra environment variables for the server process (not those the typed fields own, nor
+    ones that load code into it: see REFUSED_ENV)."""
 
     @field_validator("engine_args")
     @classmethod
     def _check_engine_args(cls, args: dict[str, Any]) -> dict[str, Any]:
-        for key in args:
+        for key, value in args.items():
             if key in OWNED_ENGINE_ARGS:
                 raise ValueError(f"'{key}' is a typed field: set {OWNED_ENGINE_ARGS[key]} instead")
+            if key in REFUSED_ENGINE_ARGS:
+                raise ValueError(f"'{key}' is refused: {REFUSED_ENGINE_ARGS[key]}")
             if key not in known_args():
                 raise ValueError(unknown_key_message(key, known_args(), "vLLM's server arguments"))
+            if not _finite(value):
+                raise ValueError(f"'{key}': {value!r} holds an infinite or NaN number")
+            if known_args()[key].kind in ("bool", "store_true") and not isinstance(value, bool):
+                raise ValueError(f"'{key}' takes true or false, not {value!r}")
+            for item in value if isinstance(value, list) else []:
+                if isinstance(item, str) and re.match(r"-+[A-Za-z]", item):
+                    # A list becomes separate command-line words: "--host" would be a flag of its own.
+                    raise ValueError(f"'{key}': list item {item!r} would reach vLLM as a flag of its own; "
+                                     f"set that option by its own key")
         return args
+
+    @field_validator("env")
+    @classmethod
+    def _check_env(cls, env: dict[str, str]) -> dict[str, str]:
+        for name in env:
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+                raise ValueError(f"'{name}' is not an environment variable name (letters, digits, '_')")
+            if name in REFUSED_ENV:
+                raise ValueError(f"'{name}' is refused: {REFUSED_ENV[name]}")
+        return env
 
     @property
     def served_name(self) -> str:
@@ -270,6 +332,35 @@ OWNED_ENGINE_ARGS = {
     "host": "server.host", "port": "server.port", "served_model_name": "server.served_model_name",
     "api_key": "server.api_key_env (the name of an environment variable holding the key)",
     "gpu_memory_utilization": "resources.gpu_memory_utilization", "max_num_seqs": "resources.max_num_seqs",
+}
+
+
+# engine_args that would bypass the kit's checks, import code, or put a secret on the command line.
+REFUSED_ENGINE_ARGS = {
+    "config": "it reads a whole vLLM config file past these checks; put its settings in this config",
+    "hf_token": "a token on the command line shows in `ps` and logs; export HF_TOKEN in the environment",
+    "middleware": "it imports code into the API server",
+    "worker_cls": "it imports code into the engine workers",
+    "worker_extension_cls": "it imports code into the engine workers",
+    "logits_processors": "it imports code into the engine",
+    "tool_parser_plugin": "it imports code into the API server",
+    "allowed_local_media_path": "it lets clients read files of the server's machine",
+}
+# env entries that would switch off authentication, load code, or override a typed field.
+REFUSED_ENV = {
+    "VLLM_API_KEY": "set server.api_key_env to the name of a variable holding the key",
+    "SPECDEPLOY_OPEN_PATHS": "set server.public_metrics",
+    "LD_PRELOAD": "it loads code into the server (the kit preloads Intel OpenMP itself: "
+                  "resources.cpu_preload_iomp)",
+    "LD_LIBRARY_PATH": "it changes which libraries the server loads",
+    "LD_AUDIT": "it loads code into the server",
+    "PYTHONPATH": "it changes which code the server imports; install packages into the environment instead",
+    "PYTHONSTARTUP": "it runs code in the server", "PYTHONHOME": "it changes which Python runs",
+    "PYTHONINSPECT": "it leaves an interactive interpreter behind the server",
+    "VLLM_CPU_KVCACHE_SPACE": "set resources.cpu_kvcache_space_gib",
+    "VLLM_HTTP_TIMEOUT_KEEP_ALIVE": "set server.keep_alive_timeout_s",
+    "VLLM_TARGET_DEVICE": "set resources.device",
+    "CUDA_VISIBLE_DEVICES": "set resources.device, or pick GPUs outside the kit (the kit counts them)",
 }
 
 
@@ -330,6 +421,33 @@ def resolve_config_path(name_or_path: str | Path) -> Path:
     raise ConfigError(str(name_or_path), [f"no such config file; presets in {CONFIGS_DIR}: {presets}"])
 
 
+class _StrictLoader(yaml.SafeLoader):
+    """YAML's safe loader, but a key given twice in one mapping is an error: plain YAML keeps
+    the last one silently, so half of a section written twice would be lost unseen."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, Any] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"'{key}' appears twice in one mapping (lines {seen[key].start_mark.line + 1} "
+                    f"and {key_node.start_mark.line + 1}); keep one", key_node.start_mark)
+            seen[key] = key_node
+        return super().construct_mapping(node, deep=deep)
+
+
+_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _StrictLoader.construct_mapping)
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """One line: what is wrong and where (PyYAML's own message spans several, with a caret)."""
+    problem = getattr(exc, "problem", None) or str(exc)
+    mark = getattr(exc, "problem_mark", None)
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    return " ".join(f"{problem}{where}".split())
+
+
 def apply_override(data: dict[str, Any], assignment: str) -> None:
     """Apply `section.field=value` (value parsed as YAML) to raw config data, in place."""
     if "=" not in assignment:
@@ -344,7 +462,11 @@ def apply_override(data: dict[str, Any], assignment: str) -> None:
         if not isinstance(child, dict):
             raise ConfigError("--set", [f"'{dotted}': {key} is not a section"])
         node = child
-    node[keys[-1]] = yaml.safe_load(raw) if raw.strip() else None
+    try:
+        node[keys[-1]] = yaml.load(raw, Loader=_StrictLoader) if raw.strip() else None
+    except yaml.YAMLError as exc:
+        raise ConfigError("--set", [f"'{assignment}': the value is not YAML ({_yaml_problem(exc)}); quote it: "
+                                    f"{dotted}='\"...\"'"]) from None
 
 
 def load_config(
@@ -358,9 +480,13 @@ def load_config(
     """
     path = resolve_config_path(name_or_path)
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        data = yaml.load(path.read_bytes().decode("utf-8"), Loader=_StrictLoader) or {}
+    except UnicodeDecodeError as exc:
+        raise ConfigError(str(path), [f"not UTF-8 text (byte {exc.start}); save the file as UTF-8"]) from None
+    except OSError as exc:
+        raise ConfigError(str(path), [f"cannot read it: {exc.strerror or exc}"]) from None
     except yaml.YAMLError as exc:
-        raise ConfigError(str(path), [f"not valid YAML: {exc}"]) from None
+        raise ConfigError(str(path), [f"not valid YAML: {_yaml_problem(exc)}"]) from None
     if isinstance(data, dict):
         for assignment in overrides:
             apply_override(data, assignment)

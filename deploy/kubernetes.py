@@ -14,7 +14,8 @@ from typing import Any
 import yaml
 
 from deploy.config import ConfigError, DeploymentConfig
-from deploy.engine_args import PLUGIN_CLASSES, SERVER_MODULE, engine_arguments, vllm_flags
+from deploy.engine_args import (AUTH_MIDDLEWARE, OPEN_PATHS_ENV, PLUGIN_CLASSES, SERVER_MODULE, engine_arguments,
+                                is_secret, open_paths, vllm_flags)
 from deploy.preflight import EMBEDDED_PREFIX, ResolvedDeployment, looks_like_path
 
 DEFAULT_IMAGE = "vllm/vllm-openai:v0.32.0"
@@ -46,16 +47,34 @@ def render_manifests(resolved: ResolvedDeployment, image: str = DEFAULT_IMAGE, r
                                         f"{image} with `pip install .` and pass it as --image"])
     args = engine_arguments(resolved)
     args.update(host="0.0.0.0", port=CONTAINER_PORT)
+    warnings = []
+    if args.get("middleware") == AUTH_MIDDLEWARE and image == DEFAULT_IMAGE:
+        # The stock image cannot import specdeploy's middleware: vLLM then guards /v1 only.
+        del args["middleware"]
+        warnings.append(f"# WARNING: on the stock image {image} the API key guards /v1 only; /tokenize, "
+                        f"/invocations, /metrics and /docs answer anyone. Build an image FROM it with "
+                        f"`pip install .` and pass it as --image to guard every route.\n")
     gpus = par.tensor_parallel_size * par.pipeline_parallel_size * par.data_parallel_size
     name = config.name.lower().replace(".", "-").replace("_", "-")
     labels = {"app.kubernetes.io/name": name, "app.kubernetes.io/part-of": "specdeploy"}
+    secrets = sorted(k for k in config.env if is_secret(k))
+    if secrets:
+        raise ConfigError(config.name, [f"env: {', '.join(secrets)} look like secrets, which a manifest would hold in "
+                                        f"plain text; create a Kubernetes Secret and reference it instead"])
+    # The root filesystem is read-only; vLLM, Hugging Face, Triton and torch write under /cache and /tmp.
+    writable = {"HOME": "/cache/home", "XDG_CACHE_HOME": "/cache", "HF_HOME": "/cache/huggingface",
+                "VLLM_CACHE_ROOT": "/cache/vllm", "TRITON_CACHE_DIR": "/cache/triton"}
     keep_alive = {"VLLM_HTTP_TIMEOUT_KEEP_ALIVE": str(config.server.keep_alive_timeout_s)}
-    env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in sorted({**keep_alive, **config.env}.items())]
+    env: list[dict[str, Any]] = [{"name": k, "value": v}
+                                 for k, v in sorted({**writable, **keep_alive, **config.env}.items())]
     if config.server.api_key_env:
         env.append({"name": "VLLM_API_KEY", "valueFrom": {"secretKeyRef": {"name": api_key_secret, "key": "key"}}})
+        env.append({"name": OPEN_PATHS_ENV, "value": ",".join(open_paths(config))})
     env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf-token", "key": "token",
                                                                     "optional": True}}})
-    probe = {"httpGet": {"path": "/health", "port": CONTAINER_PORT}, "periodSeconds": 10}
+    # /health answers from the API server's event loop: under load it can take seconds, and the
+    # default 1 s timeout would restart a busy, healthy pod.
+    probe = {"httpGet": {"path": "/health", "port": CONTAINER_PORT}, "periodSeconds": 10, "timeoutSeconds": 10}
     container = {
         "name": "vllm",
         "image": image,
@@ -63,13 +82,19 @@ def render_manifests(resolved: ResolvedDeployment, image: str = DEFAULT_IMAGE, r
         "args": vllm_flags(args),
         "ports": [{"containerPort": CONTAINER_PORT, "name": "http"}],
         "env": env,
-        "resources": {"limits": {"nvidia.com/gpu": gpus}, "requests": {"nvidia.com/gpu": gpus}},
+        # A scheduler that knows the pod's CPU and memory: vLLM runs a process per GPU, loads the
+        # weights through host memory, and tokenizes on the CPU.
+        "resources": {"limits": {"nvidia.com/gpu": gpus, "memory": f"{32 * gpus}Gi"},
+                      "requests": {"nvidia.com/gpu": gpus, "cpu": str(4 * gpus), "memory": f"{16 * gpus}Gi"}},
+        "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+                            "capabilities": {"drop": ["ALL"]}},
         # Loading a large model takes minutes: readiness gates traffic, liveness starts late.
         "startupProbe": {**probe, "failureThreshold": int(config.server.startup_timeout_s // 10)},
         "readinessProbe": probe,
         "livenessProbe": {**probe, "failureThreshold": 6},
         # Tensor parallelism exchanges activations through shared memory.
-        "volumeMounts": [{"name": "shm", "mountPath": "/dev/shm"}, {"name": "hf-cache", "mountPath": "/root/.cache/huggingface"}],
+        "volumeMounts": [{"name": "shm", "mountPath": "/dev/shm"}, {"name": "cache", "mountPath": "/cache"},
+                         {"name": "tmp", "mountPath": "/tmp"}],
     }
     deployment = {
         "apiVersion": "apps/v1", "kind": "Deployment",
@@ -79,9 +104,14 @@ def render_manifests(resolved: ResolvedDeployment, image: str = DEFAULT_IMAGE, r
             "selector": {"matchLabels": labels},
             "template": {
                 "metadata": {"labels": labels},
-                "spec": {"containers": [container], "volumes": [
-                    {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "16Gi"}},
-                    {"name": "hf-cache", "emptyDir": {}}]},
+                "spec": {
+                    # The server never talks to the Kubernetes API: no token to steal.
+                    "automountServiceAccountToken": False,
+                    "securityContext": {"runAsNonRoot": True, "runAsUser": 1000, "runAsGroup": 1000,
+                                        "fsGroup": 1000, "seccompProfile": {"type": "RuntimeDefault"}},
+                    "containers": [container], "volumes": [
+                        {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "16Gi"}},
+                        {"name": "cache", "emptyDir": {}}, {"name": "tmp", "emptyDir": {}}]},
             },
         },
     }
@@ -91,7 +121,7 @@ def render_manifests(resolved: ResolvedDeployment, image: str = DEFAULT_IMAGE, r
         "spec": {"selector": labels, "ports": [{"name": "http", "port": config.server.port,
                                                 "targetPort": CONTAINER_PORT}]},
     }
-    return yaml.dump_all([deployment, service], Dumper=_PlainDumper, sort_keys=False)
+    return "".join(warnings) + yaml.dump_all([deployment, service], Dumper=_PlainDumper, sort_keys=False)
 
 
 class _PlainDumper(yaml.SafeDumper):

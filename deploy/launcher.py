@@ -20,10 +20,12 @@ import threading
 import time
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 import requests
 
 from deploy.engine_args import LaunchPlan
+from deploy.processes import die_with_parent, signal_group, stop_group
 
 log = logging.getLogger("specdeploy")
 
@@ -61,11 +63,20 @@ def engine_error_line(lines: list[str]) -> str | None:
     return line
 
 
+def _close_quietly(sink: Any) -> None:
+    try:
+        sink.close()
+    except (OSError, ValueError):
+        pass
+
+
 def port_is_free(host: str, port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+    """Whether a server could bind `host:port` (IPv4 or IPv6; `""` is every interface)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            sock.bind((host if host not in ("0.0.0.0", "") else "0.0.0.0", port))
+            sock.bind((host or "0.0.0.0", port))
         except OSError:
             return False
     return True
@@ -88,6 +99,8 @@ class Server:
         self.process: subprocess.Popen[bytes] | None = None
         self.tail: collections.deque[str] = collections.deque(maxlen=400)
         self._reader: threading.Thread | None = None
+        self.log_error: str | None = None
+        """Why the log file stopped being written (disk full, unwritable folder), if it did."""
 
     @property
     def base_url(self) -> str:
@@ -103,10 +116,11 @@ class Server:
         if self.log_path:
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, **self.plan.env, "PYTHONUNBUFFERED": "1"}
-        # A new session makes the server the leader of its own process group, so stop() can
-        # reach the engine-core and worker processes it spawns, too.
+        # Its own process group, so stop() reaches the engine core and workers it spawns; and it
+        # dies with us, so a killed launcher leaves no engine holding the port (deploy.processes).
         self.process = subprocess.Popen(self.plan.argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                        stdin=subprocess.DEVNULL, start_new_session=True)
+                                        stdin=subprocess.DEVNULL, start_new_session=True,
+                                        preexec_fn=die_with_parent())
         self._reader = threading.Thread(target=self._read_output, name="vllm-log", daemon=True)
         self._reader.start()
         log.info("started vLLM server (pid %d) on %s; log: %s", self.process.pid, self.base_url,
@@ -114,20 +128,37 @@ class Server:
         return self
 
     def _read_output(self) -> None:
+        """Drain the engine's output whatever happens to the log: a reader that dies leaves the
+        pipe to fill, and vLLM then blocks on its next log line (a frozen server)."""
         assert self.process and self.process.stdout
-        sink = open(self.log_path, "a", encoding="utf-8") if self.log_path else None
-        try:
-            for raw in self.process.stdout:
-                line = raw.decode("utf-8", "replace").rstrip("\n")
-                self.tail.append(line)
-                if sink:
+        sink = None
+        if self.log_path:
+            try:
+                sink = open(self.log_path, "a", encoding="utf-8")
+            except OSError as exc:
+                self._log_failed(exc)
+        for raw in self.process.stdout:
+            line = raw.decode("utf-8", "replace").rstrip("\n")
+            self.tail.append(line)
+            if sink:
+                try:
                     sink.write(line + "\n")
                     sink.flush()
-                if self.echo:
+                except (OSError, ValueError) as exc:
+                    self._log_failed(exc)
+                    sink = _close_quietly(sink)
+            if self.echo:
+                try:
                     print(line, flush=True)
-        finally:
-            if sink:
-                sink.close()
+                except (OSError, ValueError):
+                    self.echo = False  # our stdout is gone (closed terminal); keep draining
+        if sink:
+            _close_quietly(sink)
+
+    def _log_failed(self, exc: BaseException) -> None:
+        self.log_error = f"cannot write the server log {self.log_path}: {exc}"
+        log.warning("%s; the server keeps running, its last %d lines are kept in memory",
+                    self.log_error, self.tail.maxlen)
 
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None
@@ -151,7 +182,7 @@ class Server:
         while True:
             elapsed = time.monotonic() - started
             if self.process.poll() is not None:
-                self._finish_reader()
+                self.stop()  # the API process is gone; an engine core it started may not be
                 lines = list(self.tail)
                 reason = engine_error_line(lines) or (lines[-1] if lines else "no output")
                 if tty:
@@ -180,27 +211,19 @@ class Server:
             time.sleep(0.5)
 
     def stop(self, timeout_s: float = 30) -> int | None:
-        """SIGTERM the process group, then SIGKILL after `timeout_s`; returns the exit code."""
+        """SIGTERM the process group, then SIGKILL after `timeout_s` (at once if this wait is
+        interrupted, by a second Ctrl-C say); returns the exit code."""
         if self.process is None:
             return None
-        if self.process.poll() is None:
-            self._signal_group(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                log.warning("vLLM did not stop within %.0f s; killing it", timeout_s)
-        # Engine workers can outlive the API process; make sure none is left.
-        self._signal_group(signal.SIGKILL)
-        self.process.wait()
-        self._finish_reader()
-        return self.process.returncode
-
-    def _signal_group(self, sig: int) -> None:
-        assert self.process is not None
         try:
-            os.killpg(self.process.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
+            return stop_group(self.process, signal.SIGTERM, timeout_s, "vLLM")
+        finally:
+            self._finish_reader()
+
+    def kill(self) -> None:
+        """SIGKILL the whole process group now (a second Ctrl-C)."""
+        if self.process is not None:
+            signal_group(self.process, signal.SIGKILL)
 
     def _finish_reader(self) -> None:
         if self._reader:

@@ -68,6 +68,8 @@ class ModelInfo:
     """Size of the tokenizer's vocabulary (tokenizer.json), when it can be read."""
     params: float | None
     """Parameter count: computed from config.json, or read from the name (`70B`) as an estimate."""
+    tokens: dict[str, int] | None = field(default=None, repr=False)
+    """The tokenizer's token -> id map (tokenizer.json), to compare tokens, not just their count."""
 
 
 @dataclass
@@ -118,12 +120,17 @@ def inspect_model(ref: str, path: str, field_name: str) -> ModelInfo:
                 f"`embedded:draft` for the locally built pair (`make models`)"])
         if not (Path(path) / "config.json").is_file():
             raise ConfigError(field_name, [f"{field_name}: {path} has no config.json; is it a model folder?"])
-    hf_config = _read_json(folder / "config.json") if folder else None
+    # A local folder's files must be sound; a hub cache's are only a hint (the hub has the truth).
+    hf_config = _read_json(folder / "config.json", field_name if local else None) if folder else None
     vocab = hf_config.get("vocab_size") if hf_config else None
     if hf_config and vocab is None:
         vocab = (hf_config.get("text_config") or {}).get("vocab_size")
-    return ModelInfo(ref, path, local, hf_config, vocab, _tokenizer_vocab(folder) if folder else None,
-                     estimate_params(hf_config, path))
+    if vocab is not None and (not isinstance(vocab, int) or isinstance(vocab, bool) or vocab <= 0):
+        raise ConfigError(field_name, [f"{field_name}: {folder}/config.json has vocab_size {vocab!r}, not a "
+                                       f"positive integer"])
+    tokens = _tokenizer_tokens(folder, field_name if local else None) if folder else None
+    return ModelInfo(ref, path, local, hf_config, vocab, max(tokens.values()) + 1 if tokens else None,
+                     estimate_params(hf_config, path), tokens)
 
 
 def _hub_cache_folder(hub_id: str) -> Path | None:
@@ -134,20 +141,43 @@ def _hub_cache_folder(hub_id: str) -> Path | None:
     return found[-1].parent if found else None
 
 
-def _read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
+def _read_json(path: Path, field_name: str | None = None) -> dict[str, Any] | None:
+    """The JSON object in `path`; None if absent. Malformed: a ConfigError naming `field_name`,
+    or None when no field is given (a cache's file is only a hint)."""
+    if not path.is_file():
         return None
+    try:
+        data = json.loads(path.read_bytes().decode("utf-8"))
+        if not isinstance(data, dict):
+            raise ValueError(f"holds a {type(data).__name__}, not an object")
+        return data
+    except (OSError, ValueError) as exc:
+        if field_name is None:
+            return None
+        raise ConfigError(field_name, [f"{field_name}: {path} cannot be read: {str(exc)[:200]}"]) from None
 
 
-def _tokenizer_vocab(folder: Path) -> int | None:
-    data = _read_json(folder / "tokenizer.json")
+def _tokenizer_tokens(folder: Path, field_name: str | None) -> dict[str, int] | None:
+    """token -> id from tokenizer.json (BPE/WordPiece vocab maps, Unigram score lists, added tokens)."""
+    data = _read_json(folder / "tokenizer.json", field_name)
     if not data:
         return None
-    vocab = data.get("model", {}).get("vocab") or {}
-    ids = [t["id"] for t in data.get("added_tokens", [])] + (list(vocab.values()) if isinstance(vocab, dict) else [])
-    return max(ids) + 1 if ids else None
+    try:
+        vocab = (data.get("model") or {}).get("vocab") or {}
+        if isinstance(vocab, dict):
+            tokens = {str(t): int(i) for t, i in vocab.items()}
+        else:  # Unigram: [[piece, score], ...], the id is the position
+            tokens = {str(entry[0]): i for i, entry in enumerate(vocab)}
+        for added in data.get("added_tokens") or []:
+            tokens[str(added["content"])] = int(added["id"])
+        if any(i < 0 for i in tokens.values()):
+            raise ValueError("a negative token id")
+    except (AttributeError, KeyError, IndexError, TypeError, ValueError) as exc:
+        if field_name is None:
+            return None
+        raise ConfigError(field_name, [f"{field_name}: {folder}/tokenizer.json is malformed "
+                                       f"({type(exc).__name__}: {str(exc)[:120]})"]) from None
+    return tokens or None
 
 
 def estimate_params(hf_config: dict[str, Any] | None, name: str) -> float | None:
@@ -196,6 +226,15 @@ def check_vocabularies(target: ModelInfo, draft: ModelInfo, drafter: str) -> lis
                 f"speculation.model: the draft's {what} is {d} but the target's is {t}; drafter "
                 f"'{drafter}' needs a draft trained with the target's tokenizer (same model family), "
                 f"e.g. a smaller model of the same series")
+    if target.tokens and draft.tokens and target.tokenizer_vocab == draft.tokenizer_vocab \
+            and target.tokens != draft.tokens:
+        differ = sorted(t for t in target.tokens.keys() | draft.tokens.keys()
+                        if target.tokens.get(t) != draft.tokens.get(t))
+        example = differ[0]
+        problems.append(
+            f"speculation.model: the draft's tokenizer has as many tokens as the target's but not the same ones: "
+            f"{len(differ)} tokens differ (e.g. {example!r}: id {draft.tokens.get(example)} in the draft, "
+            f"{target.tokens.get(example)} in the target); drafter '{drafter}' needs the target's own tokenizer")
     if target.params and draft.params and draft.params >= target.params:
         problems.append(f"speculation.model: the draft ({draft.params / 1e6:.1f}M parameters) is not smaller than "
                         f"the target ({target.params / 1e6:.1f}M); speculation would only add cost")

@@ -157,6 +157,7 @@ def cmd_run(opts: argparse.Namespace) -> int:
         raise KeyboardInterrupt  # same clean-up path as Ctrl-C: servers and Locust stopped
 
     signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGHUP, on_term)  # a closed terminal: stop the servers, keep the report
     try:
         results = sweep.run()
     except KeyboardInterrupt:

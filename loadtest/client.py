@@ -14,6 +14,7 @@ A request is a failure when it errors, times out, or its stream ends early (no u
 from __future__ import annotations
 
 import json
+import socket
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
@@ -167,29 +168,54 @@ class StreamParser:
         return rec
 
 
+class _DeadlinePassed(Exception):
+    pass
+
+
+def _until(chunks: Iterable[bytes], deadline: float, sock: socket.socket | None) -> Iterator[bytes]:
+    """The stream's raw pieces until `deadline` (perf_counter). A read timeout bounds one wait
+    for bytes, not the request, so a server trickling SSE comments (`: keep-alive`) or single
+    bytes would hold it forever: each piece is checked against the deadline, and each wait for
+    the next one is cut to the time left."""
+    pieces = iter(chunks)
+    while True:
+        left = deadline - time.perf_counter()
+        if left <= 0:
+            raise _DeadlinePassed
+        if sock is not None:
+            try:
+                sock.settimeout(left)
+            except OSError:
+                sock = None
+        chunk = next(pieces, None)
+        if chunk is None:
+            return
+        yield chunk
+
+
 def stream_request(session: requests.Session, base_url: str, path: str, body: dict[str, Any], item_id: str,
                    timeout_s: float, expected_tokens: int | None = None,
                    headers: dict[str, str] | None = None) -> RequestRecord:
-    """Send one streaming request and measure it; never raises for request problems."""
+    """Send one streaming request and measure it; never raises for request problems.
+    `timeout_s` bounds the whole request, however the server trickles its bytes."""
     record = RequestRecord(item_id=item_id, path=path, start=time.time(), expected_tokens=expected_tokens)
     t0 = time.perf_counter()
     parser = StreamParser(record, t0)
     deadline = t0 + timeout_s
     try:
-        # The read timeout bounds each wait for bytes; the deadline bounds the whole request.
-        with session.post(base_url + path, json=body, stream=True, timeout=(10, timeout_s),
+        with session.post(base_url + path, json=body, stream=True, timeout=(min(10, timeout_s), timeout_s),
                           headers=headers) as response:
             record.status = response.status_code
             if response.status_code != 200:
                 return parser.finish(time.perf_counter(), f"HTTP {response.status_code}: {response.text[:300]}")
+            sock = getattr(getattr(response.raw, "_connection", None), "sock", None)
             # chunk_size=None yields each piece as it arrives (no 512-byte buffering).
-            for data in sse_events(response.iter_content(chunk_size=None)):
-                now = time.perf_counter()
-                parser.feed(data, now)
-                if now > deadline:
-                    return parser.finish(now, f"timeout: no complete response within {timeout_s:.0f} s")
-    except requests.Timeout:
-        return parser.finish(time.perf_counter(), f"timeout: server silent for {timeout_s:.0f} s")
-    except requests.RequestException as exc:
-        return parser.finish(time.perf_counter(), f"{type(exc).__name__}: {str(exc)[:300]}")
+            for data in sse_events(_until(response.iter_content(chunk_size=None), deadline, sock)):
+                parser.feed(data, time.perf_counter())
+    except (_DeadlinePassed, requests.RequestException) as exc:
+        now = time.perf_counter()
+        # requests reports a read timeout mid-stream as a ConnectionError; the clock says which it was.
+        if isinstance(exc, (_DeadlinePassed, requests.Timeout)) or now >= deadline - 0.05:
+            return parser.finish(now, f"timeout: no complete response within {timeout_s:g} s")
+        return parser.finish(now, f"{type(exc).__name__}: {str(exc)[:300]}")
     return parser.finish(time.perf_counter())

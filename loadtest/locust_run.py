@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from deploy import free_port
+from deploy.processes import die_with_parent, stop_group
 
 log = logging.getLogger("specdeploy.loadtest")
 LOCUSTFILE = Path(__file__).with_name("locustfile.py")
@@ -111,13 +112,14 @@ def run_locust(job: LocustJob, deadline_s: float, should_abort: Callable[[], str
             for argv in commands(job, deadline_s):
                 # Own process group each, so a stop reaches anything Locust spawned.
                 procs.append(subprocess.Popen(argv, stdout=sink, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                              start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"}))
+                                              start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                                              preexec_fn=die_with_parent()))
             main = procs[0]
             # Locust's own --run-time plus its --stop-timeout should end it; this is the backstop.
             hard_s = (job.duration_s or deadline_s) + job.request_timeout_s + 60
             while main.poll() is None:
                 on_tick()
-                aborted = should_abort()
+                aborted = should_abort() or _dead_worker(procs[1:])
                 if aborted is None and time.monotonic() - started > hard_s:
                     aborted = f"Locust still running {hard_s:.0f} s after start"
                 if aborted:
@@ -132,22 +134,23 @@ def run_locust(job: LocustJob, deadline_s: float, should_abort: Callable[[], str
     cpu_after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu_s = (cpu_after.ru_utime - cpu_before.ru_utime) + (cpu_after.ru_stime - cpu_before.ru_stime)
     tail = log_path.read_text(errors="replace").splitlines()[-30:] if log_path.exists() else []
+    code = procs[0].returncode if procs else None
+    if aborted is None and code:
+        # Our locustfile exits 3 when a user crashed (see _stop_on_user_error there).
+        reason = next((ln.strip() for ln in reversed(tail) if "Error" in ln or "error" in ln), None)
+        aborted = f"Locust exited with code {code}" + (f": {reason[-300:]}" if reason else f" (log {log_path})")
     return LocustOutcome(procs[0].returncode if procs else None, aborted, tail, time.monotonic() - started, cpu_s)
+
+
+def _dead_worker(workers: list[subprocess.Popen[bytes]]) -> str | None:
+    """A worker that crashed or was killed: its users' share of the requests would never be sent.
+    (Workers exit 0 when the master ends the run, possibly just before the master does.)"""
+    for n, proc in enumerate(workers, 1):
+        if proc.poll():
+            return f"Locust worker {n} of {len(workers)} died (exit code {proc.returncode})"
+    return None
 
 
 def _stop(proc: subprocess.Popen[bytes], grace_s: float = 15) -> None:
     """SIGINT first (Locust then writes its CSV/HTML reports), SIGKILL the group if it lingers."""
-    if proc.poll() is None:
-        try:
-            os.killpg(proc.pid, signal.SIGINT)
-        except ProcessLookupError:
-            pass
-        try:
-            proc.wait(timeout=grace_s)
-        except subprocess.TimeoutExpired:
-            pass
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    proc.wait()
+    stop_group(proc, signal.SIGINT, grace_s, "Locust")

@@ -22,6 +22,7 @@ from __future__ import annotations
 import functools
 import itertools
 import json
+import logging
 import os
 import time
 from pathlib import Path
@@ -113,6 +114,17 @@ def _save_loop_lags(environment: Any, **_: Any) -> None:
         (Path(folder) / f"loop-lag-{os.getpid()}.json").write_text(
             json.dumps({"probe_s": LOOP_PROBE_S, "lags_s": [round(x, 5) for x in _loop_lags],
                         "stalls_s": [[round(lag, 5), round(wait, 5)] for lag, wait in _stalls]}))
+
+
+@events.user_error.add_listener
+def _stop_on_user_error(user_instance: Any, exception: Exception, tb: Any, **_: Any) -> None:
+    """stream_request never raises, so an exception here is a broken run (an unreadable workload,
+    a bug): a closed loop that lost a user would wait out its deadline for requests nobody sends.
+    Quit at once with exit code 3; the runner fails the level with Locust's error line."""
+    environment = getattr(user_instance, "environment", None) or user_instance.user.environment
+    logging.getLogger("locust").error("a user crashed, stopping the run: %s: %s", type(exception).__name__, exception)
+    environment.process_exit_code = 3
+    gevent.spawn(environment.runner.quit)
 
 
 def _user_finished(environment: Any) -> None:

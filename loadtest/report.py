@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from loadtest import slo, stats, vllm_bench
+from loadtest.files import write_atomic, write_json
 
 PLOTS = ("throughput.png", "latency.png", "acceptance.png", "speedup.png")
 COST_MODEL = stats.__doc__.strip().split("\n", 1)[1].strip() if stats.__doc__ else ""
@@ -625,7 +626,7 @@ def write_markdown(results: dict[str, Any], out: Path, plots: list[Path]) -> Pat
     if links:
         parts.append("## Locust's own reports\n\n" + "\n".join(f"- [{n}]({h}) (CSV beside it)" for n, h in links) + "\n")
     path = out / "report.md"
-    path.write_text("\n".join(parts))
+    write_atomic(path, "\n".join(parts))
     return path
 
 
@@ -655,17 +656,19 @@ def write_html(results: dict[str, Any], out: Path, plots: list[Path]) -> Path:
              "td,th{border:1px solid #ccc;padding:3px 6px;text-align:right}th{background:#f3f3f3}"
              "img{max-width:100%}p{white-space:pre-wrap}")
     path = out / "report.html"
-    path.write_text(f"<!doctype html><html><head><meta charset='utf-8'><title>Load test "
+    write_atomic(path, f"<!doctype html><html><head><meta charset='utf-8'><title>Load test "
                     f"{esc(str(results.get('config')))}</title><style>{style}</style></head><body>"
                     + "\n".join(body) + "</body></html>\n")
     return path
 
 
 def write_report(results: dict[str, Any], out: Path) -> dict[str, Path]:
-    """results.json (with derived comparisons), report.md, report.html and the PNG plots."""
+    """results.json (with derived comparisons), report.md, report.html and the PNG plots, each
+    written atomically (loadtest.files)."""
     out.mkdir(parents=True, exist_ok=True)
-    results["comparisons"] = derive(results)
-    (out / "results.json").write_text(json.dumps(results, indent=2, default=str) + "\n")
+    # A copy: the sweep's own results (what Sweep.save keeps) stay as measured.
+    results = {**results, "comparisons": derive(results)}
+    write_json(out / "results.json", results)
     plots = plot(results, out)
     return {"json": out / "results.json", "markdown": write_markdown(results, out, plots),
             "html": write_html(results, out, plots), **{p.stem: p for p in plots}}

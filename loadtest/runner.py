@@ -38,6 +38,7 @@ from deploy.preflight import GIB
 from loadtest import prom, slo, stats, vllm_bench
 from loadtest.client import RequestRecord
 from loadtest.endpoint import EndpointError, RemoteServer, discover
+from loadtest.files import write_json
 from loadtest.locust_run import LocustJob, LocustOutcome, run_locust
 from loadtest.workloads import Workload, load_workload
 
@@ -193,11 +194,7 @@ class Sweep:
     # ------------------------------------------------------------------ bookkeeping
     def save(self) -> Path:
         self.out.mkdir(parents=True, exist_ok=True)
-        path = self.out / "results.json"
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.results, indent=2, default=str) + "\n")
-        tmp.replace(path)  # atomic: a reader never sees half a file
-        return path
+        return write_json(self.out / "results.json", self.results)
 
     # ------------------------------------------------------------------ the sweep
     def run(self) -> dict[str, Any]:

@@ -52,7 +52,7 @@ from typing import Any
 from tqdm import tqdm
 
 from deploy import load_config, plan_from_config
-from deploy.engine_args import engine_arguments
+from deploy.engine_args import engine_arguments, is_secret
 from loadtest.workloads import load_workload
 
 VARIANTS = ("plain", "verify", "draft")
@@ -87,7 +87,7 @@ def measure_costs(config: str = "default", k: int | None = None, batches: tuple[
         job = {"args": engine_arguments(resolved), "batches": list(batches), "repeats": repeats,
                "prompt": prompt, "lengths": list(LENGTHS), "time_drafter": variant == "draft"}
         result.setdefault("layout", {"device": plan.device, "env": {n: v for n, v in plan.env.items()
-                                                                    if n != "VLLM_API_KEY"}})
+                                                                    if not is_secret(n)}})
         for batch, figures in _run_engine(job, plan.env).items():
             result["batches"][batch][variant] = figures
     result["ratios"] = ratios(result)

@@ -136,10 +136,17 @@ def load_workload(spec: str) -> Workload:
     path = Path(spec).expanduser()
     if not path.is_file():
         raise ValueError(f"workload '{spec}' is neither a built-in set ({', '.join(BUILTIN)}) nor a file")
-    text = path.read_text(encoding="utf-8")
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"workload file {path} is not UTF-8 text (byte {exc.start})") from None
     stripped = text.lstrip()
     if stripped.startswith("["):
-        items = _sharegpt(json.loads(text), path)
+        try:
+            data = json.loads(text)
+        except ValueError as exc:
+            raise ValueError(f"workload file {path}: not valid JSON ({exc})") from None
+        items = _sharegpt(data, path)
     else:
         items = _jsonl(text, path)
     if not items:
@@ -158,6 +165,15 @@ def _jsonl(text: str, path: Path) -> list[Item]:
             raise ValueError(f"{path}:{n}: not JSON ({exc})") from None
         if not isinstance(obj, dict) or ("prompt" in obj) == ("messages" in obj):
             raise ValueError(f"{path}:{n}: each line needs exactly one of 'prompt' or 'messages'")
+        if "prompt" in obj and not isinstance(obj["prompt"], str):
+            raise ValueError(f"{path}:{n}: 'prompt' must be a string")
+        if "messages" in obj and not (isinstance(obj["messages"], list) and obj["messages"] and all(
+                isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+                for m in obj["messages"])):
+            raise ValueError(f"{path}:{n}: 'messages' must be a list of {{'role': str, 'content': str}}")
+        limit = obj.get("max_tokens")
+        if limit is not None and not (isinstance(limit, int) and not isinstance(limit, bool) and limit > 0):
+            raise ValueError(f"{path}:{n}: 'max_tokens' must be a positive integer")
         messages = tuple(obj["messages"]) if "messages" in obj else None
         items.append(Item(str(obj.get("id", f"{path.stem}-{n}")), prompt=obj.get("prompt"), messages=messages,
                           max_tokens=obj.get("max_tokens")))
@@ -166,9 +182,16 @@ def _jsonl(text: str, path: Path) -> list[Item]:
 
 def _sharegpt(data: Any, path: Path) -> list[Item]:
     roles = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "system": "system"}
+    if not isinstance(data, list):
+        raise ValueError(f"workload file {path}: a ShareGPT file holds a list of conversations")
     items = []
     for n, conv in enumerate(data):
-        turns = (conv.get("conversations") or conv.get("conversation") or []) if isinstance(conv, dict) else []
+        turns = (conv.get("conversations") or conv.get("conversation") or []) if isinstance(conv, dict) else None
+        if not isinstance(turns, list) or not all(
+                isinstance(t, dict) and isinstance(t.get("from", ""), str) and isinstance(t.get("value", ""), str)
+                for t in turns):
+            raise ValueError(f"workload file {path}: entry {n} is not a ShareGPT conversation "
+                             f"({{'conversations': [{{'from': 'human', 'value': '...'}}, ...]}})")
         human = next((t for t in turns if roles.get(t.get("from", "")) == "user"), None)
         if not human or not str(human.get("value", "")).strip():
             continue

@@ -56,7 +56,10 @@ class ContextCounts:
       w * c(a, b*) + P_table(b* | a), and the chain's choice after `a` (b*, or the table's top
       successor when that scores higher) with its combined probability. The choice is refreshed
       whenever `a` gets a count, so a chain step is a single look-up.
-    A row is identified by its first token and the last token counted, and by its length.
+    A slot keeps counting its row only while the row is provably the same request: its length
+    grew by exactly the tokens sampled this step, and its first token, its last counted token and
+    `PROBES` tokens spread over the counted history are unchanged. A new request moved into the
+    row (even one sharing a long prompt prefix) fails one of these and the slot is rebuilt.
 
     With a small vocabulary (up to `DENSE_VOCAB` ids) every token id has its own bucket, filled
     with the table's choice until the context counts it: no key checks, and a chain step is two
@@ -65,6 +68,7 @@ class ContextCounts:
     """
 
     DENSE_VOCAB = 4096
+    PROBES = 4
 
     def __init__(self, table: BigramTable, context_weight: float, max_model_len: int,
                  table_next: np.ndarray, table_prob: np.ndarray):
@@ -85,6 +89,7 @@ class ContextCounts:
             self._fresh_tokens["t_prob"][: len(table_prob)] = table_prob
         else:
             self.token_bits = int(np.clip(np.ceil(np.log2(max(max_model_len, 1))), 8, 12))
+        self._probe_steps = np.arange(self.PROBES)
         self.slots = 0
         self.arrays: dict[str, np.ndarray] = {}
         self.ensure(8)
@@ -94,6 +99,8 @@ class ContextCounts:
         "seen": ("slot", np.int64, 0),  # history tokens counted so far (0: nothing, rebuild)
         "first": ("slot", np.int64, -1),  # the row's first token
         "last": ("slot", np.int64, -1),  # the last token counted
+        "probe_pos": ("probe", np.int64, 0),  # positions spread over the counted history
+        "probe_tok": ("probe", np.int64, -1),  # and the tokens there
         "pairs": ("pair", np.int64, 0),
         "t_key": ("token", np.int64, -1),
         "t_total": ("token", np.float32, 0),
@@ -104,7 +111,7 @@ class ContextCounts:
     }
 
     def _width(self, kind: str) -> int:
-        return {"slot": 1, "pair": 1 << self.pair_bits, "token": 1 << self.token_bits}[kind]
+        return {"slot": 1, "probe": self.PROBES, "pair": 1 << self.pair_bits, "token": 1 << self.token_bits}[kind]
 
     def ensure(self, slots: int) -> None:
         """Room for `slots` rows (grown, never shrunk: vLLM reuses its batch rows)."""
@@ -130,13 +137,18 @@ class ContextCounts:
             else:
                 target[rows] = empty
 
-    def sync(self, rows: np.ndarray, lengths: np.ndarray, flat: np.ndarray, width: int, last: np.ndarray) -> None:
+    def sync(self, rows: np.ndarray, lengths: np.ndarray, flat: np.ndarray, width: int, last: np.ndarray,
+             grown: np.ndarray) -> None:
         """Bring the slots of `rows` up to date with their histories `flat[row * width:][:length]`
-        (`flat`: vLLM's token array, flattened; `last`: each row's last token)."""
+        (`flat`: vLLM's token array, flattened; `last`: each row's last token; `grown`: the
+        tokens each row gained this step, vLLM's sampled tokens)."""
         offset = rows * width
         seen = self.seen[rows]
-        same = ((seen > 0) & (seen <= lengths) & (flat[offset] == self.first[rows])
-                & (flat[offset + seen - 1] == self.last[rows]))
+        # Probe positions are below `seen`, so they stay inside the row even where the row changed.
+        same = ((seen > 0) & (seen + grown == lengths) & (flat[offset] == self.first[rows])
+                & (flat[offset + seen - 1] == self.last[rows])
+                & (flat[offset[:, None] + self.probe_pos.reshape(-1, self.PROBES)[rows]]
+                   == self.probe_tok.reshape(-1, self.PROBES)[rows]).all(axis=1))
         if not same.all():
             self._reset(rows[~same])
             seen = np.where(same, seen, 0)
@@ -150,6 +162,9 @@ class ContextCounts:
         self.seen[rows] = lengths
         self.first[rows] = flat[offset]
         self.last[rows] = last
+        spread = lengths[:, None] * self._probe_steps // self.PROBES  # 0 and evenly up to the last token
+        self.probe_pos.reshape(-1, self.PROBES)[rows] = spread
+        self.probe_tok.reshape(-1, self.PROBES)[rows] = flat[offset[:, None] + spread]
 
     def _count(self, slots: np.ndarray, a: np.ndarray, b: np.ndarray) -> None:
         # pairs: take new pairs' buckets over (count 0), then count
@@ -212,6 +227,9 @@ class BigramDrafter:
         self._prob = np.full(rows, -1, dtype=np.float32)
         known = np.flatnonzero(table.top_next[: table.vocab_size] >= 0)
         self._next[known], self._prob[known] = table.top_next[known], table.top_prob[known]
+        if model_vocab_size:  # a tokenizer larger than the model's embedding: never draft past it
+            past = self._next >= int(model_vocab_size)
+            self._next[past], self._prob[past] = -1, -1
         self._unknown = rows - 1
         self.context = (ContextCounts(table, context_weight, max_model_len, self._next, self._prob)
                         if context_weight > 0 else None)
@@ -225,8 +243,8 @@ class BigramDrafter:
             return [[] for _ in range(batch)]  # empty drafts keep vLLM's speculative path running
         lengths = np.asarray(num_tokens_no_spec[:batch], dtype=np.int64)
         # Rows without a sampled token this step (partial prefill, discarded) get no draft.
-        active = np.fromiter(map(len, sampled_token_ids), dtype=np.int64, count=batch) > 0
-        active &= (lengths > 0) & (lengths < self.max_model_len)
+        grown = np.fromiter(map(len, sampled_token_ids), dtype=np.int64, count=batch)
+        active = (grown > 0) & (lengths > 0) & (lengths < self.max_model_len)
         rows = np.flatnonzero(active)
         if rows.size == 0:
             return [[] for _ in range(batch)]
@@ -237,7 +255,7 @@ class BigramDrafter:
         context = self.context
         if context is not None:
             context.ensure(batch)
-            context.sync(rows, lengths, flat, width, current)
+            context.sync(rows, lengths, flat, width, current, grown[rows])
             base, mask = rows << context.token_bits, (1 << context.token_bits) - 1
             t_key, t_next, t_prob = context.t_key, context.t_next, context.t_prob
         drafts = np.zeros((rows.size, self.k), dtype=np.int64)
@@ -336,6 +354,7 @@ def benchmark_propose(table: BigramTable, batch: int = 256, k: int = 8, steps: i
             rows = np.flatnonzero(grow > step)
             tokens[rows, lengths[rows]] = rng.integers(0, table.vocab_size, size=rows.size)
             lengths[rows] += 1
+        sampled = [[0] * int(g) for g in grow]  # vLLM's sampled tokens: what each row gained
         wall, cpu = time.perf_counter(), time.thread_time()
         drafter.propose(sampled, lengths, tokens)
         took.append((time.perf_counter() - wall, time.thread_time() - cpu))

@@ -131,8 +131,8 @@ def build_arrays(sequences: Iterable[Sequence[int] | np.ndarray], vocab_size: in
     Returns the arrays `save_table` writes: CSR `indptr`/`successors`/`probs` (successors by
     descending count, ties by id) and per-token `totals` (pair count of the token as predecessor).
     """
-    if vocab_size < 2 or top_k < 1 or alpha <= 0:
-        raise ValueError("need vocab_size >= 2, top_k >= 1 and alpha > 0")
+    if vocab_size < 2 or not 1 <= top_k <= MAX_TOP_K or alpha <= 0:
+        raise ValueError(f"need vocab_size >= 2, 1 <= top_k <= {MAX_TOP_K} and alpha > 0")
     v = np.int64(vocab_size)
     pending: list[np.ndarray] = []
     pending_size, tokens = 0, 0
@@ -264,6 +264,24 @@ class BigramTable:
 
 
 REQUIRED = ("format", "fingerprint", "vocab_size", "indptr", "successors", "probs", "totals", "alpha")
+OPTIONAL = ("tokenizer", "top_k", "num_tokens")
+MAX_TOP_K = 256
+"""Successors kept per token, at most: the drafter expands them to a dense (V + 1) x top_k array,
+so a row of thousands would cost gigabytes for a large vocabulary."""
+MAX_VOCAB = 1 << 22
+# What each array must hold: (dtype kind: i integer, f float, U/S string; number of dimensions).
+_KINDS = {"format": ("US", 0), "fingerprint": ("US", 0), "tokenizer": ("US", 0), "vocab_size": ("iu", 0),
+          "top_k": ("iu", 0), "num_tokens": ("iu", 0), "alpha": ("f", 0), "indptr": ("iu", 1),
+          "successors": ("iu", 1), "probs": ("f", 1), "totals": ("iuf", 1)}
+
+
+def _array_header(data: Any, name: str) -> tuple[tuple[int, ...], np.dtype]:
+    """Shape and dtype of one array of an .npz, read from its header without loading it."""
+    with data.zip.open(f"{name}.npy") as handle:
+        version = np.lib.format.read_magic(handle)
+        read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+        shape, _, dtype = read(handle)
+    return shape, dtype
 
 
 def load_table(path: str | Path, expected_fingerprint: str | None = None, tokenizer: str | None = None,
@@ -288,6 +306,23 @@ def load_table(path: str | Path, expected_fingerprint: str | None = None, tokeni
             missing = [k for k in REQUIRED if k not in data.files]
             if missing:
                 raise corrupt(f"missing arrays {missing}")
+            unknown = sorted(set(data.files) - set(REQUIRED) - set(OPTIONAL))
+            if unknown:
+                raise corrupt(f"unknown arrays {unknown}")
+            # Check every array's header before reading any: memory stays bounded by what a
+            # table of this vocabulary can need, whatever the file claims.
+            headers = {k: _array_header(data, k) for k in data.files}
+            for name, (shape, dtype) in headers.items():
+                kinds, ndim = _KINDS[name]
+                if dtype.kind not in kinds or len(shape) != ndim:
+                    raise corrupt(f"array {name!r} is {dtype} of shape {shape}, expected "
+                                  f"{'a scalar' if ndim == 0 else 'a vector'} of kind {kinds!r}")
+            v = int(data["vocab_size"])
+            if not 2 <= v <= MAX_VOCAB:
+                raise corrupt(f"vocab_size {v} outside 2..{MAX_VOCAB}")
+            entries = headers["successors"][0][0]
+            if headers["indptr"][0] != (v + 1,) or headers["totals"][0] != (v,) or entries > v * MAX_TOP_K:
+                raise corrupt("array sizes do not fit the vocabulary")
             arrays = {k: data[k] for k in data.files}
     except BigramTableError:
         raise
@@ -322,6 +357,8 @@ def load_table(path: str | Path, expected_fingerprint: str | None = None, tokeni
     top_next[:v][has] = succ[first]
     top_prob[:v][has] = probs[first]
     top_k = int(counts.max()) if len(counts) else 0
+    if top_k > MAX_TOP_K:
+        raise corrupt(f"a token lists {top_k} successors, more than {MAX_TOP_K}; rebuild it with a smaller --top-k")
     rank = np.arange(len(succ)) - np.repeat(indptr[:-1].astype(np.int64), counts)
     listed = np.full((v + 1, max(top_k, 1)), -1, dtype=np.int32)
     listed_probs = np.zeros((v + 1, max(top_k, 1)), dtype=np.float32)

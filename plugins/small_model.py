@@ -14,7 +14,10 @@ that shares the target's vocabulary, with its own KV cache per request:
   tried first; a request moved to another row (others finished) is found among the rest;
   anything else starts a new cache. Caches that no running request claims are freed.
 
-Options (`additional_config["specdeploy"]`): `draft_model`, the draft's local folder. K is
+Options (`additional_config["specdeploy"]`): `draft_model`, the draft's local folder, and
+`max_cache_mib` (default 1024), the memory its per-request KV caches may hold: requests past it
+get no draft until others finish. A step that fails (out of memory, a bad token) gives that
+request an empty draft and a warning in the server log; the engine goes on. K is
 `speculative_config.num_speculative_tokens`; the draft runs on the worker's device in the
 target's dtype.
 """
@@ -45,6 +48,15 @@ class _RequestCache:
     """The transformers KV cache (DynamicCache) holding exactly `tokens`."""
 
 
+def kv_bytes_per_token(model: Any) -> int:
+    """What one cached token costs the draft: keys and values of every layer."""
+    cfg = model.config
+    heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    itemsize = next(model.parameters()).element_size()
+    return max(2 * cfg.num_hidden_layers * heads * head_dim * itemsize, 1)
+
+
 def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
     """Length of the longest common prefix of two 1-D arrays."""
     n = min(len(a), len(b))
@@ -55,15 +67,26 @@ def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
 class SmallModelDrafter:
     """Greedy drafting with per-request KV caches; independent of vLLM's config objects."""
 
-    def __init__(self, model: Any, k: int, max_model_len: int, device: torch.device | str = "cpu"):
+    def __init__(self, model: Any, k: int, max_model_len: int, device: torch.device | str = "cpu",
+                 max_cache_mib: float = 1024):
         self.model = model
         self.k = k
         self.device = torch.device(device)
         positions = getattr(model.config, "max_position_embeddings", None) or max_model_len
         self.max_len = min(int(max_model_len), int(positions))
+        self.max_cached_tokens = int(max_cache_mib * 2**20 // kv_bytes_per_token(model))
+        """Budget of the per-request KV caches: past it, further requests get no draft this step."""
         self._rows: list[_RequestCache | None] = []
         self.fed_tokens = 0
         """Tokens run through the draft so far (prompts, catch-up and drafting), for benchmarks."""
+        self.failures = 0
+        """Drafting steps that raised (each gave an empty draft; the engine went on)."""
+        self.over_budget = 0
+        """Requests left without a draft because the caches were at their budget."""
+
+    @property
+    def cached_tokens(self) -> int:
+        return sum(len(s.tokens) for s in self._rows if s is not None)
 
     @staticmethod
     def _claim(row: int, history: np.ndarray, free: dict[int, _RequestCache]) -> _RequestCache | None:
@@ -116,15 +139,37 @@ class SmallModelDrafter:
         free = {r: s for r, s in enumerate(self._rows) if s is not None}
         rows: list[_RequestCache | None] = [None] * batch
         out: list[list[int]] = [[] for _ in range(batch)]
+        budget = self.max_cached_tokens
         for i in range(batch):
             n = int(num_tokens_no_spec[i])
             k = min(self.k, self.max_len - n)
             if not sampled_token_ids[i] or n < 1 or k < 1:
                 continue  # partial prefill, discarded row, or no room left: no draft
+            if n + k > budget:
+                self._note_over_budget()
+                continue  # its cache (if any) is dropped below: memory stays bounded
             history = token_ids_cpu[i, :n]
-            out[i], rows[i] = self._step(self._claim(i, history, free), history, k)
-        self._rows = rows  # unclaimed caches belonged to finished (or preempted) requests
+            try:
+                out[i], rows[i] = self._step(self._claim(i, history, free), history, k)
+            except Exception as exc:  # noqa: BLE001 - a failed draft must never take the engine down
+                self._note_failure(exc)
+                continue
+            budget -= len(rows[i].tokens)
+        self._rows = rows  # unclaimed caches belonged to finished (or preempted) requests: freed
         return out
+
+    def _note_failure(self, exc: Exception) -> None:
+        self.failures += 1
+        if self.failures == 1 or self.failures % 1000 == 0:  # a log a person can read, not one per step
+            log.warning("specdeploy small-model drafter: drafting failed (%d so far), the request goes on "
+                        "without a draft this step: %s: %s", self.failures, type(exc).__name__, exc)
+
+    def _note_over_budget(self) -> None:
+        self.over_budget += 1
+        if self.over_budget == 1 or self.over_budget % 1000 == 0:
+            log.warning("specdeploy small-model drafter: draft KV caches at their budget (%d tokens); requests "
+                        "past it get no draft (%d so far). Raise max_cache_mib if memory allows",
+                        self.max_cached_tokens, self.over_budget)
 
 
 class SmallModelProposer:
@@ -138,6 +183,8 @@ class SmallModelProposer:
             raise ValueError(f"specdeploy small-model drafter: draft model folder {path} has no config.json; "
                              f"set speculation.model to a local checkpoint folder")
         self.path = path
+        self.max_cache_mib = float(options.get("max_cache_mib", 1024))
+        """Memory for the per-request draft KV caches (requests past it get no draft)."""
         self.k = num_speculative_tokens(vllm_config)
         self.model_config = vllm_config.model_config
         self.device = torch.device(str(vllm_config.device_config.device))
@@ -155,7 +202,8 @@ class SmallModelProposer:
             raise ValueError(f"specdeploy small-model drafter: the draft {self.path} has a vocabulary of "
                              f"{draft_vocab} but the target has {target_vocab}; the draft must use the "
                              f"target's tokenizer")
-        self.drafter = SmallModelDrafter(model, self.k, self.model_config.max_model_len, self.device)
+        self.drafter = SmallModelDrafter(model, self.k, self.model_config.max_model_len, self.device,
+                                         max_cache_mib=self.max_cache_mib)
         params = sum(p.numel() for p in model.parameters())
         log.info("specdeploy small-model drafter: %s (%.2fM parameters, %s) on %s, K=%d", self.path, params / 1e6,
                  self.model_config.dtype, self.device, self.k)

@@ -154,6 +154,26 @@ def test_missing_and_corrupt_files_are_refused(tmp_path: Path, table_path: Path)
     assert zipfile.is_zipfile(table_path)
 
 
+def test_tables_with_wrong_types_huge_rows_or_unknown_arrays_are_refused(tmp_path: Path, table_path: Path) -> None:
+    """Every array is checked from its header before any is read: memory stays bounded."""
+    good = dict(np.load(table_path))
+    cases = {
+        "vocab-vector": ({**good, "vocab_size": np.array([5, 6, 7])}, "array 'vocab_size' is int64 of shape (3,)"),
+        "probs-strings": ({**good, "probs": good["probs"].astype(str)}, "array 'probs' is <U"),
+        "extra": ({**good, "payload": np.zeros(10)}, "unknown arrays ['payload']"),
+        "huge-vocab": ({**good, "vocab_size": np.array(1 << 40)}, "vocab_size 1099511627776 outside"),
+    }
+    v = int(good["vocab_size"])
+    one_long_row = np.zeros(v + 1, dtype=np.int64)
+    one_long_row[1:] = v - 1  # token 0 lists every other token: a dense (V + 1) x V expansion
+    cases["huge-row"] = ({**good, "indptr": one_long_row, "successors": np.arange(1, v, dtype=np.int64),
+                          "probs": np.full(v - 1, 1.0 / v, dtype=np.float32)}, f"lists {v - 1} successors, more than")
+    for name, (arrays, expected) in cases.items():
+        with pytest.raises(BigramTableError, match="corrupt") as info:
+            load_table(save_table(arrays, tmp_path / f"{name}.npz"))
+        assert expected in str(info.value), (name, str(info.value))
+
+
 def resolved_for(model: Path, table: str | None, target_ref: str | None = None) -> ResolvedDeployment:
     config = parse_config({"name": "t", "target": {"model": target_ref or str(model)},
                            "speculation": {"drafter": "bigram", "bigram": {"table": table}}})
@@ -293,24 +313,60 @@ def test_incremental_state_survives_joins_finishes_and_row_moves(chain_table: Pa
     a, b = np.repeat(vocab, len(vocab)).astype(np.int64), np.tile(vocab, len(vocab)).astype(np.int64)
     assert len(set(pair_hash(a, b, d.context.pair_bits)[0].tolist())) == len(vocab) ** 2
     histories = [list(rng.choice(vocab, size=rng.integers(2, 30))) for _ in range(6)]
+    gained = [h[-1:] for h in histories]  # vLLM's sampled tokens: what each row gained this step
     for step in range(60):
-        sampled, lengths, tokens = batch(histories)
-        drafts = d.propose(sampled, lengths, tokens)
+        _, lengths, tokens = batch(histories)
+        drafts = d.propose(gained, lengths, tokens)
         for h, got in zip(histories, drafts):
             assert got == reference(table, h, 2.0, 4, 0.1), f"step {step}"
-        for h, got in zip(histories, drafts):  # verification accepts a prefix and adds one token
-            h += got[: rng.integers(0, len(got) + 1)] + [int(rng.choice(vocab))]
+        gained = [got[: rng.integers(0, len(got) + 1)] + [int(rng.choice(vocab))] for got in drafts]
+        for h, new in zip(histories, gained):  # verification accepts a prefix and adds one token
+            h += new
         event = rng.integers(0, 5)
         if event == 0 and len(histories) > 2:  # a request finishes; the last row moves into its place
             gone = int(rng.integers(0, len(histories)))
-            histories[gone] = histories[-1]
+            histories[gone], gained[gone] = histories[-1], gained[-1]
             histories.pop()
+            gained.pop()
         elif event == 1 and len(histories) < MAX_SEQS:  # a new request joins at the end
             histories.append(list(rng.choice(vocab, size=rng.integers(2, 30))))
+            gained.append(histories[-1][-1:])
         elif event == 2:  # two rows swap
             i, j = rng.choice(len(histories), size=2, replace=False)
             histories[i], histories[j] = histories[j], histories[i]
-        histories = [h if len(h) < MAX_LEN - 10 else h[:5] for h in histories]  # keep them in the window
+            gained[i], gained[j] = gained[j], gained[i]
+        for i, h in enumerate(histories):  # keep them in the window (a new request in the row)
+            if len(h) >= MAX_LEN - 10:
+                histories[i], gained[i] = h[:5], h[4:5]
+
+
+def test_a_new_request_in_a_row_never_inherits_the_old_ones_counts(chain_table: Path) -> None:
+    """The row's next request has the same first token, the same token where the old one ended and
+    exactly the old length plus this step's tokens: only the tokens in between differ. Counting on
+    from the old slot would draft 33 -> 34 from a history that never had it."""
+    table = load_table(chain_table)
+    d = drafter(chain_table, 4, context_weight=4.0, min_probability=0.1, max_batch_size=0)
+    old = [5, 33, 34, 35, 33, 34, 35, 7]
+    d.propose(*batch([old]))
+    new = [5, 20, 21, 20, 21, 20, 21, 7, 33]
+    [draft] = d.propose(*batch([new], sampled=[[33]]))
+    assert draft == reference(table, new, 4.0, 4, 0.1) and (draft[:1] != [34])
+    # The same request going on keeps its counts (no recount needed to be right either way).
+    going_on = old + [33]
+    d.propose(*batch([old]))
+    assert d.propose(*batch([going_on], sampled=[[33]])) == [reference(table, going_on, 4.0, 4, 0.1)]
+
+
+def test_drafts_never_reach_past_the_models_vocabulary(chain_table: Path) -> None:
+    """A table built on a tokenizer larger than the model's embedding (here: 40 ids vs 21)."""
+    table = load_table(chain_table)
+    d = BigramDrafter(table, 4, context_weight=0, min_probability=0, max_model_len=MAX_LEN, model_vocab_size=21)
+    [draft] = d.propose(*batch([[1, 10]]))
+    assert draft == [11, 12, 13, 14] and max(draft) < 21
+    [draft] = d.propose(*batch([[20]]))
+    assert all(t < 21 for t in draft)
+    assert BigramDrafter(table, 4, context_weight=0, min_probability=0, max_model_len=MAX_LEN,
+                         model_vocab_size=14).propose(*batch([[1, 10]])) == [[11, 12, 13]]
 
 
 def test_proposer_reads_its_options_and_refuses_another_tokenizer(corpus: dict, table_path: Path) -> None:

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
 import yaml
 
-from deploy import plan_from_config
+from deploy import free_port, plan_from_config
 from deploy.config import CONFIGS_DIR, ConfigError, load_config, parse_config
 from deploy.engine_args import build_launch_plan, engine_arguments
 from deploy.preflight import Machine, preflight
@@ -120,6 +121,66 @@ def test_draft_with_another_vocabulary_is_refused(tmp_path: Path) -> None:
     assert preflight(ok, machine=CPU_BOX).draft is not None
 
 
+def test_a_draft_with_the_same_number_of_other_tokens_is_refused(tmp_path: Path) -> None:
+    target = fake_model(tmp_path / "target", vocab=1000, hidden=256, layers=4)
+    draft = fake_model(tmp_path / "draft", vocab=1000)
+    shuffled = {f"t{i}": (i + 1) % 1000 for i in range(1000)}  # same size, other ids
+    (tmp_path / "draft" / "tokenizer.json").write_text(json.dumps({"model": {"vocab": shuffled}, "added_tokens": []}))
+    config = parse_config(minimal(target={"model": target}, speculation={"drafter": "small_model", "model": draft}))
+    with pytest.raises(ConfigError, match="as many tokens as the target's but not the same ones: 1000 tokens differ"):
+        preflight(config, machine=CPU_BOX)
+
+
+@pytest.mark.parametrize("file, text, expected", [
+    ("config.json", "{not json", "config.json cannot be read"),
+    ("config.json", "[1, 2]", "holds a list, not an object"),
+    ("config.json", '{"vocab_size": "many"}', "has vocab_size 'many', not a positive integer"),
+    ("tokenizer.json", '{"model": {"vocab": {"a": "zero"}}}', "tokenizer.json is malformed"),
+    ("tokenizer.json", '{"model": {"vocab": {"a": 0}}, "added_tokens": [{"id": 1}]}', "tokenizer.json is malformed"),
+])
+def test_malformed_model_files_are_one_clear_problem(tmp_path: Path, file: str, text: str, expected: str) -> None:
+    folder = fake_model(tmp_path / "m", vocab=100)
+    (tmp_path / "m" / file).write_text(text)
+    with pytest.raises(ConfigError, match=expected):
+        preflight(parse_config(minimal(target={"model": folder})), machine=CPU_BOX)
+
+
+def test_config_files_that_are_not_clean_yaml(tmp_path: Path) -> None:
+    cases = {
+        "latin1.yaml": (b"name: caf\xe9\ntarget:\n  model: org/m\n", "not UTF-8 text (byte 9)"),
+        "twice.yaml": (b"name: x\ntarget:\n  model: org/m\nserver:\n  port: 1\nserver:\n  port: 2\n",
+                       "'server' appears twice in one mapping (lines 4 and 6)"),
+        "inf.yaml": (b"name: x\ntarget:\n  model: org/m\nserver:\n  startup_timeout_s: .inf\n",
+                     "server.startup_timeout_s: Input should be a finite number"),
+        "nan.yaml": (b"name: x\ntarget:\n  model: org/m\nengine_args:\n  hf_overrides: {rope_theta: .nan}\n",
+                     "holds an infinite or NaN number"),
+    }
+    for name, (raw, expected) in cases.items():
+        (tmp_path / name).write_bytes(raw)
+        with pytest.raises(ConfigError) as info:
+            load_config(tmp_path / name)
+        assert expected in str(info.value), (name, str(info.value))
+        assert "\n" not in info.value.problems[0]  # one line
+    with pytest.raises(ConfigError, match="the value is not YAML .*quote it"):
+        load_config(minimal_file(tmp_path), ["server.port=[1,"])
+
+
+def minimal_file(folder: Path) -> Path:
+    path = folder / "ok.yaml"
+    path.write_text(yaml.safe_dump(minimal()))
+    return path
+
+
+def test_ipv6_and_every_interface_hosts_are_checked_not_misread(monkeypatch: pytest.MonkeyPatch) -> None:
+    from deploy.launcher import port_is_free
+
+    assert port_is_free("::1", free_port()) and port_is_free("", free_port())
+    monkeypatch.setenv("K", "sk-1")
+    plan = build_launch_plan(preflight(load_config(minimal_file(Path(tempfile.mkdtemp())),
+                                                   ["server.host='::'", "server.api_key_env=K"]), machine=GPU_NODE))
+    assert plan.argv[plan.argv.index("--host") + 1] == "::" and plan.base_url.startswith("http://127.0.0.1:")
+
+
 def test_draft_not_smaller_than_target_is_refused(tmp_path: Path) -> None:
     target = fake_model(tmp_path / "target", vocab=1000)
     draft = fake_model(tmp_path / "draft", vocab=1000, hidden=256, layers=4)
@@ -191,6 +252,51 @@ def test_api_key_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> 
     plan = build_launch_plan(resolved)
     assert plan.env["VLLM_API_KEY"] == "sk-test-123"
     assert "sk-test-123" not in " ".join(plan.argv) and "sk-test-123" not in plan.describe()
+
+
+@pytest.mark.parametrize("section, expected", [
+    ({"server": {"host": "0.0.0.0"}}, "host '0.0.0.0' accepts remote clients but no API key is set"),
+    ({"server": {"host": "::"}}, "host '::' accepts remote clients"),
+    ({"server": {"host": ""}}, "host '' accepts remote clients"),
+    ({"server": {"host": "example.org"}}, "host 'example.org' accepts remote clients"),
+    ({"env": {"VLLM_API_KEY": ""}}, "'VLLM_API_KEY' is refused: set server.api_key_env"),
+    ({"env": {"LD_PRELOAD": "/tmp/x.so"}}, "'LD_PRELOAD' is refused: it loads code"),
+    ({"env": {"PYTHONPATH": "/tmp"}}, "'PYTHONPATH' is refused"),
+    ({"env": {"VLLM_CPU_KVCACHE_SPACE": "40"}}, "set resources.cpu_kvcache_space_gib"),
+    ({"env": {"A=B": "1"}}, "'A=B' is not an environment variable name"),
+    ({"engine_args": {"ignore_patterns": ["*", "--host", "0.0.0.0"]}}, "list item '--host' would reach vLLM as a flag"),
+    ({"engine_args": {"config": "/tmp/vllm.yaml"}}, "'config' is refused: it reads a whole vLLM config file"),
+    ({"engine_args": {"hf_token": "hf_abc"}}, "'hf_token' is refused: a token on the command line"),
+    ({"engine_args": {"middleware": ["evil.Middleware"]}}, "'middleware' is refused: it imports code"),
+    ({"engine_args": {"worker_cls": "evil.Worker"}}, "'worker_cls' is refused"),
+    ({"engine_args": {"enforce_eager": "false"}}, "'enforce_eager' takes true or false, not 'false'"),
+])
+def test_what_would_open_the_server_or_bypass_a_typed_field_is_refused(section: dict, expected: str) -> None:
+    found = problems(minimal(**section))
+    assert any(expected in p for p in found), found
+    assert not any("hf_abc" in p for p in found)  # a refused secret is not echoed back
+
+
+def test_remote_binding_needs_a_key_or_an_explicit_opt_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert parse_config(minimal(server={"host": "0.0.0.0", "api_key_env": "K"})).server.host == "0.0.0.0"
+    assert parse_config(minimal(server={"host": "0.0.0.0", "allow_unauthenticated": True})).server.host == "0.0.0.0"
+    for loopback in ("127.0.0.1", "::1", "localhost"):
+        assert parse_config(minimal(server={"host": loopback})).server.host == loopback
+
+
+def test_an_api_key_guards_every_route_through_the_middleware(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SPECDEPLOY_API_KEY", "sk-test-123")
+    resolved = preflight(load_config("llama70b-7b"), machine=GPU_NODE)
+    plan = build_launch_plan(resolved)
+    argv = plan.argv
+    assert argv[argv.index("--middleware") + 1] == "plugins.auth.GuardEveryRoute"
+    assert plan.env["SPECDEPLOY_OPEN_PATHS"] == "/health"
+    public = build_launch_plan(preflight(load_config("llama70b-7b", ["server.public_metrics=true"]), machine=GPU_NODE))
+    assert public.env["SPECDEPLOY_OPEN_PATHS"] == "/health,/metrics"
+    open_server = build_launch_plan(preflight(load_config("llama70b-7b", ["server.api_key_env=null",
+                                                                          "server.allow_unauthenticated=true"]),
+                                              machine=GPU_NODE))
+    assert "--middleware" not in open_server.argv and "SPECDEPLOY_OPEN_PATHS" not in open_server.env
 
 
 def test_default_preset_on_cpu(embedded_pair) -> None:

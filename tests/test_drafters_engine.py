@@ -7,6 +7,7 @@ reference: greedy outputs must match it token for token, sampled outputs in dist
 
 from __future__ import annotations
 
+import logging
 import shutil
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
@@ -144,10 +145,11 @@ def test_acceptance_counters_rise_on_repetitive_code(drafter) -> None:
 def test_a_wrong_acceptance_rule_fails_the_distribution_test(baseline, tmp_path: Path) -> None:
     """The sampling test has power: a server whose verifier accepts every draft is caught."""
     (tmp_path / "always_accept.py").write_text(ALWAYS_ACCEPT_MODULE)
-    _, plan = plan_from_config("embedded-bigram", [f"env.PYTHONPATH={tmp_path}", "speculation.bigram.min_probability=0",
-                                                   f"server.port={free_port()}"])
+    _, plan = plan_from_config("embedded-bigram", ["speculation.bigram.min_probability=0", f"server.port={free_port()}"])
     argv = [a.replace("plugins.bigram.BigramProposer", "always_accept.AlwaysAcceptProposer") for a in plan.argv]
-    with start_server(replace(plan, argv=argv), LOG_DIR / "always-accept.log", progress=False) as server:
+    # A config may not set PYTHONPATH (it loads code); the test injects its module past the config.
+    broken = replace(plan, argv=argv, env={**plan.env, "PYTHONPATH": str(tmp_path)})
+    with start_server(broken, LOG_DIR / "always-accept.log", progress=False) as server:
         p = two_sample_p_value(samples(server, seed=3_000_000), baseline["samples"])
     print(f"always-accept: chi-square p = {p:.3g}")
     assert p < ALPHA / 100, f"the distribution test did not catch an always-accept server (p = {p:.2g})"
@@ -250,3 +252,50 @@ def test_cpu_fix_expands_sampling_parameters_over_draft_positions(monkeypatch: p
 
     temperature = expand_batch_to_tokens(torch.tensor([0.7, 1.0, 0.3]), cu, 6, replace_from=0, replace_to=1)
     assert temperature.tolist() == pytest.approx([0.7, 0.7, 1.0, 1.0, 1.0, 0.3])
+
+
+def _tiny_draft() -> tuple[object, int]:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                         num_attention_heads=2, num_key_value_heads=2,
+                                         max_position_embeddings=256)).eval()
+    return model, 2 * 2 * 2 * 32 * 4  # k and v, 2 layers, 2 heads of 32, fp32
+
+
+def test_a_failing_draft_step_gives_empty_drafts_and_a_warning(caplog: pytest.LogCaptureFixture) -> None:
+    model, _ = _tiny_draft()
+    drafter = SmallModelDrafter(model, 4, max_model_len=256)
+    tokens = np.zeros((4, 256), np.int32)
+    tokens[:3, :5] = [[1, 2, 3, 4, 5], [6, 7, 8, 9, 10], [11, 12, 13, 14, 15]]
+    lengths = np.array([5, 5, 5, 0], np.int32)
+    real_forward, calls = model.forward, {"n": 0}
+
+    def flaky(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 5:  # the second request's first forward pass
+            raise RuntimeError("out of memory (simulated)")
+        return real_forward(*args, **kwargs)
+
+    model.forward = flaky
+    with caplog.at_level(logging.WARNING, logger="vllm.specdeploy.small_model"):
+        drafts = drafter.propose([[5], [10], [15]], lengths, tokens)
+    assert [len(d) for d in drafts] == [4, 0, 4] and drafter.failures == 1
+    assert any("drafting failed" in r.getMessage() and "out of memory" in r.getMessage() for r in caplog.records)
+    model.forward = real_forward
+    assert [len(d) for d in drafter.propose([[5], [10], [15]], lengths, tokens)] == [4, 4, 4]  # it recovers
+
+
+def test_draft_caches_stay_within_their_memory_budget() -> None:
+    model, per_token = _tiny_draft()
+    budget_tokens = 40
+    drafter = SmallModelDrafter(model, 4, max_model_len=256, max_cache_mib=budget_tokens * per_token / 2**20)
+    assert drafter.max_cached_tokens == budget_tokens
+    tokens = np.zeros((8, 256), np.int32)
+    lengths = np.full(8, 12, np.int32)
+    tokens[:, :12] = np.arange(8)[:, None] + 1
+    drafts = drafter.propose([[1]] * 8, lengths, tokens)
+    served = [len(d) > 0 for d in drafts]
+    assert served[:2] == [True, True] and not any(served[3:]), served  # 12 + 3 drafts fed = 15 tokens each
+    assert drafter.cached_tokens <= budget_tokens and drafter.over_budget >= 5

@@ -39,6 +39,35 @@ def test_manifests_for_a_multi_gpu_preset() -> None:
     assert "&id" not in result.stdout, "anchors make manifests hard to read"
 
 
+def test_manifests_run_locked_down() -> None:
+    """Non-root, no privilege escalation, read-only root with writable caches, no service-account
+    token, CPU and memory sized, probes that survive a busy server, a warning where the stock
+    image cannot guard every route with the key."""
+    result = k8s("llama70b-7b")
+    assert result.returncode == 0, result.stderr
+    deployment, _ = yaml.safe_load_all(result.stdout)
+    pod = deployment["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    assert pod["automountServiceAccountToken"] is False
+    assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] != 0
+    sec = container["securityContext"]
+    assert sec["allowPrivilegeEscalation"] is False and sec["readOnlyRootFilesystem"] is True
+    assert sec["capabilities"]["drop"] == ["ALL"]
+    mounts = {m["mountPath"] for m in container["volumeMounts"]}
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert {"/tmp", "/cache"} <= mounts and env["HF_HOME"].startswith("/cache")
+    assert set(container["resources"]["requests"]) == {"nvidia.com/gpu", "cpu", "memory"}
+    assert "memory" in container["resources"]["limits"]
+    assert all(container[p]["timeoutSeconds"] >= 5 for p in ("readinessProbe", "livenessProbe", "startupProbe"))
+    assert result.stdout.startswith("# WARNING: on the stock image") and "--middleware" not in container["args"]
+    own = k8s("llama70b-7b", "--image", "registry.example/specdeploy:1")
+    container = next(yaml.safe_load_all(own.stdout))["spec"]["template"]["spec"]["containers"][0]
+    assert container["args"][container["args"].index("--middleware") + 1] == "plugins.auth.GuardEveryRoute"
+    assert not own.stdout.startswith("#")
+    secret = k8s("llama70b-7b", "--set", "env={HF_TOKEN: hf_abc}")
+    assert secret.returncode == 2 and "look like secrets" in secret.stderr and "hf_abc" not in secret.stderr
+
+
 def test_manifests_refuse_what_a_pod_cannot_run() -> None:
     result = k8s("default")
     assert result.returncode == 2 and "a pod cannot see this machine's folders" in result.stderr

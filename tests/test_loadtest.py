@@ -12,6 +12,7 @@ import json
 import math
 import os
 import signal
+import re
 import subprocess
 import sys
 import threading
@@ -268,6 +269,31 @@ def test_builtin_workloads_and_request_bodies(tmp_path):
         load_workload("no-such-set")
 
 
+@pytest.mark.parametrize("name, text, expected", [
+    ("bad.json", '[{"conversations": "x"}]', "entry 0 is not a ShareGPT conversation"),
+    ("bad2.json", '[{"conversations": [{"from": "human", "value": 5}]}]', "entry 0 is not a ShareGPT conversation"),
+    ("bad3.json", '[7]', "entry 0 is not a ShareGPT conversation"),
+    ("bad4.json", '[{"conversations": [', "not valid JSON"),
+    ("bad.jsonl", '{"prompt": 5}', ":1: 'prompt' must be a string"),
+    ("bad2.jsonl", '{"messages": [{"role": "user"}]}', "'messages' must be a list of"),
+    ("bad3.jsonl", '{"prompt": "x", "max_tokens": "many"}', "'max_tokens' must be a positive integer"),
+])
+def test_malformed_workload_files_are_refused_before_anything_starts(tmp_path, name, text, expected):
+    """A malformed entry used to reach Locust and kill every user (each level then waited out its timeout)."""
+    path = tmp_path / name
+    path.write_text(text)
+    with pytest.raises(ValueError, match=re.escape(expected)):
+        load_workload(str(path))
+    (tmp_path / "latin1.jsonl").write_bytes(b'{"prompt": "caf\xe9"}\n')
+    with pytest.raises(ValueError, match="not UTF-8"):
+        load_workload(str(tmp_path / "latin1.jsonl"))
+    settings = SweepSettings("default", workload=str(path), users=[1], out=tmp_path / "report")
+    started = time.monotonic()
+    results = Sweep(settings).run()
+    assert results["status"] == "failed" and expected in "; ".join(results["problems"])
+    assert not results["variants"] and time.monotonic() - started < 30  # no server was started
+
+
 def test_requests_per_user_and_variants():
     assert requests_for(1, None) == 32 and requests_for(32, None) == 256 and requests_for(4, 10) == 10
     names = [v.name for v in plan_variants(SweepSettings("default", extra_k=[2, 4, 8]))]
@@ -320,11 +346,41 @@ def test_report_files_speedup_and_compare_table(tmp_path):
     table = compare_table(results)
     assert "2.00x" in table and "0.90x" in table and "70%" in table
     assert json.loads(files["json"].read_text())["comparisons"]
+    assert "comparisons" not in results  # the sweep's own results are not rewritten behind its back
+
+
+def test_a_full_disk_never_truncates_results_json(tmp_path):
+    """The report rewrites results.json; when the disk fills mid-write (here: RLIMIT_FSIZE, the
+    same EFBIG/ENOSPC path) the measured file must survive whole."""
+    levels = [_level(c, 100.0 + c, 10.0) for c in range(1, 40)]
+    results = {"config": "default", "status": "ok", "settings": {"users": list(range(1, 40)), "tolerance": 0.05},
+               "machine": {}, "problems": [], "variants": [{"name": "baseline", "label": "off", "k": None,
+                                                            "status": "ok", "levels": levels}]}
+    saved = tmp_path / "results.json"
+    saved.write_text(json.dumps(results))
+    size = saved.stat().st_size
+    script = (
+        "import json, resource, signal, sys\n"
+        "from pathlib import Path\n"
+        "from loadtest.report import write_report\n"
+        "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
+        f"resource.setrlimit(resource.RLIMIT_FSIZE, ({size // 2}, {size // 2}))\n"
+        "out = Path(sys.argv[1])\n"
+        "try:\n"
+        "    write_report(json.loads((out / 'results.json').read_text()), out)\n"
+        "except OSError as exc:\n"
+        "    print('write failed:', exc); sys.exit(7)\n")
+    run = subprocess.run([sys.executable, "-c", script, str(tmp_path)], cwd=REPO, capture_output=True, text=True,
+                         timeout=120)
+    assert run.returncode == 7, run.stdout + run.stderr
+    assert json.loads(saved.read_text()) == results  # whole, as it was
+    assert not [p.name for p in tmp_path.iterdir() if ".tmp" in p.name]  # no temporary file left behind
 
 
 # ------------------------------------------------- streaming protocol (a fixed SSE fixture: exact chunking)
 class _FakeVLLM(BaseHTTPRequestHandler):
-    """Streams like vLLM: per-chunk usage, 3 tokens a chunk, final usage, [DONE]; "CUT" cuts the stream."""
+    """Streams like vLLM: per-chunk usage, 3 tokens a chunk, final usage, [DONE]; "CUT" cuts the stream;
+    "TRICKLE" sends one token, then only SSE comments (`: keep-alive`) every 50 ms, for 10 s."""
 
     protocol_version = "HTTP/1.1"
     generated = 0
@@ -352,6 +408,15 @@ class _FakeVLLM(BaseHTTPRequestHandler):
             self.wfile.write(f"{len(raw):x}\r\n".encode() + raw + b"\r\n")
             self.wfile.flush()
 
+        if "TRICKLE" in json.dumps(req):
+            send(json.dumps({"choices": [{"index": 0, "text": "x"}], "usage": {"prompt_tokens": 4, "completion_tokens": 1}}))
+            for _ in range(200):
+                comment = b": keep-alive\n\n"
+                self.wfile.write(f"{len(comment):x}\r\n".encode() + comment + b"\r\n")
+                self.wfile.flush()
+                time.sleep(0.05)
+            self.wfile.write(b"0\r\n\r\n")
+            return
         done, cut, chat = 0, "CUT" in json.dumps(req), self.path.endswith("/chat/completions")
         if chat:  # the chat API opens with a role-only chunk that carries no token
             send(json.dumps({"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}],
@@ -397,6 +462,30 @@ def test_stream_request_over_http(fake_server):
         assert rec.tokens_per_chunk == [1, 3, 3, 3] and rec.chunk_gaps_s and len(rec.chunk_gaps_s) == 3
         rec = stream_request(session, "http://127.0.0.1:9", path, body, "refused", 5)
         assert not rec.ok and "ConnectionError" in rec.error
+
+
+def test_stream_request_deadline_holds_against_a_trickling_server(fake_server):
+    """Bytes keep arriving (SSE comments), so no read ever times out: the deadline must still cut."""
+    path, body = request_for(load_workload("code").items[0], "m", 10, 0.0, fixed_length=True)
+    body["prompt"] = "TRICKLE"
+    with requests.Session() as session:
+        t0 = time.perf_counter()
+        rec = stream_request(session, fake_server, path, body, "trickle", 1.0, expected_tokens=10)
+        took = time.perf_counter() - t0
+    assert not rec.ok and rec.error.startswith("timeout: no complete response within 1 s"), rec.error
+    assert rec.tokens_seen == 1 and took < 2.0, took
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_crashed_locust_user_fails_the_run_at_once(fake_server, tmp_path, workers):
+    """A user that dies (here: its workload file vanished after the runner checked it) would leave
+    a closed loop waiting out its deadline for requests nobody sends; Locust must quit with the reason."""
+    job = LocustJob(host=fake_server, users=2, records_dir=tmp_path / "rec", model="m", max_tokens=5,
+                    requests=4, workers=workers, workload=str(tmp_path / "gone.jsonl"))
+    outcome = run_locust(job, deadline_s=120)
+    assert outcome.aborted and ("exited with code 3" in outcome.aborted or "died (exit code 3)" in outcome.aborted), \
+        (outcome.aborted, outcome.log_tail)
+    assert outcome.wall_s < 60, outcome.wall_s
 
 
 def _served_tokens(server) -> float:
@@ -538,7 +627,7 @@ def test_sweep_spec_and_baseline_report_agrees_with_server(tmp_path, embedded_pa
     for name in ("json", "markdown", "html", "throughput", "latency", "acceptance", "speedup"):
         assert files[name].is_file(), name
     assert "Second opinion" in files["markdown"].read_text()
-    comparisons = {d["concurrency"]: d for d in results["comparisons"]}
+    comparisons = {d["concurrency"]: d for d in json.loads(files["json"].read_text())["comparisons"]}
     assert set(comparisons) == {1, 4} and all(d["speedup"] > 0 for d in comparisons.values())
     assert all(math.isfinite(d["expected_tokens_per_step"]) for d in comparisons.values())
     out = subprocess.run([sys.executable, "-m", "loadtest", "compare", str(settings.out)], cwd=REPO,

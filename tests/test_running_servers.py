@@ -126,6 +126,31 @@ def test_sweep_of_running_servers_with_service_targets(servers, keyed_baseline, 
     assert any(line.startswith("service targets") and "not met" in line for line in headline(results))
     text = files["markdown"].read_text()
     assert "## Service targets" in text and "MISSED" in text and "## The load generator's own lag" in text
+    # The key never lands in what the sweep wrote: results, reports, Locust's and vLLM's outputs, logs.
+    leaked = [str(f) for f in settings.out.rglob("*") if f.is_file() and b"sk-test-running" in f.read_bytes()]
+    assert not leaked, leaked
+
+
+@pytest.mark.engine
+def test_the_api_key_guards_every_route_but_health(keyed_baseline):
+    """vLLM alone checks the key only under /v1 (and a few prefixes): /invocations would serve
+    completions, /tokenize and /metrics would answer anyone. With specdeploy's middleware only
+    /health answers without the key."""
+    base, key = keyed_baseline.base_url, {"Authorization": "Bearer sk-test-running"}
+    completion = {"model": "embedded-default", "prompt": "def f(", "max_tokens": 2}
+    routes = [("GET", "/v1/models", None), ("POST", "/invocations", completion),
+              ("POST", "/tokenize", {"model": "embedded-default", "prompt": "def f("}),
+              ("POST", "/detokenize", {"model": "embedded-default", "tokens": [1, 2]}),
+              ("GET", "/metrics", None), ("GET", "/docs", None), ("GET", "/openapi.json", None),
+              ("POST", "/scale_elastic_ep", {"new_data_parallel_size": 2}), ("GET", "/load", None)]
+    for method, path, body in routes:
+        reply = requests.request(method, base + path, json=body, timeout=60)
+        assert reply.status_code == 401, (path, reply.status_code, reply.text[:200])
+        wrong = requests.request(method, base + path, json=body, timeout=60, headers={"Authorization": "Bearer no"})
+        assert wrong.status_code == 401, (path, wrong.status_code)
+    assert requests.get(base + "/health", timeout=10).status_code == 200
+    for method, path, body in routes[:3] + routes[4:5]:
+        assert requests.request(method, base + path, json=body, headers=key, timeout=120).status_code == 200, path
 
 
 @pytest.mark.engine

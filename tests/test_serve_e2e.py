@@ -91,32 +91,69 @@ def test_engine_start_failure_exits_nonzero_with_the_engines_error_line() -> Non
     assert port_is_free("127.0.0.1", port)
 
 
-def test_serve_stops_cleanly_on_sigterm_and_sigint() -> None:
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        port = free_port()
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "deploy", "serve", "--no-spec", "--set", f"server.port={port}"],
-            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+def _gone(processes: list[psutil.Process], within_s: float) -> list[int]:
+    """The pids still running after up to `within_s` seconds."""
+    def running(p: psutil.Process) -> bool:
         try:
-            assert proc.stdout is not None
-            deadline = time.monotonic() + 600
-            for line in proc.stdout:
-                if line.startswith("ready after"):
-                    break
-                assert time.monotonic() < deadline, "server did not become ready"
-            else:
-                pytest.fail(f"serve exited before ready with code {proc.wait()}")
-            reply = requests.post(f"http://127.0.0.1:{port}/v1/completions", timeout=120, json={
-                "model": "embedded-default", "prompt": "def f(", "max_tokens": 8, "temperature": 0})
-            assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] == 8
-            engine = psutil.Process(proc.pid).children(recursive=True)
-            assert engine, "no engine processes under the server"
-            proc.send_signal(sig)
-            assert proc.wait(timeout=60) == 128 + sig
-            time.sleep(1)
-            assert port_is_free("127.0.0.1", port), "the engine kept the port after the stop"
-            leftovers = [p.pid for p in engine if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
-            assert not leftovers, f"engine processes left running: {leftovers}"
-        finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
+            return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+
+    deadline = time.monotonic() + within_s
+    while True:
+        alive = [p.pid for p in processes if running(p)]
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.5)
+
+
+@pytest.mark.parametrize("how", ["SIGHUP", "two SIGINTs", "SIGKILL"])
+def test_serve_leaves_nothing_running_however_it_is_stopped(how: str) -> None:
+    """A closed terminal (SIGHUP) stops cleanly; a second Ctrl-C during the stop still ends it;
+    a launcher killed outright (SIGKILL, the OOM killer) takes its engine with it. While it
+    serves, a second server on the same port is one line and exit 2, not a traceback."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "deploy", "serve", "--no-spec", "--set", f"server.port={port}"],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        assert proc.stdout is not None
+        deadline = time.monotonic() + 600
+        for line in proc.stdout:
+            if line.startswith("ready after"):
+                break
+            assert time.monotonic() < deadline, "server did not become ready"
+        else:
+            pytest.fail(f"serve exited before ready with code {proc.wait()}")
+        reply = requests.post(f"http://127.0.0.1:{port}/v1/completions", timeout=120, json={
+            "model": "embedded-default", "prompt": "def f(", "max_tokens": 8, "temperature": 0})
+        assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] == 8
+        engine = psutil.Process(proc.pid).children(recursive=True)
+        assert engine, "no engine processes under the server"
+        if how == "SIGHUP":
+            busy = subprocess.run([sys.executable, "-m", "deploy", "serve", "--no-spec", "--set", f"server.port={port}"],
+                                  cwd=ROOT, capture_output=True, text=True, timeout=120)
+            assert busy.returncode == 2 and "already in use" in busy.stderr, busy.stderr[-2000:]
+            assert "Traceback" not in busy.stderr + busy.stdout
+            proc.send_signal(signal.SIGHUP)
+            assert proc.wait(timeout=60) == 128 + signal.SIGHUP
+        elif how == "two SIGINTs":
+            proc.send_signal(signal.SIGINT)
+            time.sleep(0.3)  # inside the graceful stop
+            proc.send_signal(signal.SIGINT)
+            assert proc.wait(timeout=20) == 128 + signal.SIGINT
+        else:
+            proc.kill()
+            proc.wait(timeout=10)
+        leftovers = _gone(engine, within_s=60)
+        assert not leftovers, f"engine processes left running after {how}: {leftovers}"
+        assert port_is_free("127.0.0.1", port), "the engine kept the port after the stop"
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        for child in psutil.Process().children(recursive=True):  # never leak an engine into later tests
+            try:
+                if child.pid != proc.pid and "api_server" in " ".join(child.cmdline()):
+                    child.kill()
+            except psutil.Error:
+                pass  # gone, or a zombie

@@ -1,0 +1,25 @@
+"""Writing result files so that a crash or a full disk never costs what was already measured."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+
+def write_atomic(path: Path, text: str) -> Path:
+    """Write `text` to `path` through a temporary file and a rename: a reader sees the old file
+    or the new one, never half of one, and a failed write (disk full) leaves the old one."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        tmp.replace(path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return path
+
+
+def write_json(path: Path, data: Any) -> Path:
+    return write_atomic(path, json.dumps(data, indent=2, default=str) + "\n")
