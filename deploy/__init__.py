@@ -21,15 +21,17 @@ def plan_from_config(
     overrides: list[str] | tuple[str, ...] = (),
     no_speculation: bool = False,
     check_memory: bool = True,
+    plan_only: bool = False,
 ) -> tuple[ResolvedDeployment, LaunchPlan]:
-    """Load (unless given), check against this machine, and translate a config to a launch plan."""
+    """Load (unless given), check against this machine, and translate a config to a launch plan.
+    `plan_only`: keep what this machine lacks in `resolved.machine_problems` instead of refusing."""
     config_dir = None
     if not isinstance(config, DeploymentConfig):
         config_dir = resolve_config_path(config).parent
         config = load_config(config, overrides, no_speculation)
     elif no_speculation:
         config = config.without_speculation()
-    resolved = preflight(config, config_dir, check_memory=check_memory)
+    resolved = preflight(config, config_dir, check_memory=check_memory, plan_only=plan_only)
     return resolved, build_launch_plan(resolved)
 
 

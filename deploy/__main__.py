@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from types import FrameType
 
-from deploy import ConfigError, ServerStartError, plan_from_config, preflight
+from deploy import ConfigError, ResolvedDeployment, ServerStartError, plan_from_config, preflight
 from deploy.config import DEFAULT_CONFIG, load_config, resolve_config_path
 from deploy.launcher import Server
 
@@ -28,16 +28,33 @@ def _add_config_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--skip-memory-check", action="store_true", help="do not refuse a model that looks too big")
 
 
+def _machine_warnings(resolved: ResolvedDeployment) -> None:
+    for problem in resolved.machine_problems:
+        print(f"warning: this machine cannot run it: {problem}", file=sys.stderr)
+
+
 def cmd_check(opts: argparse.Namespace) -> int:
-    resolved, plan = plan_from_config(opts.config, opts.overrides, opts.no_spec, not opts.skip_memory_check)
+    """The plan for the machine the config describes; exit 1 when this machine cannot run it."""
+    resolved, plan = plan_from_config(opts.config, opts.overrides, opts.no_spec, not opts.skip_memory_check,
+                                      plan_only=True)
     for note in resolved.notes:
         print(f"note: {note}")
-    print(f"config {resolved.config.name}: OK on {resolved.device}")
     print(plan.describe())
+    _machine_warnings(resolved)
+    if resolved.machine_problems:
+        print(f"config {resolved.config.name}: valid, but not on this machine ({resolved.device})")
+        return 1
+    print(f"config {resolved.config.name}: OK on {resolved.device}")
     return 0
 
 
 def cmd_serve(opts: argparse.Namespace) -> int:
+    if opts.dry_run:  # the command for the machine the config is meant for, whatever this one has
+        resolved, plan = plan_from_config(opts.config, opts.overrides, opts.no_spec, not opts.skip_memory_check,
+                                          plan_only=True)
+        print(f"vLLM command:\n{plan.describe()}", flush=True)
+        _machine_warnings(resolved)
+        return 0
     resolved, plan = plan_from_config(opts.config, opts.overrides, opts.no_spec, not opts.skip_memory_check)
     for note in resolved.notes:
         log.info("%s", note)
@@ -45,8 +62,6 @@ def cmd_serve(opts: argparse.Namespace) -> int:
     log.info("deployment %s on %s, speculation: %s", resolved.config.name, resolved.device,
              f"{spec['method']} K={spec['num_speculative_tokens']}" if spec else "off")
     print(f"vLLM command:\n{plan.describe()}", flush=True)
-    if opts.dry_run:
-        return 0
     log_path = LOG_DIR / f"{resolved.config.name}-{plan.port}.log"
     server = Server(plan, log_path, echo=False)
 
@@ -98,7 +113,8 @@ def cmd_k8s(opts: argparse.Namespace) -> int:
     check_cluster_models(config)
     par = config.parallelism
     pod = Machine(gpus=par.world_size, gpu_memory_gib=opts.gpu_memory_gib, host_memory_gib=1024)
-    resolved = preflight(config, resolve_config_path(opts.config).parent, pod, not opts.skip_memory_check)
+    resolved = preflight(config, resolve_config_path(opts.config).parent, pod, not opts.skip_memory_check,
+                         environment=False)
     print(render_manifests(resolved, image=opts.image, replicas=opts.replicas), end="")
     return 0
 

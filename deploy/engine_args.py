@@ -13,12 +13,12 @@ import os
 import re
 import shlex
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from deploy.config import DeploymentConfig
-from deploy.preflight import ResolvedDeployment
+from deploy.preflight import ResolvedDeployment, cpu_binding
 from deploy.vllm_args import known_args
 from plugins.auth import OPEN_PATHS_ENV, GuardEveryRoute
 
@@ -57,6 +57,9 @@ class LaunchPlan:
     served_name: str
     speculative_config: dict[str, Any] | None
     device: str
+    env_sources: dict[str, str] = field(default_factory=dict)
+    """Variables of `env` copied from the caller's (`VLLM_API_KEY` from server.api_key_env): the
+    printed command names the source instead of the value."""
 
     @property
     def base_url(self) -> str:
@@ -65,7 +68,12 @@ class LaunchPlan:
 
     def describe(self) -> str:
         """The command as a person can paste it into a shell (secrets masked)."""
-        env = " ".join(f"{k}={'***' if is_secret(k) else shlex.quote(v)}" for k, v in sorted(self.env.items()))
+        def shown(name: str, value: str) -> str:
+            if name in self.env_sources:
+                return f'"${self.env_sources[name]}"'
+            return "***" if is_secret(name) else shlex.quote(value)
+
+        env = " ".join(f"{k}={shown(k, v)}" for k, v in sorted(self.env.items()))
         return f"{env} \\\n  {shlex.join(self.argv)}"
 
 
@@ -173,18 +181,15 @@ def server_environment(resolved: ResolvedDeployment) -> dict[str, str]:
     if resolved.device == "cpu":
         env["VLLM_TARGET_DEVICE"] = "cpu"
         env["VLLM_CPU_KVCACHE_SPACE"] = str(c.resources.cpu_kvcache_space_gib)
+        binding = cpu_binding(resolved.machine.cpu_ids, c.parallelism.world_size // c.parallelism.nodes)
+        if binding:
+            env["VLLM_CPU_OMP_THREADS_BIND"] = binding
         iomp = _iomp_library() if c.resources.cpu_preload_iomp else None
         if iomp:
             env["LD_PRELOAD"] = ":".join(p for p in (iomp, os.environ.get("LD_PRELOAD", "")) if p)
     if c.server.api_key_env:
-        key = os.environ.get(c.server.api_key_env)
-        if not key:
-            from deploy.config import ConfigError
-
-            raise ConfigError("server.api_key_env", [
-                f"server.api_key_env names {c.server.api_key_env}, which is not set in the environment; "
-                f"export {c.server.api_key_env}=<key> first"])
-        env["VLLM_API_KEY"] = key
+        # Set unless this is only a plan (preflight refuses a real start without it).
+        env["VLLM_API_KEY"] = os.environ.get(c.server.api_key_env, "")
         env[OPEN_PATHS_ENV] = ",".join(open_paths(c))
     env.update(c.env)
     return env
@@ -198,5 +203,6 @@ def vllm_flags(args: dict[str, Any]) -> list[str]:
 def build_launch_plan(resolved: ResolvedDeployment, python: str = sys.executable) -> LaunchPlan:
     argv = [python, "-m", SERVER_MODULE, *vllm_flags(engine_arguments(resolved))]
     c = resolved.config
+    sources = {"VLLM_API_KEY": c.server.api_key_env} if c.server.api_key_env else {}
     return LaunchPlan(argv, server_environment(resolved), c.server.host, c.server.port, c.served_name,
-                      speculative_config(resolved), resolved.device)
+                      speculative_config(resolved), resolved.device, sources)

@@ -1,10 +1,14 @@
 """Checks that look at the machine and the model files, before any engine starts.
 
-`preflight(config)` resolves model references (`embedded:*`, folders, hub ids), then checks:
-the model folders exist, draft and target share a vocabulary, there are enough GPUs for the
-parallelism asked for, and the weights plus KV cache fit in the memory that is there. Each
-problem says what is wrong and what would fix it. The result, a `ResolvedDeployment`, is what
-`engine_args.py` turns into a vLLM command.
+`preflight(config)` resolves model references (`embedded:*`, folders, hub ids), then checks
+two kinds of problem, each saying what is wrong and what would fix it:
+- the deployment's own: draft and target share a vocabulary, the parallelism splits the models
+  the way vLLM 0.32 can (heads and KV heads over tensor ranks, layers over stages, the draft's
+  tensor parallelism, speculation and Ray where the platform has them). Always refused.
+- this machine's: enough GPUs, the weights plus KV cache fit, the API key variable is set.
+  Refused for a real start; a plan (`plan_only`, what `DRY_RUN=1` and `make check` use) keeps
+  them as `machine_problems`, so a laptop can print a GPU cluster's command.
+The result, a `ResolvedDeployment`, is what `engine_args.py` turns into a vLLM command.
 """
 
 from __future__ import annotations
@@ -37,6 +41,8 @@ class Machine:
     gpu_memory_gib: float
     """Memory of one GPU (the smallest, if they differ)."""
     host_memory_gib: float
+    cpu_ids: tuple[int, ...] = ()
+    """The CPUs this process may run on (its affinity), which CPU tensor/pipeline ranks share."""
 
     @staticmethod
     def detect() -> Machine:
@@ -50,7 +56,17 @@ class Machine:
             except (subprocess.SubprocessError, ValueError):
                 pass
         host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / GIB
-        return Machine(gpus, per_gpu, host)
+        return Machine(gpus, per_gpu, host, tuple(sorted(os.sched_getaffinity(0))))
+
+
+def cpu_binding(cpu_ids: tuple[int, ...], ranks: int) -> str | None:
+    """VLLM_CPU_OMP_THREADS_BIND for `ranks` CPU workers: the CPUs split into as many contiguous
+    groups (`0|1` on two cores). vLLM's `auto` gives rank N the N-th NUMA node and reserves a core
+    per rank for its scheduler, so on one socket rank 1 gets no CPU at all. None: too few CPUs."""
+    if ranks <= 1 or len(cpu_ids) < ranks:
+        return None
+    size = len(cpu_ids) // ranks
+    return "|".join(",".join(map(str, cpu_ids[r * size:(r + 1) * size])) for r in range(ranks))
 
 
 @dataclass(frozen=True)
@@ -84,6 +100,8 @@ class ResolvedDeployment:
     draft: ModelInfo | None
     notes: list[str] = field(default_factory=list)
     """Estimates and warnings to show the user."""
+    machine_problems: list[str] = field(default_factory=list)
+    """Why this machine cannot run the plan (only kept for a plan: a real start refuses them)."""
 
 
 def resolve_model_ref(ref: str, config_dir: Path | None = None) -> str:
@@ -280,8 +298,14 @@ def check_fit(resolved: ResolvedDeployment) -> list[str]:
                 f"memory are usable. Fix: raise tensor_parallel_size, quantize (target.quantization), or "
                 f"shorten target.max_model_len")
     else:
-        if par.tensor_parallel_size * par.pipeline_parallel_size > 1 and par.nodes == 1:
-            resolved.notes.append("CPU: tensor/pipeline parallelism splits the model over CPU sockets (NUMA nodes)")
+        ranks = par.world_size // par.nodes
+        if ranks > 1 and "VLLM_CPU_OMP_THREADS_BIND" not in config.env:
+            if machine.cpu_ids and len(machine.cpu_ids) < ranks:
+                problems.append(f"parallelism: {ranks} CPU ranks need a CPU each, but this process may use "
+                                f"{len(machine.cpu_ids)}. Fix: lower tensor/pipeline_parallel_size")
+            elif machine.cpu_ids:
+                resolved.notes.append(f"CPU: {ranks} ranks bound to CPUs {cpu_binding(machine.cpu_ids, ranks)} "
+                                      f"(VLLM_CPU_OMP_THREADS_BIND; env: sets it by hand)")
         available = machine.host_memory_gib - config.resources.cpu_kvcache_space_gib
         if need_gib > available:
             hint = (f"this machine has no NVIDIA GPU; run this preset on GPUs (it is sized for "
@@ -293,20 +317,97 @@ def check_fit(resolved: ResolvedDeployment) -> list[str]:
     return problems
 
 
-def choose_device(config: DeploymentConfig, machine: Machine) -> str:
+def choose_device(config: DeploymentConfig, machine: Machine) -> tuple[str, list[str]]:
+    """The device the engine runs on, and why this machine lacks it (if it does)."""
     if config.resources.device == "auto":
-        return "cuda" if machine.gpus else "cpu"
+        return ("cuda" if machine.gpus else "cpu"), []
     if config.resources.device == "cuda" and not machine.gpus:
-        raise ConfigError("resources.device", ["resources.device is cuda but no NVIDIA GPU was found "
-                                               "(nvidia-smi); use device: auto or cpu"])
-    return config.resources.device
+        return "cuda", ["resources.device is cuda but this machine has no NVIDIA GPU (nvidia-smi); run it on "
+                        "the GPUs it is meant for, or use device: auto or cpu"]
+    return config.resources.device, []
+
+
+def _split(total: int, ranks: int) -> bool:
+    """Whether vLLM can spread `total` KV heads over `ranks` tensor ranks: divided, or replicated
+    when there are more ranks than heads (`QKVParallelLinear`)."""
+    return total % ranks == 0 if ranks <= total else ranks % total == 0
+
+
+def check_parallelism(config: DeploymentConfig, target: ModelInfo, draft: ModelInfo | None, device: str,
+                      notes: list[str]) -> list[str]:
+    """vLLM 0.32's rules for splitting the models, checked before anything starts (vLLM itself
+    only finds them after loading for a minute, or, for speculation with pipeline stages on the
+    CPU, with an AttributeError)."""
+    par, spec = config.parallelism, config.speculation
+    tp, pp = par.tensor_parallel_size, par.pipeline_parallel_size
+    problems: list[str] = []
+    draft_tp = spec.draft_tensor_parallel_size
+    if spec.enabled and spec.drafter == "small_model" and spec.implementation == "native":
+        if draft_tp is not None and draft_tp != tp:
+            problems.append(
+                f"speculation.draft_tensor_parallel_size is {draft_tp} but parallelism.tensor_parallel_size is {tp}: "
+                f"vLLM 0.32's draft-model path needs them equal (ranks would share the draft's compile cache). "
+                f"Fix: remove draft_tensor_parallel_size (it then follows the target) or set it to {tp}")
+        draft_tp = tp
+    elif spec.enabled and draft_tp is not None and draft_tp not in (1, tp):
+        problems.append(f"speculation.draft_tensor_parallel_size is {draft_tp}: vLLM takes 1 or the target's "
+                        f"tensor_parallel_size ({tp})")
+    splits = [("target.model", target, tp)]
+    if spec.enabled and draft is not None and spec.drafter == "small_model":
+        splits.append(("speculation.model", draft, draft_tp or tp))
+    for name, info, ranks in splits:
+        hf = info.hf_config
+        if not hf:
+            if ranks > 1 or (name == "target.model" and pp > 1):
+                notes.append(f"{name}: no config.json on this machine, so how its heads and layers split over "
+                             f"{ranks} tensor x {pp} pipeline ranks is checked by vLLM at start-up")
+            continue
+        heads = hf.get("num_attention_heads") or (hf.get("text_config") or {}).get("num_attention_heads")
+        kv = hf.get("num_key_value_heads") or heads
+        layers = hf.get("num_hidden_layers") or (hf.get("text_config") or {}).get("num_hidden_layers")
+        if heads and heads % ranks:
+            fit = [n for n in range(1, heads + 1) if heads % n == 0 and _split(kv, n) and n <= 16]
+            problems.append(f"parallelism: {name} has {heads} attention heads, which {ranks} tensor-parallel ranks "
+                            f"cannot share evenly (vLLM: 'must be divisible by tensor parallel size'). Fix: a "
+                            f"tensor_parallel_size of {', '.join(map(str, fit))}")
+        elif heads and kv and not _split(kv, ranks):
+            problems.append(f"parallelism: {name} has {kv} KV heads; {ranks} tensor-parallel ranks must divide them "
+                            f"or be a multiple of them")
+        if name == "target.model" and layers and pp > 1:
+            if layers < pp:
+                problems.append(f"parallelism: target.model has {layers} layers, fewer than pipeline_parallel_size "
+                                f"{pp}: every stage needs one. Fix: pipeline_parallel_size <= {layers}")
+            elif layers % pp:
+                notes.append(f"{layers} layers over {pp} pipeline stages: vLLM gives the first stages one more "
+                             f"(VLLM_PP_LAYER_PARTITION sets the split by hand)")
+    if spec.enabled and pp > 1 and device == "cpu":
+        problems.append(
+            "parallelism: speculation with pipeline_parallel_size > 1 does not run on vLLM 0.32's CPU engine (its "
+            "runner has no drafter on the stages; start-up fails with \"'CPUModelRunner' object has no attribute "
+            "'drafter'\"). Fix: tensor_parallel_size for two CPU ranks, or pipeline stages without speculation. "
+            "On GPUs vLLM drafts on the last stage")
+    if par.distributed_executor_backend == "ray" and device == "cpu":
+        problems.append("parallelism.distributed_executor_backend: vLLM's CPU platform has no Ray support. "
+                        "Fix: mp (one node) or leave it unset")
+    return problems
+
+
+def check_environment(config: DeploymentConfig) -> list[str]:
+    """What the server needs from the environment it starts in."""
+    name = config.server.api_key_env
+    if name and not os.environ.get(name):
+        return [f"server.api_key_env names {name}, which is not set in the environment; export {name}=<key> first"]
+    return []
 
 
 def preflight(config: DeploymentConfig, config_dir: Path | None = None, machine: Machine | None = None,
-              check_memory: bool = True) -> ResolvedDeployment:
-    """Resolve and check a config against this machine; raise `ConfigError` listing every problem."""
+              check_memory: bool = True, plan_only: bool = False, environment: bool = True) -> ResolvedDeployment:
+    """Resolve and check a config against this machine; raise `ConfigError` listing every problem.
+    `plan_only`: what this machine lacks (GPUs, memory, the API key) goes to `machine_problems`
+    instead, and the plan is made for the machine the config describes. `environment`: check
+    this process's environment too (off for manifests, whose pods get the key from a Secret)."""
     machine = machine or Machine.detect()
-    device = choose_device(config, machine)
+    device, machine_problems = choose_device(config, machine)
     target_path = resolve_model_ref(config.target.model, config_dir)
     target = inspect_model(config.target.model, target_path, "target.model")
     draft = None
@@ -323,9 +424,16 @@ def preflight(config: DeploymentConfig, config_dir: Path | None = None, machine:
                              "(vLLM checks it again when it loads the models)")
     if spec.drafter == "small_model" and spec.implementation == "plugin" and not (target.local and draft and draft.local):
         problems.append("speculation.implementation: the small-model plugin loads the draft from a local folder")
+    problems += check_parallelism(config, target, draft, device, notes)
     resolved = ResolvedDeployment(config, machine, device, target, draft, notes)
     if check_memory:
-        problems += check_fit(resolved)
+        machine_problems += check_fit(resolved)
+    if environment:
+        machine_problems += check_environment(config)
+    if plan_only:
+        resolved.machine_problems = machine_problems
+    else:
+        problems += machine_problems
     if problems:
         raise ConfigError(config.name, problems)
     return resolved

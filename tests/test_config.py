@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -13,8 +16,9 @@ import yaml
 from deploy import free_port, plan_from_config
 from deploy.config import CONFIGS_DIR, ConfigError, load_config, parse_config
 from deploy.engine_args import build_launch_plan, engine_arguments
-from deploy.preflight import Machine, preflight
+from deploy.preflight import Machine, cpu_binding, preflight
 
+ROOT = Path(__file__).resolve().parent.parent
 PRESETS = sorted(p.name for p in CONFIGS_DIR.glob("*.yaml"))
 GPU_NODE = Machine(gpus=8, gpu_memory_gib=80, host_memory_gib=1024)
 CPU_BOX = Machine(gpus=0, gpu_memory_gib=0, host_memory_gib=24)
@@ -97,12 +101,13 @@ def test_missing_model_folder_says_how_to_fix(tmp_path: Path) -> None:
     assert "does not exist" in str(info.value) and "embedded:target" in str(info.value)
 
 
-def fake_model(folder: Path, vocab: int, hidden: int = 64, layers: int = 2) -> str:
+def fake_model(folder: Path, vocab: int, hidden: int = 64, layers: int = 2, heads: int = 1,
+               kv_heads: int | None = None) -> str:
     folder.mkdir(parents=True)
     (folder / "config.json").write_text(json.dumps({
         "architectures": ["LlamaForCausalLM"], "hidden_size": hidden, "num_hidden_layers": layers,
-        "num_attention_heads": 1, "intermediate_size": 4 * hidden, "vocab_size": vocab,
-        "max_position_embeddings": 512}))
+        "num_attention_heads": heads, "num_key_value_heads": kv_heads or heads, "intermediate_size": 4 * hidden,
+        "vocab_size": vocab, "max_position_embeddings": 512}))
     (folder / "tokenizer.json").write_text(json.dumps({"model": {"vocab": {f"t{i}": i for i in range(vocab)}},
                                                        "added_tokens": []}))
     return str(folder)
@@ -189,10 +194,18 @@ def test_draft_not_smaller_than_target_is_refused(tmp_path: Path) -> None:
         preflight(config, machine=CPU_BOX)
 
 
+@pytest.fixture(autouse=True)
+def _api_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The presets' key variable is set unless a test removes it (a real start refuses without it)."""
+    monkeypatch.setenv("SPECDEPLOY_API_KEY", "sk-test")
+
+
 def test_model_that_cannot_fit_the_machine() -> None:
     with pytest.raises(ConfigError) as info:
-        preflight(load_config("llama70b-7b"), machine=CPU_BOX)
+        preflight(load_config("llama70b-7b", ["resources.device=auto"]), machine=CPU_BOX)
     assert "GiB of RAM" in str(info.value) and "run this preset on GPUs" in str(info.value)
+    with pytest.raises(ConfigError, match="resources.device is cuda but this machine has no NVIDIA GPU"):
+        preflight(load_config("llama70b-7b"), machine=CPU_BOX)
     small_gpus = Machine(gpus=2, gpu_memory_gib=24, host_memory_gib=256)
     with pytest.raises(ConfigError) as info:
         preflight(load_config("llama70b-7b"), machine=small_gpus)
@@ -205,10 +218,10 @@ def test_model_that_cannot_fit_the_machine() -> None:
 
 EXPECTED_SPEC = {
     "llama70b-7b.yaml": {"method": "draft_model", "model": "meta-llama/Llama-2-7b-chat-hf",
-                         "num_speculative_tokens": 4, "draft_tensor_parallel_size": 1,
+                         "num_speculative_tokens": 4,
                          "num_speculative_tokens_per_batch_size": [[1, 8, 4], [9, 32, 2], [33, 1024, 0]]},
     "llama70b-1b.yaml": {"method": "draft_model", "model": "meta-llama/Llama-3.2-1B-Instruct",
-                         "num_speculative_tokens": 5, "draft_tensor_parallel_size": 1},
+                         "num_speculative_tokens": 5},
     "qwen3-4b-0.6b.yaml": {"method": "draft_model", "model": "Qwen/Qwen3-0.6B", "num_speculative_tokens": 4},
     "smollm2-1.7b-360m.yaml": {"method": "draft_model", "model": "HuggingFaceTB/SmolLM2-360M-Instruct",
                                "num_speculative_tokens": 4},
@@ -244,14 +257,107 @@ def test_hub_preset_translation(name: str, monkeypatch: pytest.MonkeyPatch) -> N
 
 
 def test_api_key_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    resolved = preflight(load_config("llama70b-7b"), machine=GPU_NODE)
     monkeypatch.delenv("SPECDEPLOY_API_KEY", raising=False)
     with pytest.raises(ConfigError, match="export SPECDEPLOY_API_KEY"):
-        build_launch_plan(resolved)
+        preflight(load_config("llama70b-7b"), machine=GPU_NODE)
+    # A plan shows where the key will come from, and says what is missing.
+    planned = preflight(load_config("llama70b-7b"), machine=GPU_NODE, plan_only=True)
+    assert [p for p in planned.machine_problems if "export SPECDEPLOY_API_KEY" in p]
+    assert 'VLLM_API_KEY="$SPECDEPLOY_API_KEY"' in build_launch_plan(planned).describe()
     monkeypatch.setenv("SPECDEPLOY_API_KEY", "sk-test-123")
+    resolved = preflight(load_config("llama70b-7b"), machine=GPU_NODE)
+    assert resolved.machine_problems == []
     plan = build_launch_plan(resolved)
     assert plan.env["VLLM_API_KEY"] == "sk-test-123"
     assert "sk-test-123" not in " ".join(plan.argv) and "sk-test-123" not in plan.describe()
+
+
+def _deploy_cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "deploy", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120, env=env)
+
+
+def test_a_dry_run_plans_for_the_machine_the_config_is_meant_for() -> None:
+    """On this GPU-less machine, without the key: the 8-GPU command all the same, with warnings."""
+    env = {k: v for k, v in os.environ.items() if k != "SPECDEPLOY_API_KEY"}
+    env["PATH"] = os.pathsep.join(p for p in env.get("PATH", "").split(os.pathsep)
+                                  if not (Path(p) / "nvidia-smi").exists())  # no GPU here, whatever the host
+    dry = _deploy_cli("serve", "llama70b-7b", "--dry-run", env=env)
+    assert dry.returncode == 0, dry.stderr
+    assert "--tensor-parallel-size 8" in dry.stdout and 'VLLM_API_KEY="$SPECDEPLOY_API_KEY"' in dry.stdout
+    assert "VLLM_TARGET_DEVICE" not in dry.stdout  # a GPU command, not a CPU one
+    warnings = [line for line in dry.stderr.splitlines() if line.startswith("warning: this machine cannot run it")]
+    assert any("needs 8 GPUs per node" in w for w in warnings) and any("export SPECDEPLOY_API_KEY" in w
+                                                                         for w in warnings), dry.stderr
+    check = _deploy_cli("check", "llama70b-7b", env=env)
+    assert check.returncode == 1 and "--tensor-parallel-size 8" in check.stdout
+    assert "valid, but not on this machine" in check.stdout and "needs 8 GPUs per node" in check.stderr
+    real = _deploy_cli("serve", "llama70b-7b", env=env)  # refused before anything starts
+    assert real.returncode == 2 and "needs 8 GPUs per node" in real.stderr and "vLLM command" not in real.stdout
+    bad = _deploy_cli("serve", "default", "--dry-run", "--set", "parallelism.tensor_parallel_size=5", env=env)
+    assert bad.returncode == 2 and "cannot share evenly" in bad.stderr  # the config's own problems stay errors
+
+
+# --- parallelism: vLLM 0.32's rules before anything starts ------------------------------------
+
+def _parallel(tmp_path: Path, parallelism: dict, speculation: dict | None = None, heads: int = 24, kv: int = 6,
+              layers: int = 4, draft_heads: int = 2, **sections) -> list[str]:
+    """Problems of a deployment of a fake target (and draft) with these heads and layers."""
+    target = fake_model(tmp_path / "target", vocab=1000, hidden=1536, layers=layers, heads=heads, kv_heads=kv)
+    draft = fake_model(tmp_path / "draft", vocab=1000, hidden=128, layers=1, heads=draft_heads)
+    spec = {"drafter": "small_model", "model": draft, **(speculation or {})}
+    config = parse_config(minimal(target={"model": target}, speculation=spec, parallelism=parallelism, **sections))
+    try:
+        preflight(config, machine=CPU_BOX, check_memory=False)
+    except ConfigError as exc:
+        return exc.problems
+    return []
+
+
+@pytest.mark.parametrize("parallelism, speculation, expected", [
+    ({"tensor_parallel_size": 5}, None, "target.model has 24 attention heads, which 5 tensor-parallel ranks cannot "
+                                        "share evenly (vLLM: 'must be divisible by tensor parallel size'). Fix: a "
+                                        "tensor_parallel_size of 1, 2, 3, 6, 12"),
+    ({"tensor_parallel_size": 4}, None, "target.model has 6 KV heads; 4 tensor-parallel ranks must divide them"),
+    ({"tensor_parallel_size": 4}, {"drafter": "none"}, "6 KV heads"),
+    ({"tensor_parallel_size": 3}, None, "speculation.model has 2 attention heads, which 3 tensor-parallel ranks"),
+    ({"tensor_parallel_size": 2}, {"draft_tensor_parallel_size": 1},
+     "draft_tensor_parallel_size is 1 but parallelism.tensor_parallel_size is 2: vLLM 0.32's draft-model path needs"),
+    ({"pipeline_parallel_size": 8}, {"drafter": "none"}, "has 4 layers, fewer than pipeline_parallel_size 8"),
+    ({"pipeline_parallel_size": 2}, None, "speculation with pipeline_parallel_size > 1 does not run on vLLM 0.32's "
+                                          "CPU engine"),
+    ({"distributed_executor_backend": "ray"}, None, "vLLM's CPU platform has no Ray support"),
+])
+def test_parallelism_vllm_would_refuse_is_refused_before_start(tmp_path: Path, parallelism: dict,
+                                                                 speculation: dict | None, expected: str) -> None:
+    found = _parallel(tmp_path, parallelism, speculation)
+    assert any(expected in p for p in found), found
+
+
+def test_cpu_ranks_get_cores_of_their_own() -> None:
+    assert cpu_binding((0, 1), 2) == "0|1"
+    assert cpu_binding((0, 1, 2, 3, 4), 2) == "0,1|2,3"
+    assert cpu_binding((0,), 2) is None and cpu_binding((0, 1), 1) is None
+    two_cores = Machine(gpus=0, gpu_memory_gib=0, host_memory_gib=24, cpu_ids=(0, 1))
+    plan = build_launch_plan(preflight(load_config("default", ["parallelism.tensor_parallel_size=2"]),
+                                       machine=two_cores))
+    assert plan.env["VLLM_CPU_OMP_THREADS_BIND"] == "0|1"
+    assert "VLLM_CPU_OMP_THREADS_BIND" not in build_launch_plan(preflight(load_config("default"),
+                                                                          machine=two_cores)).env
+    with pytest.raises(ConfigError, match="2 CPU ranks need a CPU each, but this process may use 1"):
+        preflight(load_config("default", ["parallelism.tensor_parallel_size=2"]),
+                  machine=Machine(gpus=0, gpu_memory_gib=0, host_memory_gib=24, cpu_ids=(0,)))
+
+
+@pytest.mark.parametrize("parallelism, speculation", [
+    ({"tensor_parallel_size": 2}, None),  # the embedded pair's shape: 24/6 heads, a 2-head draft
+    ({"tensor_parallel_size": 2}, {"draft_tensor_parallel_size": 2}),
+    ({"tensor_parallel_size": 12}, {"drafter": "none"}),  # more ranks than KV heads: vLLM replicates them
+    ({"pipeline_parallel_size": 2, "distributed_executor_backend": "mp"}, {"drafter": "none"}),
+    ({"pipeline_parallel_size": 3}, {"drafter": "none"}),  # 4 layers over 3 stages: uneven, as vLLM allows
+])
+def test_parallelism_vllm_can_run_passes(tmp_path: Path, parallelism: dict, speculation: dict | None) -> None:
+    assert _parallel(tmp_path, parallelism, speculation) == []
 
 
 @pytest.mark.parametrize("section, expected", [
