@@ -14,7 +14,7 @@ CONFIG_ARGS = $(CONFIG) $(foreach s,$(SET),--set $(s)) $(if $(NO_SPEC),--no-spec
 .PHONY: help venv models serve check test bench-drafters loadtest compare clean
 
 help:
-	@echo "make serve [CONFIG=default.yaml] [SET='field=value ...'] [NO_SPEC=1] [DRY_RUN=1]"
+	@echo "make serve [CONFIG=default.yaml] [SET='field=value ...'] [NO_SPEC=1] [DRY_RUN=1] [NODE_RANK=r]"
 	@echo "make check CONFIG=...     validate a config against this machine, print the vLLM command"
 	@echo "make models               build the embedded default model pair (cached)"
 	@echo "make test                 run the test suite (real vLLM engines on CPU)"
@@ -35,7 +35,7 @@ models: $(STAMP)
 	$(PY) -m loadtest costs default.yaml --pair
 
 serve: $(STAMP)
-	$(PY) -m deploy serve $(CONFIG_ARGS) $(if $(DRY_RUN),--dry-run)
+	$(PY) -m deploy serve $(CONFIG_ARGS) $(if $(DRY_RUN),--dry-run) $(if $(NODE_RANK),--node-rank $(NODE_RANK))
 
 check: $(STAMP)
 	$(PY) -m deploy check $(CONFIG_ARGS)

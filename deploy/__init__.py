@@ -22,9 +22,11 @@ def plan_from_config(
     no_speculation: bool = False,
     check_memory: bool = True,
     plan_only: bool = False,
+    node_rank: int = 0,
 ) -> tuple[ResolvedDeployment, LaunchPlan]:
     """Load (unless given), check against this machine, and translate a config to a launch plan.
-    `plan_only`: keep what this machine lacks in `resolved.machine_problems` instead of refusing."""
+    `plan_only`: keep what this machine lacks in `resolved.machine_problems` instead of refusing.
+    `node_rank`: which node's command, for a deployment over several nodes."""
     config_dir = None
     if not isinstance(config, DeploymentConfig):
         config_dir = resolve_config_path(config).parent
@@ -32,7 +34,7 @@ def plan_from_config(
     elif no_speculation:
         config = config.without_speculation()
     resolved = preflight(config, config_dir, check_memory=check_memory, plan_only=plan_only)
-    return resolved, build_launch_plan(resolved)
+    return resolved, build_launch_plan(resolved, node_rank=node_rank)
 
 
 __all__ = [

@@ -13,6 +13,7 @@ from types import FrameType
 
 from deploy import ConfigError, ResolvedDeployment, ServerStartError, plan_from_config, preflight
 from deploy.config import DEFAULT_CONFIG, load_config, resolve_config_path
+from deploy.engine_args import node_plans
 from deploy.launcher import Server
 
 log = logging.getLogger("specdeploy")
@@ -48,21 +49,32 @@ def cmd_check(opts: argparse.Namespace) -> int:
     return 0
 
 
+def _describe_nodes(resolved: ResolvedDeployment) -> str:
+    plans = node_plans(resolved)
+    if len(plans) == 1:
+        return plans[0].describe()
+    return "\n".join(f"# node {p.node_rank} ({'API server' if p.node_rank == 0 else 'headless workers'}): "
+                     f"make serve NODE_RANK={p.node_rank} ...\n{p.describe()}" for p in plans)
+
+
 def cmd_serve(opts: argparse.Namespace) -> int:
     if opts.dry_run:  # the command for the machine the config is meant for, whatever this one has
         resolved, plan = plan_from_config(opts.config, opts.overrides, opts.no_spec, not opts.skip_memory_check,
-                                          plan_only=True)
-        print(f"vLLM command:\n{plan.describe()}", flush=True)
+                                          plan_only=True, node_rank=opts.node_rank)
+        print(f"vLLM command:\n{_describe_nodes(resolved)}", flush=True)
         _machine_warnings(resolved)
         return 0
-    resolved, plan = plan_from_config(opts.config, opts.overrides, opts.no_spec, not opts.skip_memory_check)
+    resolved, plan = plan_from_config(opts.config, opts.overrides, opts.no_spec, not opts.skip_memory_check,
+                                      node_rank=opts.node_rank)
     for note in resolved.notes:
         log.info("%s", note)
     spec = plan.speculative_config
-    log.info("deployment %s on %s, speculation: %s", resolved.config.name, resolved.device,
-             f"{spec['method']} K={spec['num_speculative_tokens']}" if spec else "off")
+    log.info("deployment %s on %s, speculation: %s%s", resolved.config.name, resolved.device,
+             f"{spec['method']} K={spec['num_speculative_tokens']}" if spec else "off",
+             f", node {plan.node_rank} of {resolved.config.parallelism.nodes}" if resolved.config.parallelism.nodes > 1
+             else "")
     print(f"vLLM command:\n{plan.describe()}", flush=True)
-    log_path = LOG_DIR / f"{resolved.config.name}-{plan.port}.log"
+    log_path = LOG_DIR / f"{resolved.config.name}-{plan.port}{f'-node{plan.node_rank}' if plan.headless else ''}.log"
     server = Server(plan, log_path, echo=False)
 
     stopping = False
@@ -88,14 +100,18 @@ def cmd_serve(opts: argparse.Namespace) -> int:
     except ServerStartError as exc:  # the port is taken: one line, not a traceback
         log.error("%s", exc)
         return 2
-    try:
-        took = server.wait_healthy(resolved.config.server.startup_timeout_s)
-    except ServerStartError as exc:
-        print("\n".join(exc.log_tail[-15:]), file=sys.stderr)
-        log.error("%s", exc)
-        return 1
-    print(f"ready after {took:.0f} s: {plan.base_url}/v1 (model '{plan.served_name}'); metrics at "
-          f"{plan.base_url}/metrics; engine log {log_path}. Ctrl-C stops.", flush=True)
+    if plan.headless:  # no HTTP here: node 0 serves, and its health covers this node's workers
+        print(f"node {plan.node_rank}: headless workers started, joining node 0 at "
+              f"{resolved.config.parallelism.master_addr}; engine log {log_path}. Ctrl-C stops.", flush=True)
+    else:
+        try:
+            took = server.wait_healthy(resolved.config.server.startup_timeout_s)
+        except ServerStartError as exc:
+            print("\n".join(exc.log_tail[-15:]), file=sys.stderr)
+            log.error("%s", exc)
+            return 1
+        print(f"ready after {took:.0f} s: {plan.base_url}/v1 (model '{plan.served_name}'); metrics at "
+              f"{plan.base_url}/metrics; engine log {log_path}. Ctrl-C stops.", flush=True)
     server.echo = True  # from here on, show the engine's own log lines
     while server.alive():
         time.sleep(1)
@@ -133,6 +149,8 @@ def main(argv: list[str] | None = None) -> int:
     serve = sub.add_parser("serve", help="validate a config and run its vLLM server")
     _add_config_args(serve)
     serve.add_argument("--dry-run", action="store_true", help="print the vLLM command, start nothing")
+    serve.add_argument("--node-rank", type=int, default=int(os.environ.get("NODE_RANK") or 0),
+                       help="this node's place in a deployment over several nodes (default: $NODE_RANK or 0)")
     check = sub.add_parser("check", help="validate a config against this machine and print the vLLM command")
     _add_config_args(check)
     models = sub.add_parser("models", help="build the embedded default model pair")

