@@ -175,7 +175,8 @@ class ParallelismConfig(Section):
     """Machines the deployment spans. With `mp` every node runs `make serve NODE_RANK=r` (node 0
     serves the API, the others run headless workers); with `ray` only the head node does."""
     master_addr: str | None = None
-    """With nodes > 1 and `mp`: the address of node 0 that the other nodes reach (`--master-addr`)."""
+    """With nodes > 1 and `mp`: the address of node 0 that the other nodes reach (`--master-addr`).
+    Needed to serve; Kubernetes manifests take the leader pod's address instead."""
     master_port: int = Field(default=29501, ge=1, le=65535)
     """With nodes > 1 and `mp`: the torch.distributed port on node 0 (`--master-port`)."""
 
@@ -192,9 +193,6 @@ class ParallelismConfig(Section):
     def _check_nodes(self) -> ParallelismConfig:
         if self.nodes > 1 and self.distributed_executor_backend == "uni":
             raise ValueError("nodes > 1 needs distributed_executor_backend mp (vLLM's --nnodes) or ray")
-        if self.multi_node_mp and not self.master_addr:
-            raise ValueError("nodes > 1 with the mp backend needs master_addr: the address of node 0 that the "
-                             "other nodes reach (or distributed_executor_backend: ray with a Ray cluster)")
         if self.world_size % self.nodes:
             raise ValueError(f"tensor x pipeline x data parallel = {self.world_size} GPUs does not split "
                              f"evenly over {self.nodes} nodes")

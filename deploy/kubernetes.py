@@ -1,10 +1,14 @@
-"""Kubernetes manifests for a deployment: a Deployment and a Service running vLLM's server.
+"""Kubernetes manifests for a deployment: vLLM's server as a Deployment (one node) or a
+LeaderWorkerSet (several nodes), and a Service.
 
 The container runs exactly the vLLM arguments `engine_args.py` derives for the config (so a
 pod serves what `make serve` would), on the official vLLM image, with GPUs requested for
 tensor x pipeline parallelism, `/health` as readiness and liveness probe, and the API key
-taken from a Secret. Multi-node deployments (Ray across pods) need a LeaderWorkerSet and are
-refused here with a pointer rather than rendered half right.
+taken from a Secret. Across nodes it follows vLLM's documented LeaderWorkerSet layout with
+its own launcher: every pod of a group runs the same engine with `--nnodes`, its
+`--node-rank` ($(LWS_WORKER_INDEX)) and the leader's address ($(LWS_LEADER_ADDRESS)); the
+leader serves the API, the workers run `vllm serve --headless`. Ray across pods is refused
+with a pointer rather than rendered half right.
 """
 
 from __future__ import annotations
@@ -37,9 +41,9 @@ def render_manifests(resolved: ResolvedDeployment, image: str = DEFAULT_IMAGE, r
     """Deployment + Service YAML for a GPU cluster."""
     config = resolved.config
     par = config.parallelism
-    if par.nodes > 1:
-        raise ConfigError(config.name, ["parallelism.nodes > 1: a deployment across nodes needs a LeaderWorkerSet "
-                                        "with a Ray head and workers; render single-node configs only"])
+    if par.nodes > 1 and not par.multi_node_mp:
+        raise ConfigError(config.name, ["parallelism.nodes > 1 with Ray: manifests use vLLM's own multi-node "
+                                        "launcher in a LeaderWorkerSet; set distributed_executor_backend: mp"])
     check_cluster_models(config)
     spec = config.speculation
     if spec.drafter in PLUGIN_CLASSES and (spec.drafter == "bigram" or spec.implementation == "plugin"):
@@ -47,6 +51,8 @@ def render_manifests(resolved: ResolvedDeployment, image: str = DEFAULT_IMAGE, r
                                         f"{image} with `pip install .` and pass it as --image"])
     args = engine_arguments(resolved)
     args.update(host="0.0.0.0", port=CONTAINER_PORT)
+    if par.multi_node_mp:  # LeaderWorkerSet puts each pod's place and the leader's address in its env
+        args.update(node_rank="$(LWS_WORKER_INDEX)", master_addr="$(LWS_LEADER_ADDRESS)")
     warnings = []
     if args.get("middleware") == AUTH_MIDDLEWARE and image == DEFAULT_IMAGE:
         # The stock image cannot import specdeploy's middleware: vLLM then guards /v1 only.
@@ -54,7 +60,7 @@ def render_manifests(resolved: ResolvedDeployment, image: str = DEFAULT_IMAGE, r
         warnings.append(f"# WARNING: on the stock image {image} the API key guards /v1 only; /tokenize, "
                         f"/invocations, /metrics and /docs answer anyone. Build an image FROM it with "
                         f"`pip install .` and pass it as --image to guard every route.\n")
-    gpus = par.tensor_parallel_size * par.pipeline_parallel_size * par.data_parallel_size
+    gpus = par.world_size // par.nodes  # per pod: one pod per node
     name = config.name.lower().replace(".", "-").replace("_", "-")
     labels = {"app.kubernetes.io/name": name, "app.kubernetes.io/part-of": "specdeploy"}
     secrets = sorted(k for k in config.env if is_secret(k))
@@ -96,32 +102,57 @@ def render_manifests(resolved: ResolvedDeployment, image: str = DEFAULT_IMAGE, r
         "volumeMounts": [{"name": "shm", "mountPath": "/dev/shm"}, {"name": "cache", "mountPath": "/cache"},
                          {"name": "tmp", "mountPath": "/tmp"}],
     }
-    deployment = {
-        "apiVersion": "apps/v1", "kind": "Deployment",
-        "metadata": {"name": name, "labels": labels},
-        "spec": {
-            "replicas": replicas,
-            "selector": {"matchLabels": labels},
-            "template": {
-                "metadata": {"labels": labels},
-                "spec": {
-                    # The server never talks to the Kubernetes API: no token to steal.
-                    "automountServiceAccountToken": False,
-                    "securityContext": {"runAsNonRoot": True, "runAsUser": 1000, "runAsGroup": 1000,
-                                        "fsGroup": 1000, "seccompProfile": {"type": "RuntimeDefault"}},
-                    "containers": [container], "volumes": [
-                        {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "16Gi"}},
-                        {"name": "cache", "emptyDir": {}}, {"name": "tmp", "emptyDir": {}}]},
+    if par.multi_node_mp:
+        serving = {**labels, "role": "leader"}
+        # The workers serve no HTTP: vLLM's own `serve --headless` (the stock image's console
+        # script), the same engine arguments, no probes (the leader's /health covers the group).
+        worker = {**container, "name": "vllm-worker", "command": ["vllm", "serve"],
+                  "args": vllm_flags({**args, "headless": True})}
+        for key in ("ports", "startupProbe", "readinessProbe", "livenessProbe"):
+            del worker[key]
+        workload = {
+            "apiVersion": "leaderworkerset.x-k8s.io/v1", "kind": "LeaderWorkerSet",
+            "metadata": {"name": name, "labels": labels},
+            "spec": {
+                "replicas": replicas,
+                "leaderWorkerTemplate": {
+                    "size": par.nodes,
+                    # One engine over all pods of a group: a lost pod restarts the whole group.
+                    "restartPolicy": "RecreateGroupOnPodRestart",
+                    "leaderTemplate": {"metadata": {"labels": serving}, "spec": _pod_spec(container)},
+                    "workerTemplate": {"metadata": {"labels": labels}, "spec": _pod_spec(worker)},
+                },
             },
-        },
-    }
+        }
+    else:
+        serving = labels
+        workload = {
+            "apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": name, "labels": labels},
+            "spec": {
+                "replicas": replicas,
+                "selector": {"matchLabels": labels},
+                "template": {"metadata": {"labels": labels}, "spec": _pod_spec(container)},
+            },
+        }
     service = {
         "apiVersion": "v1", "kind": "Service",
         "metadata": {"name": name, "labels": labels},
-        "spec": {"selector": labels, "ports": [{"name": "http", "port": config.server.port,
-                                                "targetPort": CONTAINER_PORT}]},
+        "spec": {"selector": serving, "ports": [{"name": "http", "port": config.server.port,
+                                                 "targetPort": CONTAINER_PORT}]},
     }
-    return "".join(warnings) + yaml.dump_all([deployment, service], Dumper=_PlainDumper, sort_keys=False)
+    return "".join(warnings) + yaml.dump_all([workload, service], Dumper=_PlainDumper, sort_keys=False)
+
+
+def _pod_spec(container: dict[str, Any]) -> dict[str, Any]:
+    return {
+        # The server never talks to the Kubernetes API: no token to steal.
+        "automountServiceAccountToken": False,
+        "securityContext": {"runAsNonRoot": True, "runAsUser": 1000, "runAsGroup": 1000,
+                            "fsGroup": 1000, "seccompProfile": {"type": "RuntimeDefault"}},
+        "containers": [container], "volumes": [
+            {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "16Gi"}},
+            {"name": "cache", "emptyDir": {}}, {"name": "tmp", "emptyDir": {}}]}
 
 
 class _PlainDumper(yaml.SafeDumper):

@@ -430,6 +430,9 @@ def preflight(config: DeploymentConfig, config_dir: Path | None = None, machine:
         machine_problems += check_fit(resolved)
     if environment:
         machine_problems += check_environment(config)
+        if config.parallelism.multi_node_mp and not config.parallelism.master_addr:
+            problems.append("parallelism: nodes > 1 with the mp backend needs master_addr, the address of node 0 "
+                            "that the other nodes reach (or distributed_executor_backend: ray with a Ray cluster)")
     if plan_only:
         resolved.machine_problems = machine_problems
     else:

@@ -78,8 +78,9 @@ def test_drafter_consistency() -> None:
 
 
 def test_multi_node_needs_the_address_of_node_0_or_ray() -> None:
-    assert "nodes > 1 with the mp backend needs master_addr" in problems(
-        minimal(parallelism={"tensor_parallel_size": 8, "nodes": 2}))[0]
+    with pytest.raises(ConfigError, match="nodes > 1 with the mp backend needs master_addr"):
+        preflight(load_config("llama70b-7b", ["parallelism.nodes=2", "parallelism.pipeline_parallel_size=2"]),
+                  machine=GPU_NODE)
     assert "needs distributed_executor_backend mp" in problems(
         minimal(parallelism={"nodes": 2, "distributed_executor_backend": "uni"}))[0]
     assert parse_config(minimal(parallelism={"tensor_parallel_size": 8, "nodes": 2,

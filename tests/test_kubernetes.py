@@ -73,3 +73,67 @@ def test_manifests_refuse_what_a_pod_cannot_run() -> None:
     assert result.returncode == 2 and "a pod cannot see this machine's folders" in result.stderr
     result = k8s("llama70b-7b", "--set", "parallelism.tensor_parallel_size=1")
     assert result.returncode == 2 and "GiB of GPU memory are usable" in result.stderr
+
+
+KUBERNETES = "1.30"
+
+
+def _validate(document: dict) -> None:
+    """Kubernetes' own OpenAPI schema, offline and strict (unknown fields fail)."""
+    import kubernetes_validate
+
+    kubernetes_validate.validate(document, KUBERNETES, strict=True)
+
+
+def test_single_node_manifests_pass_the_kubernetes_schema() -> None:
+    result = k8s("llama70b-7b")
+    assert result.returncode == 0, result.stderr
+    for document in yaml.safe_load_all(result.stdout):
+        _validate(document)
+
+
+def test_the_schema_check_catches_a_broken_manifest() -> None:
+    import kubernetes_validate
+    import pytest
+
+    deployment, _ = yaml.safe_load_all(k8s("llama70b-7b").stdout)
+    deployment["spec"]["template"]["spec"]["containers"][0]["ports"][0]["containerPort"] = "http"
+    with pytest.raises(kubernetes_validate.ValidationError):
+        _validate(deployment)
+
+
+def test_multi_node_manifests_follow_vllms_leaderworkerset_layout() -> None:
+    """Two nodes of 8 GPUs: a LeaderWorkerSet of groups of 2 pods running one engine with vLLM's
+    own launcher; the leader serves the API behind the Service, the worker runs headless."""
+    result = k8s("llama70b-7b", "--set", "parallelism.nodes=2", "--set", "parallelism.pipeline_parallel_size=2",
+                 "--replicas", "3")
+    assert result.returncode == 0, result.stderr
+    lws, service = yaml.safe_load_all(result.stdout)
+    assert (lws["apiVersion"], lws["kind"]) == ("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet")
+    assert lws["spec"]["replicas"] == 3
+    group = lws["spec"]["leaderWorkerTemplate"]
+    assert group["size"] == 2 and group["restartPolicy"] == "RecreateGroupOnPodRestart"
+    assert set(group) == {"size", "restartPolicy", "leaderTemplate", "workerTemplate"}
+    leader, worker = (group[t]["spec"]["containers"][0] for t in ("leaderTemplate", "workerTemplate"))
+    for container in (leader, worker):
+        args = container["args"]
+        assert args[args.index("--nnodes") + 1] == "2"
+        assert args[args.index("--node-rank") + 1] == "$(LWS_WORKER_INDEX)"
+        assert args[args.index("--master-addr") + 1] == "$(LWS_LEADER_ADDRESS)"
+        assert args[args.index("--tensor-parallel-size") + 1] == "8"
+        assert args[args.index("--pipeline-parallel-size") + 1] == "2"
+        assert container["resources"]["limits"]["nvidia.com/gpu"] == 8  # one node's GPUs per pod
+    assert leader["command"] == ["python3", "-m", "vllm.entrypoints.openai.api_server"]
+    assert "--headless" not in leader["args"] and leader["readinessProbe"]["httpGet"]["path"] == "/health"
+    assert worker["command"] == ["vllm", "serve"] and "--headless" in worker["args"]
+    assert "ports" not in worker and "readinessProbe" not in worker
+    assert service["spec"]["selector"] == group["leaderTemplate"]["metadata"]["labels"]
+    assert service["spec"]["selector"]["role"] == "leader"
+    # The pods are core Kubernetes objects: validated as pod templates; the Service as it is.
+    for template in ("leaderTemplate", "workerTemplate"):
+        _validate({"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": "t"},
+                   "template": group[template]})
+    _validate(service)
+    ray = k8s("llama70b-7b", "--set", "parallelism.nodes=2", "--set", "parallelism.pipeline_parallel_size=2",
+              "--set", "parallelism.distributed_executor_backend=ray")
+    assert ray.returncode == 2 and "set distributed_executor_backend: mp" in ray.stderr
