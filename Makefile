@@ -11,11 +11,12 @@ STAMP   := .venv/.specdeploy-installed
 # CONFIG plus the shared command-line switches: SET="a.b=1 c.d=2", NO_SPEC=1.
 CONFIG_ARGS = $(CONFIG) $(foreach s,$(SET),--set $(s)) $(if $(NO_SPEC),--no-spec)
 
-.PHONY: help venv models serve check test bench-drafters loadtest compare clean
+.PHONY: help venv models serve check observability test bench-drafters loadtest compare clean
 
 help:
 	@echo "make serve [CONFIG=default.yaml] [SET='field=value ...'] [NO_SPEC=1] [DRY_RUN=1] [NODE_RANK=r]"
 	@echo "make check CONFIG=...     validate a config against this machine, print the vLLM command"
+	@echo "make observability CONFIG=...   Prometheus scrape config + Grafana dashboard (observability/<config>/)"
 	@echo "make models               build the embedded default model pair (cached)"
 	@echo "make test                 run the test suite (real vLLM engines on CPU)"
 	@echo "make bench-drafters       compare drafters on the embedded default"
@@ -39,6 +40,10 @@ serve: $(STAMP)
 
 check: $(STAMP)
 	$(PY) -m deploy check $(CONFIG_ARGS)
+
+# prometheus.yml + a Grafana dashboard for the config's speculative-decoding metrics.
+observability: $(STAMP)
+	$(PY) -m deploy observability $(CONFIG_ARGS) --out observability/$(basename $(notdir $(CONFIG)))
 
 # The model pair is built (or found cached) first, so its progress bar shows outside pytest.
 test: $(STAMP)

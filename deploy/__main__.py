@@ -135,6 +135,23 @@ def cmd_k8s(opts: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_observability(opts: argparse.Namespace) -> int:
+    """prometheus.yml and a Grafana dashboard for the config's server(s)."""
+    import json
+
+    from deploy.observability import grafana_dashboard, scrape_config
+
+    config = load_config(opts.config, opts.overrides, opts.no_spec)
+    host = "127.0.0.1" if config.server.host in ("0.0.0.0", "::", "") else config.server.host
+    targets = opts.target or [f"{host}:{config.server.port}"]
+    opts.out.mkdir(parents=True, exist_ok=True)
+    (opts.out / "prometheus.yml").write_text(scrape_config(config, targets))
+    (opts.out / "grafana-dashboard.json").write_text(json.dumps(grafana_dashboard(config), indent=1) + "\n")
+    print(f"wrote {opts.out / 'prometheus.yml'} (scraping {', '.join(targets)}) and "
+          f"{opts.out / 'grafana-dashboard.json'} (import it in Grafana, pick the Prometheus data source)")
+    return 0
+
+
 def cmd_models(opts: argparse.Namespace) -> int:
     from deploy.embedded_pair import main as build_main
 
@@ -160,9 +177,15 @@ def main(argv: list[str] | None = None) -> int:
     k8s.add_argument("--image", default="vllm/vllm-openai:v0.32.0", help="container image (default: %(default)s)")
     k8s.add_argument("--replicas", type=int, default=1)
     k8s.add_argument("--gpu-memory-gib", type=float, default=80, help="memory of one GPU of the node pool")
+    obs = sub.add_parser("observability", help="write a Prometheus scrape config and a Grafana dashboard")
+    _add_config_args(obs)
+    obs.add_argument("--target", action="append", default=[], metavar="HOST:PORT",
+                     help="a server to scrape (repeatable; default: the config's host and port)")
+    obs.add_argument("--out", type=Path, default=Path("observability"), help="folder to write (default: %(default)s)")
     opts = parser.parse_args(argv)
     try:
-        return {"serve": cmd_serve, "check": cmd_check, "models": cmd_models, "k8s": cmd_k8s}[opts.command](opts)
+        return {"serve": cmd_serve, "check": cmd_check, "models": cmd_models, "k8s": cmd_k8s,
+                "observability": cmd_observability}[opts.command](opts)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -30,3 +30,15 @@ fi
 echo "specdeploy: installing the project (editable) and test tools"
 $PIP install -q -e ".[test]"
 $VENV/bin/python -c "import vllm, transformers; print('specdeploy: vLLM', vllm.__version__, 'ready in $VENV')"
+
+# The observability test runs a real Prometheus: Debian's package, where this machine has apt
+# and we may use it (root); elsewhere that one test is skipped with the reason.
+if ! command -v prometheus >/dev/null; then
+  if command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
+    echo "specdeploy: installing Debian's prometheus (for the observability test)"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends prometheus >/dev/null \
+      || echo "specdeploy: warning: could not install prometheus; its test will be skipped"
+  else
+    echo "specdeploy: note: no prometheus on PATH; the observability test will be skipped (apt install prometheus)"
+  fi
+fi
