@@ -66,6 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--duration", type=float, default=None, metavar="S",
                      help="measure each level for S seconds instead of a request count")
     run.add_argument("--warmup", type=int, default=1, help="warm-up requests per user before each level (default: 1)")
+    run.add_argument("--arrival-gap", type=float, default=0.05, metavar="S",
+                     help="seconds between the users' first requests, in Locust and vLLM's benchmark alike, so "
+                          "fixed-length requests do not run in lockstep waves (default: 0.05; 0: all at once)")
     run.add_argument("--workload", default="code",
                      help=f"built-in set ({', '.join(BUILTIN)}) or a JSONL / ShareGPT file (default: code)")
     run.add_argument("--api", choices=["auto", "completions", "chat"], default="auto",
@@ -145,7 +148,7 @@ def cmd_run(opts: argparse.Namespace) -> int:
         config=opts.config or ("" if opts.url else DEFAULT_CONFIG), overrides=opts.overrides, no_spec=opts.no_spec, baseline=not opts.no_baseline,
         extra_k=opts.k, users=sorted(dict.fromkeys(opts.users)), repeat=opts.repeat, requests=opts.requests,
         duration_s=opts.duration, vllm_bench=not opts.no_vllm_bench,
-        warmup=opts.warmup, workload=opts.workload, api=opts.api, max_tokens=opts.max_tokens,
+        warmup=opts.warmup, arrival_gap_s=opts.arrival_gap, workload=opts.workload, api=opts.api, max_tokens=opts.max_tokens,
         fixed_length=not opts.no_fixed_length, temperature=opts.temperature, workers=opts.workers,
         request_timeout_s=opts.request_timeout, level_timeout_s=opts.level_timeout,
         startup_timeout_s=opts.startup_timeout, tolerance=opts.tolerance, slo=opts.slo or "", url=opts.url,

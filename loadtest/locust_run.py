@@ -46,6 +46,8 @@ class LocustJob:
     html: Path | None = None
     log_path: Path | None = None
     api_key_env: str = ""
+    arrival_gap_s: float = 0.0
+    """Seconds between the users' first requests (see `SweepSettings.arrival_gap_s`)."""
 
 
 @dataclass
@@ -64,7 +66,7 @@ def _user_args(job: LocustJob) -> list[str]:
     args = ["--model", job.model, "--workload", job.workload, "--api", job.api,
             "--max-tokens", str(job.max_tokens), "--temperature", str(job.temperature),
             "--requests", str(job.requests), "--worker-count", str(max(0, job.workers)),
-            "--request-timeout", str(job.request_timeout_s),
+            "--request-timeout", str(job.request_timeout_s), "--arrival-gap", str(job.arrival_gap_s),
             "--records-dir", str(job.records_dir)]
     if not job.fixed_length:
         args.append("--no-fixed-length")

@@ -39,6 +39,7 @@ from loadtest.client import RequestRecord, stream_request
 from loadtest.workloads import load_workload, request_for, share
 
 _request_counter = itertools.count()
+_user_counter = itertools.count()
 _workload = functools.lru_cache(maxsize=None)(load_workload)  # read a user's file once per process
 _records_file = None
 _users_done = 0
@@ -69,6 +70,9 @@ def _add_options(parser: Any) -> None:
     parser.add_argument("--start-delay", type=float, default=1.0,
                         help="seconds each user waits before its first request, so Locust's own start-up "
                              "work does not delay reading the first streams")
+    parser.add_argument("--arrival-gap", type=float, default=0.0,
+                        help="seconds between the users' first requests (user n starts n gaps after the first): "
+                             "fixed-length requests started together stay in lockstep and come back in waves")
 
 
 @events.init.add_listener
@@ -172,7 +176,9 @@ class LLMUser(User):
         key = os.environ.get(opts.api_key_env, "") if opts.api_key_env else ""
         self.headers = {"Authorization": f"Bearer {key}"} if key else None
         self.last_end: float | None = None
-        gevent.sleep(opts.start_delay)
+        # Distributed, worker w's n-th user is user n x workers + w of the whole run.
+        index = next(_user_counter) * max(1, opts.worker_count) + getattr(self.environment.runner, "worker_index", 0)
+        gevent.sleep(opts.start_delay + index * opts.arrival_gap)
 
     @task
     def generate(self) -> None:

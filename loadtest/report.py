@@ -546,7 +546,9 @@ def _sections(results: dict[str, Any]) -> list[Section]:
     intro = (f"Config `{results.get('config')}`, status **{results.get('status')}**. Workload `{s.get('workload')}`, "
              f"{s.get('max_tokens')} output tokens per request"
              f"{' (fixed: ignore_eos)' if s.get('fixed_length') else ''}, temperature {s.get('temperature')}, "
-             f"closed loop at concurrency {s.get('users')}, {load}, {s.get('warmup')} warm-up request(s) per user "
+             f"closed loop at concurrency {s.get('users')}"
+             + (f" (users start {1000 * s['arrival_gap_s']:.0f} ms apart)" if s.get("arrival_gap_s") else "")
+             + f", {load}, {s.get('warmup')} warm-up request(s) per user "
              f"excluded, Locust workers: {s.get('workers') or 'none (one process)'}. "
              f"Machine: {results.get('machine', {}).get('cpus')} CPUs, vLLM {results.get('machine', {}).get('vllm')}, "
              f"Locust {results.get('machine', {}).get('locust')}.")

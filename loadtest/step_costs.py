@@ -159,7 +159,7 @@ def _engine_main(job_path: str, out_path: str) -> None:
     result = {}
     for batch in job["batches"]:
         generate(batch, 4)  # warm-up: the first steps at a new batch size are slower
-        steps, tokens_per_step, propose = [], [], []
+        steps, tokens_per_step = [], []
         if timing_drafter:
             llm.collective_rpc(_drain_drafter_times)
         for _ in range(job["repeats"]):

@@ -5,7 +5,8 @@ level the runner runs `vllm/benchmarks/serve.py` (installed with vLLM) against t
 server: the same prompts in the same order and number (the requests Locust sent, written as its
 `custom` JSONL dataset, unshuffled: acceptance, hence speed, differs from prompt to prompt), the
 same output length (`--ignore-eos`, `--custom-output-len`), temperature and concurrency (closed loop:
-`--max-concurrency C` at an unlimited request rate), and as many requests. `compare` then
+`--max-concurrency C`, the first C requests spaced as Locust's users start, the rest queued), and as
+many requests. `compare` then
 checks output tokens/s (within 5%) and TTFT and per-token latency p50 (within 10%) against
 Locust's, with the server's own drift between the two windows taken out (the engine's counters
 are read around both), and says where they differ.
@@ -49,6 +50,9 @@ class BenchJob:
     """Locust workers of the run being checked: they split its prompts (see `Workload.sequence`)."""
     api_key_env: str = ""
     timeout_s: float = 1800
+    arrival_gap_s: float = 0.0
+    """Seconds between requests as they arrive (0: all at once). Far above the rate the server
+    completes them, so after the first `concurrency` every request waits for a free slot."""
 
 
 def write_dataset(workload: Workload, requests: int, workers: int, path: Path) -> Path:
@@ -69,8 +73,12 @@ def bench_args(job: BenchJob, dataset: Path, result_file: Path) -> list[str]:
             "--model", job.model, "--tokenizer", job.tokenizer,
             "--dataset-name", "custom", "--dataset-path", str(dataset), "--skip-chat-template", "--disable-shuffle",
             "--custom-output-len", str(job.max_tokens), "--num-prompts", str(job.num_prompts),
-            "--max-concurrency", str(job.concurrency), "--request-rate", "inf",
-            "--num-warmups", str(job.concurrency), "--temperature", str(job.temperature), "--seed", "0",
+            "--max-concurrency", str(job.concurrency),
+            # Evenly spaced arrivals (burstiness inf: constant gaps), as Locust's users start.
+            "--request-rate", str(1 / job.arrival_gap_s) if job.arrival_gap_s > 0 else "inf", "--burstiness", "inf",
+            # No warm-up: the server is warm from Locust's run, and C warm-ups sent at once would put
+            # their burst into the engine's window that measures its drift.
+            "--num-warmups", "0", "--temperature", str(job.temperature), "--seed", "0",
             "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,90,95,99",
             "--ready-check-timeout-sec", "0", "--disable-tqdm",
             "--save-result", "--save-detailed", "--result-dir", str(result_file.parent), "--result-filename", result_file.name]
@@ -99,10 +107,13 @@ def run(job: BenchJob) -> dict[str, Any]:
     if proc.returncode != 0 or not result_file.is_file():
         tail = log_path.read_text(errors="replace").strip().splitlines()[-1:] or ["no output"]
         return {"error": f"vLLM's benchmark failed (exit {proc.returncode}): {tail[0][:300]} (log {log_path})"}
-    return summarize(json.loads(result_file.read_text()))
+    return summarize(json.loads(result_file.read_text()), job.concurrency)
 
 
-def summarize(raw: dict[str, Any]) -> dict[str, Any]:
+OPEN_LOOP_QUEUE_S = 0.001
+
+
+def summarize(raw: dict[str, Any], concurrency: int | None = None) -> dict[str, Any]:
     """The benchmark's figures in the units and names of our client summary: from its per-request
     data (`--save-detailed`), else from its own aggregates (same definitions, fewer fields)."""
     ok = [i for i, e in enumerate(raw.get("errors") or []) if not e]
@@ -124,7 +135,18 @@ def summarize(raw: dict[str, Any]) -> dict[str, Any]:
         "acceptance_rate": (raw["spec_decode_acceptance_rate"] / 100
                             if raw.get("spec_decode_acceptance_rate") is not None else None),
         "mean_accepted_length": raw.get("spec_decode_acceptance_length"),
+        "open_loop_requests": _open_loop_requests(raw, concurrency),
     }
+
+
+def _open_loop_requests(raw: dict[str, Any], concurrency: int | None) -> int | None:
+    """Requests after the first `concurrency` that found a slot free on arrival. In a closed loop
+    every one of them waits for a slot; one that did not means the arrival rate fell below the
+    server's and the benchmark measured fewer users than asked. None: not in the result."""
+    queue = raw.get("queue_times")
+    if not concurrency or not isinstance(queue, list):
+        return None
+    return sum(1 for q in queue[concurrency:] if q is not None and q < OPEN_LOOP_QUEUE_S)
 
 
 def _aggregate(raw: dict[str, Any], name: str) -> dict[str, Any]:

@@ -17,7 +17,7 @@ import pytest
 
 from deploy.config import ConfigError, parse_config
 from deploy.preflight import Machine, ModelInfo, ResolvedDeployment
-from plugins.bigram import BigramDrafter, BigramProposer, ContextCounts, benchmark_propose, pair_hash
+from plugins.bigram import BigramDrafter, BigramProposer, ContextCounts, pair_hash
 from plugins.bigram_table import (
     BigramTableError, build_arrays, build_table, load_table, main, resolve_table_path, save_table,
     tokenizer_fingerprint,
