@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import signal
 import sys
@@ -102,6 +103,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="report folder or results.json (default: the newest under reports/)")
     cmp.add_argument("--users", type=_int_list, default=None,
                      help="concurrency levels to show (default: all in the report)")
+    again = sub.add_parser("rejudge", help="judge a report's Locust-vs-benchmark agreement again with this code, "
+                                            "from its kept records and benchmark results, and rewrite the report")
+    again.add_argument("report", type=Path, help="report folder")
     costs = sub.add_parser("costs", help="measure engine step costs: plain decode, verification of K tokens, "
                                           "the config's drafter, at each batch size")
     costs.add_argument("config", nargs="?", default=DEFAULT_CONFIG, help="config with a drafter (default: %(default)s)")
@@ -177,6 +181,17 @@ def cmd_run(opts: argparse.Namespace) -> int:
     return 0 if results["status"] == "ok" else (130 if results["status"] == "interrupted" else 1)
 
 
+def cmd_rejudge(opts: argparse.Namespace) -> int:
+    from loadtest.report import write_report
+    from loadtest.runner import rejudge
+
+    results = json.loads((opts.report / "results.json").read_text())
+    results.pop("comparisons", None)  # derived again by write_report
+    files = write_report(rejudge(results, opts.report), opts.report)
+    print(f"status: {results['status']}\nreport: {files['markdown']}")
+    return 0
+
+
 def cmd_compare(opts: argparse.Namespace) -> int:
     report = opts.report or newest_report()
     if report is None:
@@ -198,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         datefmt="%H:%M:%S")
     opts = build_parser().parse_args(argv)
-    return {"run": cmd_run, "compare": cmd_compare, "costs": cmd_costs}[opts.command](opts)
+    return {"run": cmd_run, "compare": cmd_compare, "costs": cmd_costs, "rejudge": cmd_rejudge}[opts.command](opts)
 
 
 if __name__ == "__main__":

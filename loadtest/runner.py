@@ -467,13 +467,14 @@ class Sweep:
             level["problems"].append(f"only {client['requests']} of {total} requests finished")
         broken = outcome.aborted or not client["ok"] or (metrics and after is None)
         if s.vllm_bench and not broken:
-            self._second_opinion(state, level, users, tag, title, after, auth)
+            self._second_opinion(state, level, users, tag, title, after, auth, records)
         level["status"] = "failed" if broken else ("flagged" if level["problems"] else "ok")
         _log_level(tag, level)
         return level
 
     def _second_opinion(self, state: _Running, level: dict[str, Any], users: int, tag: str, title: str,
-                        before: prom.Snapshot | None, auth: dict[str, str] | None) -> None:
+                        before: prom.Snapshot | None, auth: dict[str, str] | None,
+                        records: list[RequestRecord]) -> None:
         """vLLM's serving benchmark on the same server, prompts, length and concurrency; compared,
         with the engine's counters over its window (from `before`, the snapshot that closed
         Locust's run) telling how far the server itself drifted between the two clients."""
@@ -506,15 +507,58 @@ class Sweep:
                 level["vllm_bench_server"] = prom.delta(before, prom.scrape_settled(server.base_url, headers=auth)).to_json()
             except Exception as exc:  # noqa: BLE001 - the comparison then stays unadjusted
                 level["notes"].append(f"/metrics after vLLM's benchmark: {exc}; its figures are compared unadjusted")
-        agreement = vllm_bench.compare(level["client"], bench, level.get("server"), level.get("vllm_bench_server"))
-        level["vllm_bench_agreement"] = agreement
-        off = [f"{k} {100 * (v['difference_adjusted'] if v['difference_adjusted'] is not None else v['difference']):+.1f}%"
-               f" (tolerance {100 * v['tolerance']:.0f}%"
-               + (f"; the engine itself {100 * v['engine_drift']:+.1f}% between the two windows, taken out)"
-                  if v["engine_drift"] is not None else ")")
-               for k, v in agreement.items() if isinstance(v, dict) and v["agrees"] is False]
-        if off:
-            level["problems"].append("Locust and vLLM's benchmark disagree: " + ", ".join(off))
+        judge_second_opinion(level, bench, records, [item.id for item in
+                                                      self.workload.sequence(level["client"]["requests"], s.workers)])
+
+
+DISAGREE = "Locust and vLLM's benchmark disagree: "
+
+
+def judge_second_opinion(level: dict[str, Any], bench: dict[str, Any], records: list[RequestRecord],
+                         sequence: list[str]) -> None:
+    """Compare a level's Locust run with the benchmark's (`vllm_bench.compare`, request by request
+    where the two match) and keep the verdict, and a problem where they disagree, in the level."""
+    matched = vllm_bench.matched_ratios(records, bench, sequence)
+    agreement = vllm_bench.compare(level["client"], bench, level.get("server"), level.get("vllm_bench_server"),
+                                   matched)
+    level["vllm_bench_agreement"] = agreement
+    off = [f"{k} {100 * (v['difference_adjusted'] if v['difference_adjusted'] is not None else v['difference']):+.1f}%"
+           f" (tolerance {100 * v['tolerance']:.0f}%"
+           + (f"; the engine itself {100 * v['engine_drift']:+.1f}% between the two windows, taken out)"
+              if v["engine_drift"] is not None else ")")
+           for k, v in agreement.items() if isinstance(v, dict) and v["agrees"] is False]
+    level["problems"] = [p for p in level["problems"] if not p.startswith(DISAGREE)]
+    if off:
+        level["problems"].append(DISAGREE + ", ".join(off))
+
+
+def rejudge(results: dict[str, Any], out: Path) -> dict[str, Any]:
+    """Judge a finished sweep's second opinions again with this code, from what it kept: Locust's
+    records and the benchmark's own result file of every level (a report made before a change of
+    method gets the current one; its measurements stay as they were)."""
+    s = results["settings"]
+    workload = load_workload(s["workload"])
+    for variant in results["variants"]:
+        for level in variant["levels"]:
+            raw_file = out / "vllm-bench" / Path(level.get("locust", {}).get("records", "")).name / "result.json"
+            if "vllm_bench_agreement" not in level or not raw_file.is_file():
+                continue
+            level["vllm_bench"] = {**level["vllm_bench"],
+                                   **vllm_bench.summarize(json.loads(raw_file.read_text()), level["concurrency"])}
+            records = load_records(out / level["locust"]["records"])
+            judge_second_opinion(level, level["vllm_bench"], records,
+                                 [i.id for i in workload.sequence(level["client"]["requests"], s.get("workers", 0))])
+            if level["status"] != "failed":
+                level["status"] = "flagged" if level["problems"] else "ok"
+        if variant["status"] in ("ok", "flagged"):
+            variant["status"] = "flagged" if any(lv["status"] == "flagged" for lv in variant["levels"]) else "ok"
+    results["problems"] = [p for p in results["problems"] if "Locust against vLLM's benchmark" not in p]
+    for entry in vllm_bench.systematic_by_level(results):
+        if entry["agrees"] is False:
+            results["problems"].append(vllm_bench.describe_systematic(entry))
+    if results["status"] in ("ok", "flagged"):
+        results["status"] = overall_status(results)
+    return results
 
 
 def load_records(folder: Path) -> list[RequestRecord]:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -124,7 +125,9 @@ def summarize(raw: dict[str, Any], concurrency: int | None = None) -> dict[str, 
         tpots = [(lat[n] - ttfts[n]) / (lens[n] - 1) for n in range(len(ok)) if lens[n] > 1]
         ttft, tpot, e2e = (stats.distribution(ttfts, 1000), stats.distribution(tpots, 1000),
                            stats.distribution(lat, 1000))
+        per_request = _per_request(raw)
     else:
+        per_request = None
         ttft, tpot, e2e = (_aggregate(raw, name) for name in ("ttft", "tpot", "e2el"))
     return {
         "completed": raw.get("completed"), "failed": raw.get("failed"), "duration_s": raw.get("duration"),
@@ -136,7 +139,45 @@ def summarize(raw: dict[str, Any], concurrency: int | None = None) -> dict[str, 
                             if raw.get("spec_decode_acceptance_rate") is not None else None),
         "mean_accepted_length": raw.get("spec_decode_acceptance_length"),
         "open_loop_requests": _open_loop_requests(raw, concurrency),
+        "per_request": per_request,
     }
+
+
+def _per_request(raw: dict[str, Any]) -> dict[str, list[float | None]]:
+    """TTFT and per-token latency (ms) of each request, in the dataset's order (None: failed)."""
+    out: dict[str, list[float | None]] = {"ttft_ms": [], "per_token_ms": []}
+    for i, error in enumerate(raw.get("errors") or []):
+        ttft, latency, tokens = raw["ttfts"][i], raw["latencies"][i], raw["output_lens"][i]
+        ok = not error and ttft
+        out["ttft_ms"].append(1000 * ttft if ok else None)
+        out["per_token_ms"].append(1000 * (latency - ttft) / (tokens - 1) if ok and tokens > 1 else None)
+    return out
+
+
+# Fewer matched requests than this share of a run: compare the two p50s instead.
+MIN_MATCHED_SHARE = 0.5
+
+
+def matched_ratios(records: list[Any], bench: dict[str, Any], sequence_ids: list[str]) -> dict[str, list[float]]:
+    """Locust's latency over the benchmark's for the same request: the i-th Locust request (by
+    the time it was sent) and the benchmark's i-th are the same prompt at the same place of the
+    sequence (checked by id; a pair that is not is skipped).
+
+    Why not only compare the two p50s: a workload's TTFT follows its prompt lengths, and on the
+    code prompts it has two clusters (11-17 and 28-42 tokens: about 30 and 50 ms at batch 1) with
+    the median on the cliff between them. There a few ms of noise on one request moves either
+    client's p50 by 15%, while request by request the two agree within a few percent."""
+    rows = bench.get("per_request") or {}
+    out: dict[str, list[float]] = {"ttft_p50_ms": [], "per_token_p50_ms": []}
+    for i, rec in enumerate(sorted(records, key=lambda r: r.start)[:len(sequence_ids)]):
+        if rec.item_id != sequence_ids[i] or not rec.ok:
+            continue
+        for key, mine, theirs in (("ttft_p50_ms", rec.ttft_s, (rows.get("ttft_ms") or [])[i:i + 1]),
+                                  ("per_token_p50_ms", rec.per_token_latency_s,
+                                   (rows.get("per_token_ms") or [])[i:i + 1])):
+            if mine and theirs and theirs[0]:
+                out[key].append(1000 * mine / theirs[0])
+    return out
 
 
 def _open_loop_requests(raw: dict[str, Any], concurrency: int | None) -> int | None:
@@ -174,14 +215,17 @@ def engine_drift(locust_window: dict[str, Any] | None, bench_window: dict[str, A
 
 
 def compare(client: dict[str, Any], bench: dict[str, Any], locust_window: dict[str, Any] | None = None,
-            bench_window: dict[str, Any] | None = None) -> dict[str, Any]:
+            bench_window: dict[str, Any] | None = None,
+            matched: dict[str, list[float]] | None = None) -> dict[str, Any]:
     """Locust's figures against the benchmark's: the relative difference of each, and whether it agrees.
 
     The two clients run one after the other, and on a shared machine the server's own speed moves
     by up to ~10% from one minute to the next. Given the engine's counters over each client's
     window (`prom.ServerDelta.to_json()`), the benchmark's figure is first brought to the engine
     speed of Locust's window (`adjusted`), so that the check judges the clients, not the machine;
-    the raw difference and the engine's drift are kept beside it."""
+    the raw difference and the engine's drift are kept beside it. Given `matched` ratios
+    (`matched_ratios`), latencies are judged request by request: the median of Locust's over the
+    benchmark's for the same request (`matched_difference`), drift taken out likewise."""
     pairs = {"output_tokens_per_s": (client.get("output_tokens_per_s"), bench.get("output_tokens_per_s")),
              "ttft_p50_ms": ((client.get("ttft_ms") or {}).get("p50"), (bench.get("ttft_ms") or {}).get("p50")),
              "per_token_p50_ms": ((client.get("per_token_latency_ms") or {}).get("p50"),
@@ -195,8 +239,17 @@ def compare(client: dict[str, Any], bench: dict[str, Any], locust_window: dict[s
             # A latency scales with the engine's; throughput (fixed-length closed loop) inversely.
             adjusted = theirs * (1 + drift[key]) if key == "output_tokens_per_s" else theirs / (1 + drift[key])
         judged = (mine - adjusted) / adjusted if mine is not None and adjusted else diff
+        ratios = (matched or {}).get(key) or []
+        matched_diff = None
+        if ratios and len(ratios) >= MIN_MATCHED_SHARE * (client.get("requests") or len(ratios)):
+            median = statistics.median(ratios)
+            matched_diff = median - 1
+            judged = median * (1 + drift[key]) - 1 if drift[key] is not None else matched_diff
         out[key] = {"locust": mine, "vllm_bench": theirs, "difference": diff, "engine_drift": drift[key],
-                    "vllm_bench_adjusted": adjusted, "difference_adjusted": judged if adjusted else None,
+                    "vllm_bench_adjusted": adjusted,
+                    "difference_adjusted": judged if adjusted or matched_diff is not None else None,
+                    "matched_difference": matched_diff, "matched_requests": len(ratios) if matched_diff is not None
+                    else None,
                     "tolerance": AGREEMENT[key], "agrees": None if judged is None else abs(judged) <= AGREEMENT[key]}
     checked = [v["agrees"] for v in out.values() if v["agrees"] is not None]
     out["agrees"] = all(checked) if checked else None
@@ -210,7 +263,9 @@ def systematic(agreements: list[dict[str, Any]]) -> dict[str, Any]:
     out here, so this is the check on the instrument itself."""
     out: dict[str, Any] = {}
     for key, tolerance in AGREEMENT.items():
-        diffs = [a[key]["difference"] for a in agreements if (a.get(key) or {}).get("difference") is not None]
+        # Latencies request by request where the runs matched them (see `matched_ratios`).
+        diffs = [a[key]["matched_difference"] if a[key].get("matched_difference") is not None else a[key]["difference"]
+                 for a in agreements if (a.get(key) or {}).get("difference") is not None]
         m = stats.mean_interval(diffs)
         out[key] = {**m, "runs": len(diffs), "tolerance": tolerance,
                     "agrees": None if m["mean"] is None else abs(m["mean"]) <= tolerance}
@@ -232,7 +287,8 @@ def systematic_by_level(results: dict[str, Any]) -> list[dict[str, Any]]:
 def describe_systematic(entry: dict[str, Any]) -> str:
     """One line: the mean raw differences of a level's runs and whether the clients agree."""
     parts = [f"{name} {100 * entry[key]['mean']:+.1f}%" for key, name in
-             (("output_tokens_per_s", "tok/s"), ("ttft_p50_ms", "TTFT p50"), ("per_token_p50_ms", "per-token p50"))
+             (("output_tokens_per_s", "tok/s"), ("ttft_p50_ms", "TTFT (matched requests, median)"),
+              ("per_token_p50_ms", "per-token (matched, median)"))
              if entry[key]["mean"] is not None]
     runs = max(entry[key]["runs"] for key in AGREEMENT)
     verdict = "agree" if entry["agrees"] else "DISAGREE (beyond 5% on tok/s or 10% on TTFT / per-token)"

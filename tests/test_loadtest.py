@@ -172,6 +172,42 @@ def test_agreement_tolerance():
     assert stats.agreement(0, 0)["ok"] and not stats.agreement(5, 0)["ok"]
 
 
+def _pairs(locust_ms: list[float], bench_ms: list[float]) -> tuple[list[RequestRecord], dict, list[str]]:
+    """Locust records and the benchmark's per-request figures for the same prompt sequence."""
+    ids = [f"p{i % 6}" for i in range(len(locust_ms))]
+    records = [RequestRecord(item_id=ids[i], path="/v1/completions", start=float(i), ok=True, ttft_s=t / 1000,
+                             per_token_latency_s=0.005) for i, t in enumerate(locust_ms)]
+    bench = {"per_request": {"ttft_ms": list(bench_ms), "per_token_ms": [5.0] * len(bench_ms)}}
+    return records, bench, ids
+
+
+def test_latency_agreement_is_judged_request_by_request():
+    """Short prompts ~30 ms and long ones ~50 ms, the median on the cliff between them: noise on
+    two requests moves Locust's p50 by 15% while each request agrees within 2%. Matched, the
+    clients agree; a client 20% slower on every request does not."""
+    from loadtest import vllm_bench
+
+    bench = [30.0, 30.5, 31.0, 50.0, 50.5, 51.0] * 4
+    locust = [b * 1.01 for b in bench]
+    locust[3], locust[9] = 30.2, 30.4  # two long prompts served fast this time: the p50 falls off the cliff
+    records, bench_rows, ids = _pairs(locust, bench)
+    client = {"requests": len(records), "ttft_ms": {"p50": float(np.median(locust))},
+              "per_token_latency_ms": {"p50": 5.0}, "output_tokens_per_s": 100.0}
+    theirs = {**bench_rows, "ttft_ms": {"p50": float(np.median(bench))}, "per_token_latency_ms": {"p50": 5.0},
+              "output_tokens_per_s": 100.0}
+    matched = vllm_bench.matched_ratios(records, theirs, ids)
+    assert len(matched["ttft_p50_ms"]) == len(bench)
+    verdict = vllm_bench.compare(client, theirs, matched=matched)
+    assert abs(verdict["ttft_p50_ms"]["difference"]) > 0.10  # the p50s alone would flag it
+    assert verdict["ttft_p50_ms"]["matched_difference"] == pytest.approx(0.01, abs=0.002) and verdict["agrees"]
+    slow, _, _ = _pairs([b * 1.2 for b in bench], bench)
+    verdict = vllm_bench.compare(client, theirs, matched=vllm_bench.matched_ratios(slow, theirs, ids))
+    assert verdict["ttft_p50_ms"]["matched_difference"] == pytest.approx(0.2) and verdict["agrees"] is False
+    # Requests that are not the same prompt at the same place are not paired.
+    shuffled = [RequestRecord(**{**r.__dict__, "item_id": "other"}) for r in records]
+    assert vllm_bench.matched_ratios(shuffled, theirs, ids)["ttft_p50_ms"] == []
+
+
 # ----------------------------------------------------------------------------------------- streaming
 def _events(*objs: Any) -> list[str]:
     return [o if isinstance(o, str) else json.dumps(o) for o in objs]
@@ -608,6 +644,9 @@ def test_sweep_spec_and_baseline_report_agrees_with_server(tmp_path, embedded_pa
             assert "error" not in bench, bench
             assert bench["completed"] == 4 and bench["failed"] == 0 and bench["output_tokens"] == 4 * 32
             assert bench["open_loop_requests"] == 0  # its spaced arrivals still queued for a slot: a closed loop
+            # Latencies judged request by request: every request paired with the benchmark's same one.
+            assert agreement["ttft_p50_ms"]["matched_requests"] == 4
+            assert agreement["per_token_p50_ms"]["matched_difference"] is not None
             assert set(agreement) == {"output_tokens_per_s", "ttft_p50_ms", "per_token_p50_ms", "agrees"}
             assert agreement["output_tokens_per_s"]["vllm_bench"] == bench["output_tokens_per_s"] > 0
             assert bench["ttft_ms"]["n"] == 4 and agreement["ttft_p50_ms"]["vllm_bench"] > 0
@@ -639,6 +678,17 @@ def test_sweep_spec_and_baseline_report_agrees_with_server(tmp_path, embedded_pa
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and "spec-k4" in out.stdout and "baseline" in out.stdout, out.stderr
     print(f"\nsweep took {time.monotonic() - started:.0f} s\n{out.stdout}")
+    # A report judged again from what it kept reaches the same verdicts.
+    before = json.loads(files["json"].read_text())
+    again = subprocess.run([sys.executable, "-m", "loadtest", "rejudge", str(settings.out)], cwd=REPO,
+                           capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0, again.stderr
+    after = json.loads(files["json"].read_text())
+
+    def verdicts(results: dict) -> list[bool | None]:
+        return [lv["vllm_bench_agreement"]["agrees"] for v in results["variants"] for lv in v["levels"]]
+
+    assert verdicts(after) == verdicts(before) and after["status"] == before["status"]
 
 
 @pytest.mark.engine
