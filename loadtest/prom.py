@@ -13,36 +13,23 @@ prompt token counters and the latency histograms, to check the client's numbers 
 from __future__ import annotations
 
 import math
-import re
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 import requests
-
-_SAMPLE = re.compile(r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?P<labels>.*)\})?\s+(?P<value>\S+)(?:\s+\S+)?$")
-_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+from prometheus_client.parser import text_string_to_metric_families
 
 Labels = tuple[tuple[str, str], ...]
 
 
 def parse_metrics(text: str) -> dict[str, list[tuple[Labels, float]]]:
-    """Prometheus text format -> {sample name: [(labels, value), ...]}; comments skipped."""
+    """Prometheus text format -> {sample name: [(labels, value), ...]}, by prometheus_client's own
+    parser (histograms give their `_bucket`, `_sum` and `_count` samples, counters `_total`)."""
     samples: dict[str, list[tuple[Labels, float]]] = {}
-    for line in text.splitlines():
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
-        match = _SAMPLE.match(line)
-        if not match:
-            continue
-        try:
-            value = float(match["value"])
-        except ValueError:
-            continue
-        labels = tuple(sorted((k, v.replace('\\"', '"').replace("\\\\", "\\"))
-                              for k, v in _LABEL.findall(match["labels"] or "")))
-        samples.setdefault(match["name"], []).append((labels, value))
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            samples.setdefault(sample.name, []).append((tuple(sorted(sample.labels.items())), float(sample.value)))
     return samples
 
 

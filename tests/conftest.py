@@ -84,9 +84,7 @@ def complete(server: Server, prompt: str, max_tokens: int = 48, **params) -> dic
 
 def metric_total(server: Server, name: str) -> float:
     """Sum of a Prometheus counter over all its label sets, read from /metrics."""
-    text = requests.get(f"{server.base_url}/metrics", timeout=30).text
-    total = 0.0
-    for line in text.splitlines():
-        if line.startswith(name) and (line[len(name)] in " {"):
-            total += float(line.rsplit(" ", 1)[1])
-    return total
+    from loadtest.prom import parse_metrics
+
+    samples = parse_metrics(requests.get(f"{server.base_url}/metrics", timeout=30).text)
+    return sum(value for _, value in samples.get(name, []))
