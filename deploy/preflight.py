@@ -126,10 +126,10 @@ def looks_like_path(ref: str) -> bool:
     return ref.startswith(("/", "./", "../", "~")) or Path(ref).expanduser().exists() or ref.count("/") != 1
 
 
-def inspect_model(ref: str, path: str, field_name: str) -> ModelInfo:
+def inspect_model(ref: str, path: str, field_name: str, revision: str | None = None) -> ModelInfo:
     """Read config.json and tokenizer size of a local folder (or of a hub id's local cache)."""
     local = looks_like_path(path)
-    folder: Path | None = Path(path) if local else _hub_cache_folder(path)
+    folder: Path | None = Path(path) if local else _hub_cache_folder(path, revision)
     if local:
         if not Path(path).is_dir():
             raise ConfigError(field_name, [
@@ -151,12 +151,16 @@ def inspect_model(ref: str, path: str, field_name: str) -> ModelInfo:
                      estimate_params(hf_config, path), tokens)
 
 
-def _hub_cache_folder(hub_id: str) -> Path | None:
-    """The newest snapshot of a hub id in the local Hugging Face cache, if any (no network)."""
-    home = Path(os.environ.get("HF_HOME", Path.home() / ".cache" / "huggingface"))
-    snapshots = home / "hub" / f"models--{hub_id.replace('/', '--')}" / "snapshots"
-    found = sorted(snapshots.glob("*/config.json"), key=lambda p: p.stat().st_mtime) if snapshots.is_dir() else []
-    return found[-1].parent if found else None
+def _hub_cache_folder(hub_id: str, revision: str | None = None) -> Path | None:
+    """The cached snapshot folder of a hub id at `revision` (default: the cache's `main`), from
+    huggingface_hub's own cache look-up; None when its config.json is not cached. No network."""
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        found = try_to_load_from_cache(hub_id, "config.json", revision=revision)
+    except Exception:  # noqa: BLE001 - not a valid hub id: nothing cached under it
+        return None
+    return Path(found).parent if isinstance(found, str) else None
 
 
 def _read_json(path: Path, field_name: str | None = None) -> dict[str, Any] | None:
@@ -409,7 +413,7 @@ def preflight(config: DeploymentConfig, config_dir: Path | None = None, machine:
     machine = machine or Machine.detect()
     device, machine_problems = choose_device(config, machine)
     target_path = resolve_model_ref(config.target.model, config_dir)
-    target = inspect_model(config.target.model, target_path, "target.model")
+    target = inspect_model(config.target.model, target_path, "target.model", config.target.revision)
     draft = None
     spec = config.speculation
     problems: list[str] = []

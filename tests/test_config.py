@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -151,6 +152,25 @@ def test_draft_with_another_vocabulary_is_refused(tmp_path: Path) -> None:
     same = fake_model(tmp_path / "draft-ok", vocab=1000)
     ok = parse_config(minimal(target={"model": target}, speculation={"drafter": "small_model", "model": same}))
     assert preflight(ok, machine=CPU_BOX).draft is not None
+
+
+def test_a_hub_id_is_read_from_the_cache_snapshot_its_revision_names(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """The snapshot `refs/main` points at, not the newest folder: a stale or half-downloaded
+    snapshot beside it is not the model vLLM will load."""
+    import huggingface_hub.constants
+
+    repo = tmp_path / "models--org--model-1b"
+    fake_model(repo / "snapshots" / "aaa", vocab=1000, hidden=256, layers=4)
+    time.sleep(0.01)
+    fake_model(repo / "snapshots" / "bbb", vocab=2000, hidden=256, layers=4)  # newer, not main
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("aaa")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path))
+    resolved = preflight(parse_config(minimal()), machine=CPU_BOX)
+    assert resolved.target.vocab_size == 1000 and not resolved.target.local
+    pinned = preflight(parse_config(minimal(target={"model": "org/model-1b", "revision": "bbb"})), machine=CPU_BOX)
+    assert pinned.target.vocab_size == 2000
 
 
 def test_a_draft_with_the_same_number_of_other_tokens_is_refused(tmp_path: Path) -> None:
