@@ -180,25 +180,20 @@ def _read_json(path: Path, field_name: str | None = None) -> dict[str, Any] | No
 
 
 def _tokenizer_tokens(folder: Path, field_name: str | None) -> dict[str, int] | None:
-    """token -> id from tokenizer.json (BPE/WordPiece vocab maps, Unigram score lists, added tokens)."""
-    data = _read_json(folder / "tokenizer.json", field_name)
-    if not data:
+    """token -> id of a folder's tokenizer.json (added tokens included), read by the tokenizers
+    library as transformers and vLLM will; None without one."""
+    path = folder / "tokenizer.json"
+    if not path.is_file():
         return None
+    from tokenizers import Tokenizer
+
     try:
-        vocab = (data.get("model") or {}).get("vocab") or {}
-        if isinstance(vocab, dict):
-            tokens = {str(t): int(i) for t, i in vocab.items()}
-        else:  # Unigram: [[piece, score], ...], the id is the position
-            tokens = {str(entry[0]): i for i, entry in enumerate(vocab)}
-        for added in data.get("added_tokens") or []:
-            tokens[str(added["content"])] = int(added["id"])
-        if any(i < 0 for i in tokens.values()):
-            raise ValueError("a negative token id")
-    except (AttributeError, KeyError, IndexError, TypeError, ValueError) as exc:
+        tokens = Tokenizer.from_file(str(path)).get_vocab(with_added_tokens=True)
+    except Exception as exc:  # noqa: BLE001 - the library raises a bare Exception on bad files
         if field_name is None:
             return None
-        raise ConfigError(field_name, [f"{field_name}: {folder}/tokenizer.json is malformed "
-                                       f"({type(exc).__name__}: {str(exc)[:120]})"]) from None
+        raise ConfigError(field_name, [f"{field_name}: {path} is malformed ({str(exc).splitlines()[0][:160]})"]
+                          ) from None
     return tokens or None
 
 

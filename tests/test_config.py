@@ -136,9 +136,16 @@ def fake_model(folder: Path, vocab: int, hidden: int = 64, layers: int = 2, head
         "architectures": ["LlamaForCausalLM"], "hidden_size": hidden, "num_hidden_layers": layers,
         "num_attention_heads": heads, "num_key_value_heads": kv_heads or heads, "intermediate_size": 4 * hidden,
         "vocab_size": vocab, "max_position_embeddings": 512}))
-    (folder / "tokenizer.json").write_text(json.dumps({"model": {"vocab": {f"t{i}": i for i in range(vocab)}},
-                                                       "added_tokens": []}))
+    write_tokenizer(folder, {f"t{i}": i for i in range(vocab)})
     return str(folder)
+
+
+def write_tokenizer(folder: Path, vocab: dict[str, int]) -> None:
+    """A real tokenizer.json (a word-level model over `vocab`), as the tokenizers library saves it."""
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+
+    Tokenizer(WordLevel(vocab, unk_token=min(vocab, key=vocab.get))).save(str(folder / "tokenizer.json"))
 
 
 def test_draft_with_another_vocabulary_is_refused(tmp_path: Path) -> None:
@@ -177,7 +184,7 @@ def test_a_draft_with_the_same_number_of_other_tokens_is_refused(tmp_path: Path)
     target = fake_model(tmp_path / "target", vocab=1000, hidden=256, layers=4)
     draft = fake_model(tmp_path / "draft", vocab=1000)
     shuffled = {f"t{i}": (i + 1) % 1000 for i in range(1000)}  # same size, other ids
-    (tmp_path / "draft" / "tokenizer.json").write_text(json.dumps({"model": {"vocab": shuffled}, "added_tokens": []}))
+    write_tokenizer(tmp_path / "draft", shuffled)
     config = parse_config(minimal(target={"model": target}, speculation={"drafter": "small_model", "model": draft}))
     with pytest.raises(ConfigError, match="as many tokens as the target's but not the same ones: 1000 tokens differ"):
         preflight(config, machine=CPU_BOX)
