@@ -161,6 +161,22 @@ def test_a_client_that_is_off_in_every_run_is_caught_over_the_repeats() -> None:
     line = vllm_bench.describe_systematic(entry)
     assert "batch 32, baseline" in line and "tok/s -8.0%" in line and "DISAGREE" in line and "3 runs" in line
     assert line in headline(results)
+    # With the engine's figures: drift taken out of each run, but a client that slows the
+    # server in its own window in every run is caught by the engine's mean drift.
+    steady = {"histograms": {"e2e_s": {"mean": 1.0}, "ttft_s": {"mean": 0.03}, "per_token_latency_s": {"mean": 0.01}}}
+
+    def window(slower: float) -> dict:
+        return {"histograms": {k: {"mean": v["mean"] * (1 + slower)} for k, v in steady["histograms"].items()}}
+
+    def measured(locust_tps: float, bench_tps: float, locust_slower: float) -> dict:
+        client = {"output_tokens_per_s": locust_tps, "ttft_ms": {"p50": 30.0}, "per_token_latency_ms": {"p50": 10.0}}
+        bench = {"output_tokens_per_s": bench_tps, "ttft_ms": {"p50": 30.0}, "per_token_latency_ms": {"p50": 10.0}}
+        return vllm_bench.compare(client, bench, window(locust_slower), steady)
+
+    machine = vllm_bench.systematic([measured(106, 100, -0.06), measured(107, 100, -0.065), measured(100, 100, 0)])
+    assert machine["agrees"] and abs(machine["output_tokens_per_s"]["mean"]) < 0.01  # the benchmark's windows were slow
+    loader = vllm_bench.systematic([measured(92, 100, 0.087), measured(93, 100, 0.075), measured(91, 100, 0.1)])
+    assert loader["output_tokens_per_s"]["engine_drift_mean"] < -0.05 and loader["agrees"] is False
 
 
 def test_benchmark_is_given_the_prompts_locust_sends(tmp_path) -> None:
