@@ -507,17 +507,17 @@ class Sweep:
                 level["vllm_bench_server"] = prom.delta(before, prom.scrape_settled(server.base_url, headers=auth)).to_json()
             except Exception as exc:  # noqa: BLE001 - the comparison then stays unadjusted
                 level["notes"].append(f"/metrics after vLLM's benchmark: {exc}; its figures are compared unadjusted")
-        judge_second_opinion(level, bench, records, [item.id for item in
-                                                      self.workload.sequence(level["client"]["requests"], s.workers)])
+        judge_second_opinion(level, bench, records, self.workload, s.workers)
 
 
 DISAGREE = "Locust and vLLM's benchmark disagree: "
 
 
 def judge_second_opinion(level: dict[str, Any], bench: dict[str, Any], records: list[RequestRecord],
-                         sequence: list[str]) -> None:
+                         workload: Workload, workers: int) -> None:
     """Compare a level's Locust run with the benchmark's (`vllm_bench.compare`, request by request
     where the two match) and keep the verdict, and a problem where they disagree, in the level."""
+    sequence = [item.id for item in workload.sequence(level["client"]["requests"], workers)]
     matched = vllm_bench.matched_ratios(records, bench, sequence)
     agreement = vllm_bench.compare(level["client"], bench, level.get("server"), level.get("vllm_bench_server"),
                                    matched)
@@ -546,8 +546,7 @@ def rejudge(results: dict[str, Any], out: Path) -> dict[str, Any]:
             level["vllm_bench"] = {**level["vllm_bench"],
                                    **vllm_bench.summarize(json.loads(raw_file.read_text()), level["concurrency"])}
             records = load_records(out / level["locust"]["records"])
-            judge_second_opinion(level, level["vllm_bench"], records,
-                                 [i.id for i in workload.sequence(level["client"]["requests"], s.get("workers", 0))])
+            judge_second_opinion(level, level["vllm_bench"], records, workload, s.get("workers", 0))
             if level["status"] != "failed":
                 level["status"] = "flagged" if level["problems"] else "ok"
         if variant["status"] in ("ok", "flagged"):
