@@ -1,26 +1,33 @@
 """Compare drafters on the embedded default: `make bench-drafters` (a benchmark, not a test).
 
-Serves the embedded pair once per drafter (no speculation, the small model on vLLM's native path
-and as specdeploy's plugin, the bigram drafter, vLLM's ngram), sends the same code-completion
-prompts one at a time (greedy, fixed max_tokens), and reports per drafter:
+Serves the embedded pair once per drafter per round (no speculation, the small model on vLLM's
+native path and as specdeploy's plugin, the bigram drafter, vLLM's ngram), sends the same
+code-completion prompts one at a time (greedy, fixed max_tokens), and reports per drafter:
 
 - acceptance rate: accepted / proposed draft tokens;
 - mean acceptance length: tokens produced per target step, 1 + accepted / drafts (vLLM's
   definition: the bonus token counts), from the `/metrics` counters before and after;
-- output tokens/s over the whole run and the ratio to no speculation measured in the same run;
+- output tokens/s and the ratio to no speculation measured in the same round;
+- where an engine step's time goes (`plugins.step_profile`: schedule, target forward,
+  verification, bookkeeping, drafting), in ms per step.
 
-and the bigram drafter's proposal cost (256 running requests, K = 8). Figures go to
-`reports/bench-drafters/results.json` and `results.md`.
+Every round runs every drafter, the baseline included, in a rotated order, so a ratio is
+never one server's luck on a shared machine: the report gives the median over rounds and the
+min-max spread. Also the bigram drafter's proposal cost (256 running requests, K = 8).
+Figures go to `reports/bench-drafters/results.json` and `results.md`.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import os
 import platform
+import statistics
 import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -29,6 +36,7 @@ import requests
 from tqdm import tqdm
 
 from deploy import free_port, plan_from_config, start_server
+from plugins import step_profile
 
 OUT_DIR = Path("reports/bench-drafters")
 CONFIG = "default"
@@ -56,8 +64,11 @@ class DrafterResult:
     mean_acceptance_length: float | None
     """1 + accepted / drafts: tokens per target forward pass."""
     speedup: float | None = None
-    """tokens_per_s over that of `none` in the same run."""
+    """tokens_per_s over that of `none` in the same round."""
     startup_s: float = 0.0
+    round: int = 0
+    step_ms: dict[str, float] = dataclasses.field(default_factory=dict)
+    """Per engine step: milliseconds in each phase (plugins.step_profile.per_step_ms)."""
 
 
 def code_prompts(count: int, chars: int) -> list[str]:
@@ -87,26 +98,31 @@ def counters(base_url: str) -> dict[str, float]:
     return totals
 
 
-def run_drafter(name: str, overrides: list[str], prompts: list[str], max_tokens: int, logs: Path) -> DrafterResult:
+def run_drafter(name: str, overrides: list[str], prompts: list[str], max_tokens: int, logs: Path,
+                round_: int = 0) -> DrafterResult:
     _, plan = plan_from_config(CONFIG, [*overrides, f"server.port={free_port()}"])
-    started = time.monotonic()
     slug = name.replace(" ", "-").replace("(", "").replace(")", "")
-    with start_server(plan, logs / f"{slug}.log", progress=False) as server:
-        startup = time.monotonic() - started
+    with tempfile.TemporaryDirectory(prefix="specdeploy-steps-") as profile:
+        plan = dataclasses.replace(plan, env={**plan.env, step_profile.ENV: profile})
+        started = time.monotonic()
+        with start_server(plan, logs / f"{slug}-round{round_}.log", progress=False) as server:
+            startup = time.monotonic() - started
 
-        def send(prompt: str, tokens: int) -> int:
-            body = {"model": plan.served_name, "prompt": prompt, "max_tokens": tokens, "temperature": 0,
-                    "ignore_eos": True}
-            response = requests.post(f"{server.base_url}/v1/completions", json=body, timeout=600)
-            response.raise_for_status()
-            return int(response.json()["usage"]["completion_tokens"])
+            def send(prompt: str, tokens: int) -> int:
+                body = {"model": plan.served_name, "prompt": prompt, "max_tokens": tokens, "temperature": 0,
+                        "ignore_eos": True}
+                response = requests.post(f"{server.base_url}/v1/completions", json=body, timeout=600)
+                response.raise_for_status()
+                return int(response.json()["usage"]["completion_tokens"])
 
-        send(prompts[0], 32)  # warm-up: first-request costs are not the drafter's
-        before = counters(server.base_url)
-        began = time.perf_counter()
-        tokens = sum(send(p, max_tokens) for p in prompts)
-        seconds = time.perf_counter() - began
-        after = counters(server.base_url)
+            send(prompts[0], 32)  # warm-up: first-request costs are not the drafter's
+            steps_before = settled_profile(profile)
+            before = counters(server.base_url)
+            began = time.perf_counter()
+            tokens = sum(send(p, max_tokens) for p in prompts)
+            seconds = time.perf_counter() - began
+            after = counters(server.base_url)
+            steps_after = settled_profile(profile)
     delta = {k: after[k] - before[k] for k in COUNTERS}
     drafted = delta["num_draft_tokens"] > 0
     return DrafterResult(
@@ -114,7 +130,20 @@ def run_drafter(name: str, overrides: list[str], prompts: list[str], max_tokens:
         delta["num_accepted_tokens"],
         delta["num_accepted_tokens"] / delta["num_draft_tokens"] if drafted else None,
         1 + delta["num_accepted_tokens"] / delta["num_drafts"] if delta["num_drafts"] else None,
-        startup_s=startup)
+        startup_s=startup, round=round_, step_ms=step_profile.per_step_ms(steps_before, steps_after))
+
+
+def settled_profile(folder: str) -> dict[str, dict[str, float]]:
+    """The engine's step timers once it is idle: the profile file is rewritten every 0.5 s, so
+    wait until two reads a write apart agree (the engine has finished its last step)."""
+    previous = None
+    for _ in range(20):
+        current = step_profile.read_profile(folder)
+        if current and current == previous:
+            return current
+        previous = current
+        time.sleep(step_profile.WRITE_EVERY_S * 1.5)
+    return previous or {}
 
 
 def bigram_cost() -> dict[str, float]:
@@ -125,21 +154,73 @@ def bigram_cost() -> dict[str, float]:
     return {**cost, "load_average": os.getloadavg()[0]}  # a busy shared CPU inflates the figure
 
 
-def markdown(results: list[DrafterResult], cost: dict[str, float], meta: dict) -> str:
+PHASE_COLUMNS = [("schedule", "schedule"), ("forward", "target forward"), ("sample", "sample + verify"),
+                 ("bookkeeping", "bookkeeping"), ("propose", "propose"), ("sample_tokens_other", "runner glue"),
+                 ("update", "update"), ("other", "other"), ("post_step", "post-step")]
+
+
+def summarize(results: list[DrafterResult], names: list[str]) -> list[dict]:
+    """Per drafter over its rounds: medians, and min-max of tokens/s and of the speedup."""
+    rows = []
+    for name in names:
+        mine = [r for r in results if r.drafter == name]
+        if not mine:
+            continue
+
+        def med(values: list[float | None]) -> float | None:
+            values = [v for v in values if v is not None]
+            return statistics.median(values) if values else None
+
+        speedups = [r.speedup for r in mine if r.speedup is not None]
+        phases = [p for p, _ in PHASE_COLUMNS] + ["step"]
+        rows.append({
+            "drafter": name, "rounds": len(mine),
+            "acceptance_rate": med([r.acceptance_rate for r in mine]),
+            "mean_acceptance_length": med([r.mean_acceptance_length for r in mine]),
+            "tokens_per_s": med([r.tokens_per_s for r in mine]),
+            "tokens_per_s_range": [min(r.tokens_per_s for r in mine), max(r.tokens_per_s for r in mine)],
+            "speedup": med(speedups), "speedup_range": [min(speedups), max(speedups)] if speedups else None,
+            "step_ms": {p: med([r.step_ms.get(p) for r in mine]) for p in phases},
+        })
+    return rows
+
+
+def markdown(summary: list[dict], cost: dict[str, float], meta: dict) -> str:
     def fmt(value: float | None, spec: str) -> str:
         return "n/a" if value is None else format(value, spec)
 
     lines = [
         "# Drafters on the embedded default", "",
         f"{meta['prompts']} held-out code prompts, one at a time, greedy, {meta['max_tokens']} tokens each, "
-        f"K = {meta['k']}; {meta['machine']}. Acceptance from vLLM's /metrics counters (deltas over the run); "
-        "mean acceptance length = 1 + accepted / drafts (tokens per target step).", "",
+        f"K = {meta['k']}; {meta['machine']}. {meta['rounds']} rounds, each serving every drafter and the "
+        "baseline in a rotated order; medians over rounds, [min-max] beside them, speedups against the same "
+        "round's baseline. Acceptance from vLLM's /metrics counters (deltas over the run); mean acceptance "
+        "length = 1 + accepted / drafts (tokens per target step).", "",
         "| drafter | acceptance rate | mean acceptance length | output tok/s | vs none |",
         "|---|---:|---:|---:|---:|",
     ]
-    for r in results:
-        lines.append(f"| {r.drafter} | {fmt(r.acceptance_rate, '.1%')} | {fmt(r.mean_acceptance_length, '.2f')} | "
-                     f"{r.tokens_per_s:.1f} | {fmt(r.speedup, '.2f')}x |")
+    for s in summary:
+        lo, hi = s["tokens_per_s_range"]
+        spread = (f" [{s['speedup_range'][0]:.2f}-{s['speedup_range'][1]:.2f}]" if s["speedup_range"] else "")
+        lines.append(f"| {s['drafter']} | {fmt(s['acceptance_rate'], '.1%')} | "
+                     f"{fmt(s['mean_acceptance_length'], '.2f')} | {s['tokens_per_s']:.1f} [{lo:.1f}-{hi:.1f}] | "
+                     f"{fmt(s['speedup'], '.2f')}x{spread} |")
+    lines += ["", "## Where a step's time goes", "",
+              "Milliseconds per engine step (median over rounds), from timers around vLLM's step phases "
+              "(`plugins/step_profile.py`): target forward = input preparation and the target's forward "
+              "pass; sample + verify = sampling and rejection sampling; propose = the drafter; runner glue = "
+              "the rest of the model runner's sampling step; other = the engine step outside the named "
+              "phases; post-step = drafts handed to the scheduler. vLLM's CPU build runs every drafter with "
+              "synchronous scheduling, so nothing here is hidden behind the forward pass.", "",
+              "| drafter | step | " + " | ".join(title for _, title in PHASE_COLUMNS) + " | tokens per ms |",
+              "|---|" + "---:|" * (len(PHASE_COLUMNS) + 2)]
+    for s in summary:
+        ms = s["step_ms"]
+        per_step = s["mean_acceptance_length"] or 1.0
+        total = (ms.get("step") or 0) + (ms.get("post_step") or 0)
+        lines.append(f"| {s['drafter']} | {fmt(ms.get('step'), '.2f')} | "
+                     + " | ".join(fmt(ms.get(p), ".2f") for p, _ in PHASE_COLUMNS)
+                     + f" | {fmt(per_step / total if total else None, '.2f')} |")
     lines += ["", f"Bigram proposal cost, 256 running requests, K = 8: {cost['median_us']:.0f} us per propose "
               f"(median of {cost['steps']:.0f} steps; min {cost['min_us']:.0f} us, p90 {cost['p90_us']:.0f} us; "
               f"thread CPU time median {cost['cpu_median_us']:.0f} us), measured at a 1-minute load average of "
@@ -154,31 +235,44 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-tokens", type=int, default=256, help="tokens generated per prompt (%(default)s)")
     parser.add_argument("--drafters", nargs="*", default=list(DRAFTERS), choices=list(DRAFTERS), metavar="NAME",
                         help=f"subset of: {', '.join(DRAFTERS)}")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="rounds, each serving every drafter and the baseline (%(default)s)")
     parser.add_argument("--out", type=Path, default=OUT_DIR, help="report folder (%(default)s)")
     opts = parser.parse_args(argv)
+    if opts.rounds < 1:
+        parser.error("--rounds must be at least 1")
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
     prompts = code_prompts(opts.prompts, opts.prompt_chars)
     opts.out.mkdir(parents=True, exist_ok=True)
+    names = list(dict.fromkeys(opts.drafters))
     results: list[DrafterResult] = []
-    for name in tqdm(opts.drafters, desc="drafters", unit="server"):
-        tqdm.write(f"{name}: starting a server")
-        results.append(run_drafter(name, DRAFTERS[name], prompts, opts.max_tokens, opts.out / "logs"))
-        r = results[-1]
-        tqdm.write(f"{name}: {r.tokens_per_s:.1f} tok/s, acceptance "
-                   f"{'n/a' if r.acceptance_rate is None else f'{r.acceptance_rate:.1%}'}")
-    base = next((r for r in results if r.drafter == "none"), None)
-    for r in results:
-        r.speedup = r.tokens_per_s / base.tokens_per_s if base else None
+    with tqdm(total=opts.rounds * len(names), desc="servers", unit="server") as bar:
+        for round_ in range(opts.rounds):
+            shift = round_ % len(names)  # rotated: no drafter always runs first (or right after another)
+            for name in names[shift:] + names[:shift]:
+                bar.set_postfix_str(f"round {round_ + 1}: {name}")
+                r = run_drafter(name, DRAFTERS[name], prompts, opts.max_tokens, opts.out / "logs", round_)
+                results.append(r)
+                bar.update()
+                tqdm.write(f"round {round_ + 1} {name}: {r.tokens_per_s:.1f} tok/s, acceptance "
+                           f"{'n/a' if r.acceptance_rate is None else f'{r.acceptance_rate:.1%}'}, "
+                           f"{r.step_ms.get('step', float('nan')):.2f} ms per step")
+            base = next((r for r in results if r.drafter == "none" and r.round == round_), None)
+            for r in results:
+                if r.round == round_:
+                    r.speedup = r.tokens_per_s / base.tokens_per_s if base else None
     tqdm.write("bigram proposal cost (256 requests, K=8)...")
     cost = bigram_cost()
     resolved, plan = plan_from_config(CONFIG)
-    meta = {"prompts": len(prompts), "max_tokens": opts.max_tokens, "config": CONFIG,
+    meta = {"prompts": len(prompts), "max_tokens": opts.max_tokens, "config": CONFIG, "rounds": opts.rounds,
             "k": resolved.config.speculation.num_speculative_tokens,
             "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, device {plan.device}",
             "date": time.strftime("%Y-%m-%d %H:%M:%S")}
+    summary = summarize(results, names)
     (opts.out / "results.json").write_text(json.dumps(
-        {"meta": meta, "drafters": [asdict(r) for r in results], "bigram_propose_cost": cost}, indent=1))
-    report = markdown(results, cost, meta)
+        {"meta": meta, "summary": summary, "runs": [asdict(r) for r in results], "bigram_propose_cost": cost},
+        indent=1))
+    report = markdown(summary, cost, meta)
     (opts.out / "results.md").write_text(report)
     print(report)
     return 0
