@@ -369,6 +369,32 @@ def test_drafts_never_reach_past_the_models_vocabulary(chain_table: Path) -> Non
                          model_vocab_size=14).propose(*batch([[1, 10]])) == [[11, 12, 13]]
 
 
+def test_pair_tags_tell_apart_pairs_that_share_a_bucket() -> None:
+    """A tag must depend on both ids: pairs (a, b) and (a', b) landing in one bucket are different
+    pairs (a tag taken from the product's low bits would depend on b alone and merge them)."""
+    bits = 8
+    a = np.arange(1, 5001, dtype=np.int64)
+    b = np.full_like(a, 77)
+    bucket, tag = pair_hash(a, b, bits)
+    assert (tag != 0).all() and (tag & 0xFFFFFFFF == 0).all()  # non-zero, in the high 32 bits
+    for chosen in np.unique(bucket)[:20]:
+        same_bucket = tag[bucket == chosen]
+        assert len(np.unique(same_bucket)) == len(same_bucket), f"bucket {chosen}: pairs share a tag"
+
+
+def test_context_drafts_never_reach_past_the_models_vocabulary(chain_table: Path) -> None:
+    """With context counts on, the table's successors still stop at the model's vocabulary (21 ids
+    here): the chain 10 -> 11 -> ... -> 20 -> 21 stops before 21, which the model cannot emit."""
+    table = load_table(chain_table)
+    # A small weight lets the table's successor of a counted token (20 -> 21) outscore the context's.
+    for weight in (4.0, 0.01):
+        d = BigramDrafter(table, 8, context_weight=weight, min_probability=0, max_model_len=MAX_LEN,
+                          model_vocab_size=21)
+        for history in ([1, 10], [19, 20], [20, 5, 20], [5, 6, 5, 6, 20]):
+            [draft] = d.propose(*batch([history]))
+            assert all(t < 21 for t in draft), (weight, history, draft)
+
+
 def test_proposer_reads_its_options_and_refuses_another_tokenizer(corpus: dict, table_path: Path) -> None:
     options = {"table": str(table_path), "context_weight": 0, "min_probability": 0.0, "max_batch_size": 2}
     proposer = BigramProposer(vllm_config(options, 3, corpus["model"]))
