@@ -66,9 +66,13 @@ def apply() -> bool:
     try:
         if not _cpu_overrides_in_use():
             return False
-        from vllm.triton_utils.dispatcher import register_kernels
+        from vllm.triton_utils.dispatcher import _registry, register_kernels
 
         register()
+        if _registry.get(EXPAND_KERNEL, (None, None))[1] is expand_kernel_impl:
+            return True  # `register()` ran first, as a general plugin: vLLM registered the fix itself
+        # Re-registering scans every loaded module; vLLM 0.32's scan breaks on llvmlite's lazy
+        # library object once numba is loaded (as in the bigram worker), hence the check above.
         register_kernels({EXPAND_KERNEL: expand_kernel_impl})
     except Exception as exc:
         log.warning("specdeploy: could not patch vLLM's CPU expand kernel (%s); sampling with speculation "

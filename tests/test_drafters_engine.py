@@ -7,8 +7,12 @@ reference: greedy outputs must match it token for token, sampled outputs in dist
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import shutil
+import subprocess
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
@@ -228,7 +232,7 @@ def test_small_model_cache_rolls_back_to_the_accepted_prefix() -> None:
 
 # --- the CPU sampling fix, without an engine -------------------------------------------------------
 
-def test_cpu_fix_expands_sampling_parameters_over_draft_positions(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_cpu_fix_expands_sampling_parameters_over_draft_positions() -> None:
     """vLLM 0.32's CPU `expand_batch_to_tokens` returns uninitialised memory for float and int32
     inputs (temperature, top-k, top-p); after `vllm_fixes.apply()` it returns the right values."""
     from plugins import vllm_fixes
@@ -241,17 +245,32 @@ def test_cpu_fix_expands_sampling_parameters_over_draft_positions(monkeypatch: p
     vllm_fixes.expand_kernel_impl(out, torch.tensor([5, 7, 9], dtype=torch.int32), cu, 0, 0)
     assert out.tolist() == [5, 5, 7, 7, 7, 9]
 
-    monkeypatch.setenv("VLLM_TARGET_DEVICE", "cpu")
-    from vllm.platforms import current_platform
-
-    if not vllm_fixes._cpu_overrides_in_use():
+    # The rest runs in a fresh interpreter, in a vLLM worker's order: general plugins, then vLLM's
+    # CPU kernel registration, then a proposer's module (bigram loads numba, whose llvmlite object
+    # breaks vLLM's re-registration scan), then the proposer's `apply()`.
+    script = """
+import sys, torch
+from plugins import vllm_fixes
+if not vllm_fixes._cpu_overrides_in_use():
+    sys.exit(3)
+from vllm.plugins import load_general_plugins
+from vllm.platforms import current_platform
+load_general_plugins()
+current_platform.register_triton_kernel_overrides()
+import plugins.bigram
+assert vllm_fixes.apply(), "apply() did not report the fix in place"
+from vllm.v1.sample.rejection_sampler import expand_batch_to_tokens
+cu = torch.tensor([2, 5, 6], dtype=torch.int32)
+print(expand_batch_to_tokens(torch.tensor([0.7, 1.0, 0.3]), cu, 6, replace_from=0, replace_to=1).tolist())
+"""
+    env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    if done.returncode == 3:
         pytest.skip("vLLM's CPU kernel fallbacks are not in use here")
-    current_platform.register_triton_kernel_overrides()
-    assert vllm_fixes.apply()
-    from vllm.v1.sample.rejection_sampler import expand_batch_to_tokens
-
-    temperature = expand_batch_to_tokens(torch.tensor([0.7, 1.0, 0.3]), cu, 6, replace_from=0, replace_to=1)
-    assert temperature.tolist() == pytest.approx([0.7, 0.7, 1.0, 1.0, 1.0, 0.3])
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "could not patch" not in done.stderr, done.stderr[-3000:]
+    temperature = json.loads(done.stdout.strip().splitlines()[-1])
+    assert temperature == pytest.approx([0.7, 0.7, 1.0, 1.0, 1.0, 0.3])
 
 
 def _tiny_draft() -> tuple[object, int]:
