@@ -25,7 +25,7 @@ import torch
 from conftest import CODE_PROMPTS, LOG_DIR, complete, metric_total
 from deploy import ConfigError, ServerStartError, free_port, plan_from_config, start_server
 from plugins.bigram_table import build_arrays, embedded_table, save_table
-from plugins.small_model import SmallModelDrafter, draft_dtype
+from plugins.small_model import SmallModelDrafter
 
 BASELINE = ("default", ("speculation.drafter=none",))
 DRAFTERS = {
@@ -281,14 +281,6 @@ def _tiny_draft() -> tuple[object, int]:
                                          num_attention_heads=2, num_key_value_heads=2,
                                          max_position_embeddings=256)).eval()
     return model, 2 * 2 * 2 * 32 * 4  # k and v, 2 layers, 2 heads of 32, fp32
-
-
-def test_a_half_precision_target_gets_a_float32_draft_on_a_cpu_only() -> None:
-    cpu, gpu = torch.device("cpu"), torch.device("cuda", 0)
-    assert draft_dtype(torch.bfloat16, cpu) is torch.float32
-    assert draft_dtype(torch.float16, cpu) is torch.float32
-    assert draft_dtype(torch.bfloat16, gpu) is torch.bfloat16
-    assert draft_dtype(torch.float32, cpu) is torch.float32
 
 
 def test_a_failing_draft_step_gives_empty_drafts_and_a_warning(caplog: pytest.LogCaptureFixture) -> None:
