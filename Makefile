@@ -11,7 +11,7 @@ STAMP   := .venv/.specdeploy-installed
 # CONFIG plus the shared command-line switches: SET="a.b=1 c.d=2", NO_SPEC=1.
 CONFIG_ARGS = $(CONFIG) $(foreach s,$(SET),--set $(s)) $(if $(NO_SPEC),--no-spec)
 
-.PHONY: help venv models serve check observability test bench-drafters loadtest compare clean
+.PHONY: help venv models serve check observability test bench-drafters loadtest compare advise clean
 
 help:
 	@echo "make serve [CONFIG=default.yaml] [SET='field=value ...'] [NO_SPEC=1] [DRY_RUN=1] [NODE_RANK=r]"
@@ -23,6 +23,7 @@ help:
 	@echo "make loadtest CONFIG=... USERS=1,32 [WORKERS=N] [SLO=ttft_p95=500ms,tpot_p95=50ms] [LOADTEST_ARGS='--k 2,8']"
 	@echo "make loadtest URL=http://host:port [BASELINE_URL=http://host:port] [CONFIG=...]   servers already running"
 	@echo "make compare [REPORT=reports/...]   batch-1 vs batch-32 table of a report"
+	@echo "make advise CONFIG=... [USERS=1,32] [ADVISE_ARGS='--workload my.jsonl --temperature 0.7']   should this draft be deployed, at which batch sizes"
 
 $(STAMP): pyproject.toml scripts/install-env.sh
 	bash scripts/install-env.sh
@@ -60,6 +61,10 @@ LOADTEST_SERVERS = $(if $(URL),--url $(URL) $(if $(BASELINE_URL),--baseline-url 
 loadtest: $(STAMP)
 	$(PY) -m loadtest run $(LOADTEST_SERVERS) --users $(USERS) --workers $(WORKERS) \
 	  $(if $(SLO),--slo $(SLO)) $(LOADTEST_ARGS)
+
+# Step costs, acceptance and speedup of the config's drafter on a workload, and a verdict.
+advise: $(STAMP)
+	$(PY) -m loadtest advise $(CONFIG) $(foreach s,$(SET),--set $(s)) --batches $(USERS) $(ADVISE_ARGS)
 
 compare: $(STAMP)
 	$(PY) -m loadtest compare $(REPORT)

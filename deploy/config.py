@@ -28,6 +28,9 @@ DrafterKind = Literal[
 DRAFTERS_WITH_MODEL = {"small_model", "eagle", "eagle3", "medusa", "mlp_speculator"}
 # Drafters implemented by specdeploy's own proposer plugin (vLLM method `custom_class`).
 PLUGIN_DRAFTERS = {"bigram", "probe"}
+# vLLM's drafters that sample from a draft distribution and can hand it to the verifier
+# (its `draft_sample_method: probabilistic`); the others' drafts are deterministic.
+PROBABILISTIC_DRAFTERS = {"small_model", "eagle", "eagle3", "mtp"}
 
 
 class ConfigError(ValueError):
@@ -101,6 +104,17 @@ class SpeculationConfig(Section):
     """ngram: shortest n-gram matched in the prompt."""
     prompt_lookup_max: int | None = Field(default=None, ge=1)
     """ngram: longest n-gram matched in the prompt."""
+    draft_sampling: Literal["greedy", "probabilistic"] = "greedy"
+    """How a draft model picks its tokens (vLLM's `draft_sample_method`); the output keeps the
+    target's distribution either way, only acceptance differs. `greedy`: the draft's argmax, which
+    at temperature > 0 survives only with the target's probability of that one token (5% at T=1 on
+    the embedded default). `probabilistic`: sampled from the draft's distribution at the request's
+    temperature and verified against it (57% at T=1 there), at the cost of keeping the draft's
+    probabilities (K x vocabulary floats per request). For vLLM's draft-model drafters only
+    (small_model native, eagle, eagle3, mtp); greedy requests draft greedily either way."""
+    temperatures: list[float] = Field(default_factory=lambda: [0.0], min_length=1)
+    """The sampling temperatures this deployment's users send, which its drafting was chosen for;
+    `make loadtest ... LOADTEST_ARGS='--temperature 0,0.7,1'` measures acceptance at each."""
     bigram: BigramOptions = Field(default_factory=BigramOptions)
     """Options of the bigram drafter."""
     extra: dict[str, Any] = Field(default_factory=dict)
@@ -130,7 +144,7 @@ class SpeculationConfig(Section):
     @classmethod
     def _check_extra(cls, extra: dict[str, Any]) -> dict[str, Any]:
         owned = {"method", "model", "num_speculative_tokens", "num_speculative_tokens_per_batch_size",
-                 "draft_tensor_parallel_size", "prompt_lookup_min", "prompt_lookup_max"}
+                 "draft_tensor_parallel_size", "prompt_lookup_min", "prompt_lookup_max", "draft_sample_method"}
         for key in extra:
             if key in owned:
                 raise ValueError(f"'{key}' is set by the typed fields of `speculation`, not in `extra`")
@@ -158,7 +172,42 @@ class SpeculationConfig(Section):
             raise ValueError("prompt_lookup_min/max apply to drafter ngram only")
         if self.prompt_lookup_min and self.prompt_lookup_max and self.prompt_lookup_min > self.prompt_lookup_max:
             raise ValueError("prompt_lookup_min must be <= prompt_lookup_max")
+        if self.draft_sampling == "probabilistic" and not self.samples_drafts:
+            raise ValueError(
+                f"draft_sampling: probabilistic needs a drafter that samples from a draft distribution "
+                f"({', '.join(sorted(PROBABILISTIC_DRAFTERS))}; small_model with implementation: native), not "
+                f"{self.drafter}{' (plugin)' if self.implementation == 'plugin' else ''}, whose drafts are "
+                f"deterministic: remove draft_sampling")
         return self
+
+    @field_validator("temperatures")
+    @classmethod
+    def _check_temperatures(cls, temperatures: list[float]) -> list[float]:
+        if any(t < 0 for t in temperatures):
+            raise ValueError("temperatures must be >= 0 (0 is greedy decoding)")
+        return sorted(set(temperatures))
+
+    @property
+    def samples_drafts(self) -> bool:
+        """Whether this drafter can draw its drafts from a distribution vLLM then verifies against."""
+        return self.drafter in PROBABILISTIC_DRAFTERS and self.implementation == "native"
+
+    def sampling_advice(self) -> str | None:
+        """Why this drafter will accept little at the config's temperatures > 0, and what to do."""
+        hot = [t for t in self.temperatures if t > 0]
+        if not self.enabled or not hot or self.draft_sampling == "probabilistic":
+            return None
+        listed = ", ".join(f"{t:g}" for t in hot)
+        at = f"at temperature {listed}" if len(hot) == 1 else f"at temperatures {listed}"
+        if self.samples_drafts:
+            return (f"speculation.temperatures: {at} greedy drafts survive only with the target's probability of "
+                    f"the draft's argmax (5% at T=1 on the embedded default); set speculation.draft_sampling: "
+                    f"probabilistic")
+        if self.drafter == "small_model":
+            return (f"speculation.temperatures: {at} the small-model plugin drafts greedily (vLLM 0.32 gives custom "
+                    f"proposers no sampling parameters, so they cannot return draft probabilities); use "
+                    f"implementation: native with draft_sampling: probabilistic")
+        return None
 
 
 class ParallelismConfig(Section):

@@ -105,6 +105,8 @@ def speculative_config(resolved: ResolvedDeployment) -> dict[str, Any] | None:
     for name in ("draft_tensor_parallel_size", "prompt_lookup_min", "prompt_lookup_max"):
         if getattr(spec, name) is not None:
             result[name] = getattr(spec, name)
+    if spec.draft_sampling != "greedy":
+        result["draft_sample_method"] = spec.draft_sampling
     if spec.drafter == "ngram":
         result.setdefault("prompt_lookup_min", 1)
         result.setdefault("prompt_lookup_max", 3)

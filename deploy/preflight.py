@@ -424,6 +424,8 @@ def preflight(config: DeploymentConfig, config_dir: Path | None = None, machine:
     if spec.drafter == "small_model" and spec.implementation == "plugin" and not (target.local and draft and draft.local):
         problems.append("speculation.implementation: the small-model plugin loads the draft from a local folder")
     problems += check_parallelism(config, target, draft, device, notes)
+    if advice := spec.sampling_advice():
+        notes.append(advice)
     resolved = ResolvedDeployment(config, machine, device, target, draft, notes)
     if check_memory:
         machine_problems += check_fit(resolved)

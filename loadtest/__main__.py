@@ -3,10 +3,12 @@
     python -m loadtest run default.yaml --users 1,32                 # spec vs baseline, batch 1 and 32
     python -m loadtest run default.yaml --users 1,8,32 --k 2,8       # plus K=2 and K=8 variants
     python -m loadtest run default.yaml --workers 2 --duration 60    # Locust master + 2 workers, 60 s a level
+    python -m loadtest run default.yaml --temperature 0,0.7,1        # acceptance and speedup per temperature
     python -m loadtest run --url http://gpu1:8000 --baseline-url http://gpu1:8001 --slo ttft_p95=500ms
                                                                      # servers already running elsewhere
     python -m loadtest compare                                       # table of the newest report
     python -m loadtest costs default.yaml                            # engine step costs: plain, verify, draft
+    python -m loadtest advise default.yaml --batches 1,8,32          # is the draft worth it, at which batch sizes
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import sys
 from pathlib import Path
 from types import FrameType
 
+from deploy import ConfigError, load_config
 from deploy.config import DEFAULT_CONFIG
 from loadtest.report import compare_table, load_results, newest_report, write_report
 from loadtest.runner import Sweep, SweepSettings
@@ -34,6 +37,15 @@ def _int_list(text: str) -> list[int]:
     if not values or min(values) < 1:
         raise argparse.ArgumentTypeError("give positive integers, e.g. 1,32")
     return values
+
+
+def _temperatures(text: str) -> list[float]:
+    from loadtest.temperature import parse_temperatures
+
+    try:
+        return parse_temperatures(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _slo(text: str) -> str:
@@ -76,7 +88,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="auto: chat API for chat messages, completions API for prompts")
     run.add_argument("--max-tokens", type=int, default=128, help="output tokens per request (default: 128)")
     run.add_argument("--no-fixed-length", action="store_true", help="let requests stop at EOS (no ignore_eos)")
-    run.add_argument("--temperature", type=float, default=0.0)
+    run.add_argument("--temperature", type=_temperatures, default=[0.0], metavar="T,T",
+                     help="sampling temperatures (default: 0, greedy); several, e.g. 0,0.7,1 (the config's "
+                          "speculation.temperatures), run one sweep each and add a summary of acceptance and "
+                          "speedup against temperature (temperature.md)")
     run.add_argument("--workers", type=int, default=0, help="Locust worker processes (0: one local process)")
     run.add_argument("--no-vllm-bench", action="store_true",
                      help="skip vLLM's serving benchmark after each Locust run (the independent check)")
@@ -106,6 +121,22 @@ def build_parser() -> argparse.ArgumentParser:
     again = sub.add_parser("rejudge", help="judge a report's Locust-vs-benchmark agreement again with this code, "
                                             "from its kept records and benchmark results, and rewrite the report")
     again.add_argument("report", type=Path, help="report folder")
+    adv = sub.add_parser("advise", help="is this draft worth deploying, at which batch sizes: step costs, acceptance "
+                                        "and speedup on your workload, measured on the engine, and a verdict")
+    adv.add_argument("config", nargs="?", default=DEFAULT_CONFIG, help="config with a drafter (default: %(default)s)")
+    adv.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
+                     help="override a config field (repeatable)")
+    adv.add_argument("--batches", type=_int_list, default=[1, 32], metavar="B,B",
+                     help="batch sizes (closed-loop users) to advise on (default: 1,32)")
+    adv.add_argument("--workload", default="code",
+                     help=f"your traffic: built-in set ({', '.join(BUILTIN)}) or a JSONL / ShareGPT file (default: code)")
+    adv.add_argument("--temperature", type=float, default=0.0, help="the temperature your users send (default: 0)")
+    adv.add_argument("--requests", type=int, default=None, help="measured requests per batch size "
+                                                                "(default: max(32, 8 x batch))")
+    adv.add_argument("--max-tokens", type=int, default=128, help="output tokens per request (default: 128)")
+    adv.add_argument("--cost-repeats", type=int, default=3, help="measurements per step cost (default: 3)")
+    adv.add_argument("--vllm-bench", action="store_true", help="also run vLLM's serving benchmark after each run")
+    adv.add_argument("--out", type=Path, default=None, help="folder for advice.md (default: reports/advise-<config>-<time>)")
     costs = sub.add_parser("costs", help="measure engine step costs: plain decode, verification of K tokens, "
                                           "the config's drafter, at each batch size")
     costs.add_argument("config", nargs="?", default=DEFAULT_CONFIG, help="config with a drafter (default: %(default)s)")
@@ -118,6 +149,22 @@ def build_parser() -> argparse.ArgumentParser:
                             "measured once per pair unless --force")
     costs.add_argument("--force", action="store_true", help="with --pair: measure again")
     return parser
+
+
+def cmd_advise(opts: argparse.Namespace) -> int:
+    from loadtest.advise import AdviceSettings, advise, describe
+
+    settings = AdviceSettings(opts.config, opts.overrides, sorted(set(opts.batches)), opts.workload, opts.temperature,
+                              opts.requests, opts.max_tokens, opts.cost_repeats, opts.vllm_bench, opts.out)
+    try:
+        advice = advise(settings)
+    except (ConfigError, ValueError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(describe(advice))
+    print(f"advice: {Path(advice['out']) / 'advice.md'}")
+    # 0: measured and advised; 1: the draft is unsuitable or the measurement failed; 2: not measured here.
+    return {"advised": 0, "unsuitable": 1, "failed": 1, "cannot_measure": 2}[advice["status"]]
 
 
 def cmd_costs(opts: argparse.Namespace) -> int:
@@ -153,18 +200,20 @@ def cmd_run(opts: argparse.Namespace) -> int:
         extra_k=opts.k, users=sorted(dict.fromkeys(opts.users)), repeat=opts.repeat, requests=opts.requests,
         duration_s=opts.duration, vllm_bench=not opts.no_vllm_bench,
         warmup=opts.warmup, arrival_gap_s=opts.arrival_gap, workload=opts.workload, api=opts.api, max_tokens=opts.max_tokens,
-        fixed_length=not opts.no_fixed_length, temperature=opts.temperature, workers=opts.workers,
+        fixed_length=not opts.no_fixed_length, temperature=opts.temperature[0], workers=opts.workers,
         request_timeout_s=opts.request_timeout, level_timeout_s=opts.level_timeout,
         startup_timeout_s=opts.startup_timeout, tolerance=opts.tolerance, slo=opts.slo or "", url=opts.url,
         baseline_url=opts.baseline_url, model=opts.model, tokenizer=opts.tokenizer, api_key_env=opts.api_key_env,
         out=opts.out)
-    sweep = Sweep(settings)
 
     def on_term(signum: int, _frame: FrameType | None) -> None:
         raise KeyboardInterrupt  # same clean-up path as Ctrl-C: servers and Locust stopped
 
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGHUP, on_term)  # a closed terminal: stop the servers, keep the report
+    if len(opts.temperature) > 1:
+        return run_temperatures_cli(settings, opts.temperature)
+    sweep = Sweep(settings)
     try:
         results = sweep.run()
     except KeyboardInterrupt:
@@ -178,7 +227,53 @@ def cmd_run(opts: argparse.Namespace) -> int:
     print(compare_table(results))
     print(f"\nstatus: {results['status']}" + (f" ({'; '.join(results['problems'])})" if results["problems"] else ""))
     print(f"report: {files['markdown']}  {files['html']}  {files['json']}")
-    return 0 if results["status"] == "ok" else (130 if results["status"] == "interrupted" else 1)
+    untested = untested_temperatures(settings, [settings.temperature])
+    if untested:
+        print(untested)
+    return exit_code(results["status"])
+
+
+def exit_code(status: str) -> int:
+    return 0 if status == "ok" else (130 if status == "interrupted" else 1)
+
+
+def untested_temperatures(settings: SweepSettings, measured: list[float]) -> str:
+    """A hint when the config is tuned for temperatures this run did not measure."""
+    if not settings.config:
+        return ""
+    try:
+        wanted = load_config(settings.config, settings.overrides).speculation.temperatures
+    except (ConfigError, OSError):
+        return ""
+    missing = [t for t in wanted if t not in measured]
+    if not missing:
+        return ""
+    listed = ",".join(f"{t:g}" for t in sorted({*wanted, *measured}))
+    return (f"note: the config is tuned for temperatures {', '.join(f'{t:g}' for t in wanted)}; this run measured "
+            f"{', '.join(f'{t:g}' for t in measured)}: add --temperature {listed} (LOADTEST_ARGS with make)")
+
+
+def run_temperatures_cli(settings: SweepSettings, temperatures: list[float]) -> int:
+    from loadtest.temperature import run_temperatures, summary_rows, summary_table
+
+    runs: list[dict] = []
+    try:
+        runs, out = run_temperatures(settings, temperatures)
+    except KeyboardInterrupt:
+        print("interrupted: servers stopped; the temperatures measured so far are in the summary", file=sys.stderr)
+        return 130
+    if not any(r["variants"] for r in runs):
+        print(f"error: {'; '.join(p for r in runs for p in r['problems'])}", file=sys.stderr)
+        return 2
+    print()
+    print(summary_table(summary_rows(runs)))
+    statuses = {f"{r['temperature']:g}": r["status"] for r in runs}
+    print(f"\nstatus by temperature: {statuses}")
+    print(f"report: {out / 'temperature.md'} (each temperature's own report beside it)")
+    if untested := untested_temperatures(settings, temperatures):
+        print(untested)
+    worst = next((s for s in ("failed", "flagged") if s in statuses.values()), "ok")
+    return exit_code(worst)
 
 
 def cmd_rejudge(opts: argparse.Namespace) -> int:
@@ -197,6 +292,15 @@ def cmd_compare(opts: argparse.Namespace) -> int:
     if report is None:
         print("no report found under reports/; run `make loadtest` first or give a report folder", file=sys.stderr)
         return 1
+    if report.is_dir() and (report / "temperature.json").is_file():  # a run over several temperatures
+        from loadtest.temperature import load_runs, summary_rows, summary_table
+
+        runs = load_runs(report)
+        temperatures = ", ".join(format(r["temperature"], "g") for r in runs)
+        print(f"{report}: config {runs[0]['config'] if runs else '?'}, temperatures {temperatures}")
+        print(summary_table(summary_rows(runs)))
+        print("each temperature's batch table: make compare REPORT=" + str(report / "temperature-<T>"))
+        return 0
     try:
         results = load_results(report)
     except (OSError, ValueError) as exc:
@@ -213,7 +317,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         datefmt="%H:%M:%S")
     opts = build_parser().parse_args(argv)
-    return {"run": cmd_run, "compare": cmd_compare, "costs": cmd_costs, "rejudge": cmd_rejudge}[opts.command](opts)
+    return {"run": cmd_run, "compare": cmd_compare, "costs": cmd_costs, "rejudge": cmd_rejudge,
+            "advise": cmd_advise}[opts.command](opts)
 
 
 if __name__ == "__main__":

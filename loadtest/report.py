@@ -80,8 +80,8 @@ def summarize_speedups(results: dict[str, Any]) -> list[dict[str, Any]]:
         entry: dict[str, Any] = {"variant": variant, "concurrency": c, "runs": len(rows)}
         for key in SPEEDUPS:
             entry[key] = stats.mean_interval([r[key] for r in rows if r.get(key) is not None])
-        entry["acceptance_rate"] = stats.mean_interval([r["acceptance_rate"] for r in rows
-                                                        if r.get("acceptance_rate") is not None])
+        for key in ("acceptance_rate", "mean_accepted_length"):
+            entry[key] = stats.mean_interval([r[key] for r in rows if r.get(key) is not None])
         entry["verdict"] = verdict(entry)
         out.append(entry)
     return out

@@ -65,15 +65,17 @@ def variant_overrides(k: int) -> dict[str, tuple[list[str], bool]]:
     return {
         "plain": ([], True),
         "verify": (["speculation.drafter=probe", "speculation.model=null", "speculation.implementation=native",
+                    "speculation.draft_sampling=greedy",
                     f"speculation.num_speculative_tokens={k}"], False),
         "draft": ([f"speculation.num_speculative_tokens={k}"], False),
     }
 
 
 def measure_costs(config: str = "default", k: int | None = None, batches: tuple[int, ...] = (1, 32),
-                  repeats: int = 5) -> dict[str, Any]:
-    """Step times of the three variants (module doc) at each batch size, and their ratios."""
-    base = load_config(config)
+                  repeats: int = 5, overrides: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Step times of the three variants (module doc) at each batch size, and their ratios;
+    `overrides` (`field=value`) apply to the config before each variant's own."""
+    base = load_config(config, list(overrides))
     if not base.speculation.enabled:
         raise ValueError(f"config {config} has no drafter; step costs compare a drafter with plain decoding")
     k = k or base.speculation.num_speculative_tokens
@@ -83,7 +85,7 @@ def measure_costs(config: str = "default", k: int | None = None, batches: tuple[
     prompt = next(item.prompt for item in load_workload("code").items if item.prompt)
     for variant in tqdm(VARIANTS, desc="step costs (an engine each)", unit="engine"):
         extra, no_spec = variant_overrides(k)[variant]
-        resolved, plan = plan_from_config(config, extra, no_spec)
+        resolved, plan = plan_from_config(config, [*overrides, *extra], no_spec)
         job = {"args": engine_arguments(resolved), "batches": list(batches), "repeats": repeats,
                "prompt": prompt, "lengths": list(LENGTHS), "time_drafter": variant == "draft"}
         result.setdefault("layout", {"device": plan.device, "env": {n: v for n, v in plan.env.items()

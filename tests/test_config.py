@@ -78,6 +78,32 @@ def test_drafter_consistency() -> None:
         minimal(speculation={"drafter": "ngram", "extra": {"prompt_lookup_mx": 3}}))[0]
 
 
+def test_draft_sampling_and_the_temperatures_a_config_is_tuned_for() -> None:
+    # Probabilistic drafting needs a drafter with a draft distribution; deterministic ones are refused.
+    for speculation in ({"drafter": "bigram"}, {"drafter": "ngram"},
+                        {"drafter": "small_model", "model": "x/y", "implementation": "plugin"}):
+        [problem] = problems(minimal(speculation={**speculation, "draft_sampling": "probabilistic"}))
+        assert "draft_sampling: probabilistic needs a drafter that samples" in problem, problem
+    assert "set by the typed fields" in problems(minimal(speculation={
+        "drafter": "ngram", "extra": {"draft_sample_method": "probabilistic"}}))[0]
+    assert ">= 0" in problems(minimal(speculation={"drafter": "ngram", "temperatures": [0, -0.5]}))[0]
+    assert problems(minimal(speculation={"drafter": "ngram", "temperatures": []}))
+    # A config tuned for sampled traffic that drafts greedily is told what that costs and what to set.
+    greedy = parse_config(minimal(speculation={"drafter": "small_model", "model": "x/y", "temperatures": [1, 0, 0.7]}))
+    assert greedy.speculation.temperatures == [0, 0.7, 1]
+    assert "set speculation.draft_sampling: probabilistic" in greedy.speculation.sampling_advice()
+    plugin = parse_config(minimal(speculation={"drafter": "small_model", "model": "x/y", "implementation": "plugin",
+                                               "temperatures": [0.7]}))
+    assert "plugin drafts greedily" in plugin.speculation.sampling_advice()
+    for quiet in ({"drafter": "small_model", "model": "x/y", "temperatures": [0]},
+                  {"drafter": "small_model", "model": "x/y", "temperatures": [1], "draft_sampling": "probabilistic"}):
+        assert parse_config(minimal(speculation=quiet)).speculation.sampling_advice() is None
+    resolved = preflight(parse_config(minimal(speculation={"drafter": "small_model", "model": "org/model-0.1b",
+                                                           "temperatures": [1]})), machine=GPU_NODE)
+    assert any("draft_sampling: probabilistic" in note for note in resolved.notes)
+    assert "draft_sample_method" not in engine_arguments(resolved)["speculative_config"]  # vLLM's default: greedy
+
+
 def test_multi_node_needs_the_address_of_node_0_or_ray() -> None:
     with pytest.raises(ConfigError, match="nodes > 1 with the mp backend needs master_addr"):
         preflight(load_config("llama70b-7b", ["parallelism.nodes=2", "parallelism.pipeline_parallel_size=2"]),
@@ -270,17 +296,19 @@ def test_model_that_cannot_fit_the_machine() -> None:
 
 # --- presets translate to the engine arguments they should -----------------------------------
 
+SAMPLED = {"draft_sample_method": "probabilistic"}  # every hub preset serves sampled traffic
 EXPECTED_SPEC = {
     "llama70b-7b.yaml": {"method": "draft_model", "model": "meta-llama/Llama-2-7b-chat-hf",
                          "num_speculative_tokens": 4,
-                         "num_speculative_tokens_per_batch_size": [[1, 8, 4], [9, 32, 2], [33, 1024, 0]]},
+                         "num_speculative_tokens_per_batch_size": [[1, 8, 4], [9, 32, 2], [33, 1024, 0]], **SAMPLED},
     "llama70b-1b.yaml": {"method": "draft_model", "model": "meta-llama/Llama-3.2-1B-Instruct",
-                         "num_speculative_tokens": 5},
-    "qwen3-4b-0.6b.yaml": {"method": "draft_model", "model": "Qwen/Qwen3-0.6B", "num_speculative_tokens": 4},
+                         "num_speculative_tokens": 5, **SAMPLED},
+    "qwen3-4b-0.6b.yaml": {"method": "draft_model", "model": "Qwen/Qwen3-0.6B", "num_speculative_tokens": 4,
+                           **SAMPLED},
     "smollm2-1.7b-360m.yaml": {"method": "draft_model", "model": "HuggingFaceTB/SmolLM2-360M-Instruct",
-                               "num_speculative_tokens": 4},
+                               "num_speculative_tokens": 4, **SAMPLED},
     "llama3.1-8b-eagle3.yaml": {"method": "eagle3", "model": "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B",
-                                "num_speculative_tokens": 3},
+                                "num_speculative_tokens": 3, **SAMPLED},
 }
 HUB_PRESETS = sorted(EXPECTED_SPEC)
 
@@ -465,7 +493,8 @@ def test_default_preset_on_cpu(embedded_pair) -> None:
     assert plan.env["VLLM_CPU_KVCACHE_SPACE"] == "2"
     assert plan.env["VLLM_HTTP_TIMEOUT_KEEP_ALIVE"] == "65"  # not vLLM's 5 s: see ServerConfig
     spec = json.loads(plan.argv[plan.argv.index("--speculative-config") + 1])
-    assert spec == {"method": "draft_model", "model": str(embedded_pair.draft), "num_speculative_tokens": 4}
+    assert spec == {"method": "draft_model", "model": str(embedded_pair.draft), "num_speculative_tokens": 4,
+                    "draft_sample_method": "probabilistic"}
     assert plan.argv[plan.argv.index("--model") + 1] == str(embedded_pair.target)
     # engine_args pass through with vLLM's own spelling, booleans included
     _, plan = plan_from_config("default", ["engine_args={enforce_eager: false, max_num_batched_tokens: 512}"])

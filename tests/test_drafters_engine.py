@@ -30,7 +30,8 @@ from plugins.small_model import SmallModelDrafter
 BASELINE = ("default", ("speculation.drafter=none",))
 DRAFTERS = {
     "bigram": ("embedded-bigram", ()),
-    "small_model-native": ("default", ()),
+    "small_model-native": ("default", ()),  # draft_sampling: probabilistic, as the presets
+    "small_model-native-greedy": ("default", ("speculation.draft_sampling=greedy",)),
     "small_model-plugin": ("embedded-small-plugin", ()),
 }
 # A verifier that accepts every draft token: the broken acceptance rule the distribution test

@@ -755,3 +755,47 @@ def test_server_killed_mid_run_keeps_partial_results(tmp_path, embedded_pair):
     saved = json.loads((settings.out / "results.json").read_text())
     assert saved["variants"][0]["levels"][0]["client"]["ok"] == first["client"]["ok"]
     assert len(load_records(records_dir)) == first["client"]["requests"]
+
+
+def test_temperatures_are_parsed_or_refused_clearly() -> None:
+    from loadtest.temperature import parse_temperatures
+
+    assert parse_temperatures("1, 0,0.7,1") == [0.0, 0.7, 1.0]
+    for bad in ("", "0,x", "-1", "nan", "inf"):
+        with pytest.raises(ValueError, match="--temperature"):
+            parse_temperatures(bad)
+    run = subprocess.run([sys.executable, "-m", "loadtest", "run", "--temperature", "0,hot"], cwd=REPO,
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2 and "numbers separated by commas" in run.stderr
+
+
+@pytest.mark.engine
+def test_temperature_sweep_reports_acceptance_against_temperature(tmp_path, embedded_pair):
+    """`--temperature 1,0`: one sweep per temperature, each sending its own, and a summary of
+    acceptance and speedup against temperature. The default drafts probabilistically, so its
+    acceptance holds at T=1 (greedy drafts keep ~5% there)."""
+    out = tmp_path / "report"
+    run = subprocess.run([sys.executable, "-m", "loadtest", "run", "default", "--temperature", "1,0", "--users", "1",
+                          "--repeat", "1", "--requests", "4", "--max-tokens", "32", "--no-vllm-bench",
+                          "--out", str(out)], cwd=REPO, capture_output=True, text=True, timeout=1500)
+    assert run.returncode in (0, 1), run.stderr[-3000:]
+    summary = json.loads((out / "temperature.json").read_text())
+    assert summary["draft_sample_method"] == "probabilistic"
+    assert {t: s["status"] for t, s in summary["sweeps"].items()} in (
+        {"0": a, "1": b} for a in ("ok", "flagged") for b in ("ok", "flagged"))
+    rows = {r["temperature"]: r for r in summary["rows"] if (r["variant"], r["concurrency"]) == ("spec-k4", 1)}
+    assert set(rows) == {0.0, 1.0}
+    for temperature, row in rows.items():
+        sub = json.loads((out / f"temperature-{temperature:g}" / "results.json").read_text())
+        assert sub["settings"]["temperature"] == temperature
+        assert {v["name"] for v in sub["variants"]} == {"spec-k4", "baseline"}
+        assert row["acceptance_rate"]["mean"] > 0.3, f"T={temperature}: acceptance {row['acceptance_rate']}"
+        assert row["speedup"]["mean"] > 1, f"T={temperature}: speculation did not pay at batch 1: {row['speedup']}"
+    text = (out / "temperature.md").read_text()
+    assert "| 1 | spec-k4 | 1 | 1 |" in text and "temperature-1/report.md" in text
+    assert (out / "temperature.png").stat().st_size > 10_000
+    # The default is tuned for 0, 0.7 and 1: a run that skips 0.7 says so.
+    assert "add --temperature 0,0.7,1" in run.stdout
+    shown = subprocess.run([sys.executable, "-m", "loadtest", "compare", str(out)], cwd=REPO, capture_output=True,
+                           text=True, timeout=120)
+    assert shown.returncode == 0 and "temperatures 0, 1" in shown.stdout and "| 1 | spec-k4 | 1 | 1 |" in shown.stdout

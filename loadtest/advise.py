@@ -1,0 +1,252 @@
+"""`make advise CONFIG=...`: is this draft worth deploying, and at which batch sizes?
+
+Measured on the real engine, for the user's workload and temperature, in four steps:
+
+1. compatibility (preflight): a draft model must speak the target's tokenizer, the same tokens
+   with the same ids; a draft that does not is the verdict, before any engine starts;
+2. step costs (`step_costs.measure_costs`): a plain target step, a verification of K + 1
+   tokens and a speculative step with this drafter, at each batch size, so a draft step is
+   known as a fraction of a target step and a speculative step as r target steps;
+3. acceptance and speedup (`runner.Sweep`, one run per batch size): the speculative server and
+   the baseline loaded with the workload at the temperature; the engine's per-position
+   acceptance, tokens per step, and the speedup Locust and the engine's own clock see;
+4. the cost model's prediction, tokens per step / r, beside the measured speedup, and a
+   verdict a person can act on: use it at batch <= N, too slow a draft, too rarely accepted,
+   vocabularies differ.
+
+Where this machine cannot run the deployment (a GPU preset on a laptop), it says what it would
+measure and refuses (exit 2) without starting anything.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from deploy import ConfigError, load_config, preflight
+from deploy.config import resolve_config_path
+from loadtest import step_costs
+from loadtest.files import write_atomic, write_json
+from loadtest.report import levels, summarize_speedups, write_report
+from loadtest.runner import Sweep, SweepSettings, default_out_dir
+
+log = logging.getLogger("specdeploy.advise")
+
+# Preflight problems that are the draft's own unsuitability, not a config mistake.
+VOCABULARY_WORDS = ("vocab_size", "tokenizer vocabulary", "not the same ones")
+NOT_SMALLER = "is not smaller than"
+
+
+@dataclass
+class AdviceSettings:
+    config: str
+    overrides: list[str] = field(default_factory=list)
+    batches: list[int] = field(default_factory=lambda: [1, 32])
+    """Batch sizes (closed-loop users) to advise on."""
+    workload: str = "code"
+    """The user's traffic: a built-in set or a JSONL / ShareGPT file (see loadtest.workloads)."""
+    temperature: float = 0.0
+    requests: int | None = None
+    """Measured requests per batch size (default: the load test's, max(32, 8 x batch))."""
+    max_tokens: int = 128
+    cost_repeats: int = 3
+    """Measurements per step cost; the median is kept."""
+    vllm_bench: bool = False
+    """Also run vLLM's serving benchmark after each run, as the load test does (slower)."""
+    out: Path | None = None
+
+
+def would_measure(settings: AdviceSettings, k: int) -> list[str]:
+    """What `advise` measures, in words (printed where this machine cannot run it)."""
+    batches = ", ".join(map(str, settings.batches))
+    return [f"step costs at batch {batches}: a plain target step, a verification of {k + 1} tokens, a speculative "
+            f"step with the drafter ({settings.cost_repeats} measurements each, on 3 engines in turn)",
+            f"a load test at batch {batches}: the speculative server and the baseline, workload "
+            f"'{settings.workload}', temperature {settings.temperature:g}, {settings.max_tokens} output tokens: "
+            f"per-position acceptance, tokens per step and the measured speedup",
+            "the cost model's speedup (tokens per step / step cost) beside the measured one, and a verdict"]
+
+
+def advise(settings: AdviceSettings) -> dict[str, Any]:
+    """Measure and judge; the result (also written as advice.json / advice.md) has `verdict`,
+    `status` (`advised`, `unsuitable`, `cannot_measure`, `failed`) and the figures."""
+    out = settings.out or default_out_dir(f"advise-{Path(settings.config).stem}")
+    config = load_config(settings.config, settings.overrides)
+    spec = config.speculation
+    if not spec.enabled:
+        raise ValueError(f"config {settings.config} has no drafter (speculation.drafter: none): nothing to advise on")
+    advice: dict[str, Any] = {"config": settings.config, "settings": {k: (str(v) if isinstance(v, Path) else v)
+                                                                      for k, v in asdict(settings).items()},
+                              "drafter": spec.drafter, "k": spec.num_speculative_tokens,
+                              "draft_sampling": spec.draft_sampling, "out": str(out)}
+    try:
+        resolved = preflight(config, resolve_config_path(settings.config).parent, plan_only=True)
+    except ConfigError as exc:
+        vocabulary = [p for p in exc.problems if any(w in p for w in VOCABULARY_WORDS)]
+        larger = [p for p in exc.problems if NOT_SMALLER in p]
+        verdict_text = ("vocabularies differ: " + vocabulary[0] if vocabulary else
+                        "too slow a draft: " + larger[0] if larger else "the config cannot run: " + "; ".join(exc.problems))
+        advice.update(status="unsuitable" if vocabulary or larger else "failed", problems=exc.problems,
+                      verdict=verdict_text)
+        return _finish(advice, out)
+    advice["notes"] = resolved.notes
+    advice["compatibility"] = compatibility(resolved)
+    if resolved.machine_problems:
+        advice.update(status="cannot_measure", problems=resolved.machine_problems,
+                      would_measure=would_measure(settings, spec.num_speculative_tokens),
+                      verdict=f"not measured: this machine cannot run the deployment ({len(resolved.machine_problems)} "
+                              f"problem{'s' if len(resolved.machine_problems) > 1 else ''} below); run `make advise` "
+                              f"where it is meant to run")
+        return _finish(advice, out)
+
+    log.info("advise %s: step costs at batch %s", settings.config, settings.batches)
+    costs = step_costs.measure_costs(settings.config, None, tuple(settings.batches), settings.cost_repeats,
+                                     tuple(settings.overrides))
+    advice["step_costs"] = costs
+    log.info("advise %s: load test at batch %s", settings.config, settings.batches)
+    sweep_out = out / "load-test"
+    results = Sweep(SweepSettings(
+        settings.config, overrides=list(settings.overrides), users=settings.batches, repeat=1,
+        requests=settings.requests, workload=settings.workload, temperature=settings.temperature,
+        max_tokens=settings.max_tokens, vllm_bench=settings.vllm_bench, out=sweep_out)).run()
+    write_report(results, sweep_out)
+    advice["load_test"] = {"report": "load-test/report.md", "status": results["status"],
+                           "problems": results["problems"]}
+    advice["rows"] = rows = advice_rows(costs, results)
+    measured = [r for r in rows if r.get("measured_speedup") is not None]
+    if not measured:
+        advice.update(status="failed", verdict="not measured: the load test produced no speedup ("
+                      + "; ".join(results["problems"] or [results["status"]]) + ")")
+    else:
+        advice.update(status="advised", verdict=verdict(rows, spec.num_speculative_tokens))
+    return _finish(advice, out)
+
+
+def compatibility(resolved: Any) -> str:
+    """What the vocabulary check saw (it passed: preflight refuses a draft that fails it)."""
+    target, draft = resolved.target, resolved.draft
+    if draft is None:
+        return f"{resolved.config.speculation.drafter} drafts from the target's own tokens: no second vocabulary"
+    if target.tokens and draft.tokens:
+        return f"the draft's tokenizer is the target's: the same {len(target.tokens)} tokens with the same ids"
+    if target.vocab_size and draft.vocab_size:
+        return (f"vocabulary sizes match ({target.vocab_size}); the tokens themselves were not compared (no "
+                f"tokenizer.json on this machine)")
+    return "not checked: the models' config.json are not on this machine (vLLM checks the sizes when it loads them)"
+
+
+def advice_rows(costs: dict[str, Any], results: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per batch size: the step costs, the engine's acceptance, and predicted beside measured speedup."""
+    by_batch = {e["concurrency"]: e for e in summarize_speedups(results)}
+    per_position: dict[int, list[float]] = {}
+    for variant, level in levels(results):
+        if variant.get("k") and (level.get("server") or {}).get("per_position_acceptance"):
+            per_position[level["concurrency"]] = level["server"]["per_position_acceptance"]
+    rows = []
+    for batch, ratio in sorted(costs["ratios"].items(), key=lambda item: int(item[0])):
+        b = int(batch)
+        entry = by_batch.get(b, {})
+        tokens = (entry.get("mean_accepted_length") or {}).get("mean")
+        row: dict[str, Any] = {
+            "batch": b, "plain_step_ms": costs["batches"][batch]["plain"]["step_ms"],
+            "draft_step": ratio["draft_step"], "verify_ratio": ratio["verify_ratio"], "step_cost": ratio["step_cost"],
+            "acceptance_rate": (entry.get("acceptance_rate") or {}).get("mean"),
+            "per_position_acceptance": per_position.get(b), "tokens_per_step": tokens,
+            "predicted_speedup": tokens / ratio["step_cost"] if tokens else None,
+            "measured_speedup": (entry.get("speedup") or {}).get("mean"),
+            "engine_speedup": (entry.get("measured_speedup") or {}).get("mean"),
+        }
+        rows.append(row)
+    return rows
+
+
+def verdict(rows: list[dict[str, Any]], k: int) -> str:
+    """One sentence a person can act on, from the measured speedup at each batch size (the
+    prediction explains it: which cost ate the gain)."""
+    rows = sorted((r for r in rows if r.get("measured_speedup") is not None), key=lambda r: r["batch"])
+    if not rows:
+        return "not measured"
+    paying = 0
+    for r in rows:
+        if r["measured_speedup"] <= 1:
+            break
+        paying += 1
+    if paying == len(rows):
+        return (f"use it at every batch size measured (up to {rows[-1]['batch']}): "
+                + ", ".join(f"{r['measured_speedup']:.2f}x at batch {r['batch']}" for r in rows))
+    if paying:
+        last, first_loss = rows[paying - 1], rows[paying]
+        return (f"use it at batch <= {last['batch']} ({last['measured_speedup']:.2f}x there); at batch "
+                f"{first_loss['batch']} it makes {first_loss['measured_speedup']:.2f}x: "
+                f"{why_not(first_loss, k)}; set speculation.schedule to turn it off above {last['batch']}")
+    return f"do not speculate with this drafter: {rows[0]['measured_speedup']:.2f}x at batch {rows[0]['batch']}, " \
+           f"{why_not(rows[0], k)}"
+
+
+LOW_ACCEPTANCE = 0.3
+"""Below this share of drafted tokens accepted, the draft is the problem whatever it costs."""
+
+
+def why_not(row: dict[str, Any], k: int) -> str:
+    """Which cost outweighs the tokens a step makes at this batch size."""
+    tokens, cost, acceptance = row.get("tokens_per_step"), row["step_cost"], row.get("acceptance_rate")
+    if tokens is None:
+        return f"a speculative step costs {cost:.2f} target steps"
+    head = f"a step makes {tokens:.2f} tokens and costs {cost:.2f} target steps"
+    drafting, verifying = k * row["draft_step"], row["verify_ratio"] - 1
+    if acceptance is not None and acceptance < LOW_ACCEPTANCE:
+        return (f"too rarely accepted: {head}, with {acceptance:.0%} of draft tokens accepted; a draft closer to "
+                f"the target on this traffic (or at this temperature, draft_sampling: probabilistic) would help")
+    if drafting >= verifying:
+        return (f"too slow a draft: {head}, of which drafting is {drafting:.2f} "
+                f"({row['draft_step']:.1%} of a target step per draft token)")
+    return (f"verification too costly at this batch size: {head}; verifying {k + 1} tokens per request costs "
+            f"{row['verify_ratio']:.2f}x a plain step (the target is compute-bound here)")
+
+
+def _fmt(value: Any, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def describe(advice: dict[str, Any]) -> str:
+    """The advice as a person reads it (also advice.md)."""
+    lines = [f"# Advice: {advice['config']} ({advice['drafter']}, K={advice['k']}, "
+             f"draft sampling {advice['draft_sampling']})", "",
+             f"**Verdict: {advice['verdict']}**", ""]
+    if advice.get("compatibility"):
+        lines += [f"Vocabulary: {advice['compatibility']}.", ""]
+    s = advice["settings"]
+    if advice.get("rows"):
+        lines += [f"Workload '{s['workload']}', temperature {s['temperature']:g}, {s['max_tokens']} output tokens. "
+                  "Step costs in target steps (the engine's clock, median of "
+                  f"{s['cost_repeats']}); acceptance from the engine's counters; measured speedup: Locust's output "
+                  "tokens/s over the baseline's (the engine's per-token clock beside it); predicted: tokens per "
+                  "step / step cost.", "",
+                  "| batch | plain step ms | draft step | verify | step cost | acceptance | per position | "
+                  "tokens per step | predicted | measured | engine |",
+                  "|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|"]
+        for r in advice["rows"]:
+            per_position = " ".join(f"{a:.0%}" for a in r["per_position_acceptance"] or []) or "-"
+            lines.append(f"| {r['batch']} | {r['plain_step_ms']:.2f} | {r['draft_step']:.1%} | {r['verify_ratio']:.2f}x"
+                         f" | {r['step_cost']:.2f} | {_fmt(r['acceptance_rate'], '.1%')} | {per_position} | "
+                         f"{_fmt(r['tokens_per_step'], '.2f')} | {_fmt(r['predicted_speedup'], '.2f')}x | "
+                         f"{_fmt(r['measured_speedup'], '.2f')}x | {_fmt(r['engine_speedup'], '.2f')}x |")
+        lines += ["", f"The load test's own report: [{advice['load_test']['report']}]({advice['load_test']['report']})"
+                  f" ({advice['load_test']['status']})."]
+    if advice.get("would_measure"):
+        lines += ["What it would measure on a machine that runs the deployment:", "",
+                  *[f"- {w}" for w in advice["would_measure"]]]
+    if advice.get("problems"):
+        lines += ["", "Problems:", "", *[f"- {p}" for p in advice["problems"]]]
+    if advice.get("notes"):
+        lines += ["", "Notes:", "", *[f"- {n}" for n in advice["notes"]]]
+    return "\n".join(lines) + "\n"
+
+
+def _finish(advice: dict[str, Any], out: Path) -> dict[str, Any]:
+    out.mkdir(parents=True, exist_ok=True)
+    write_json(out / "advice.json", advice)
+    write_atomic(out / "advice.md", describe(advice))
+    return advice
