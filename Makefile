@@ -11,7 +11,7 @@ STAMP   := .venv/.specdeploy-installed
 # CONFIG plus the shared command-line switches: SET="a.b=1 c.d=2", NO_SPEC=1.
 CONFIG_ARGS = $(CONFIG) $(foreach s,$(SET),--set $(s)) $(if $(NO_SPEC),--no-spec)
 
-.PHONY: help venv models serve check observability test bench-drafters loadtest compare advise clean
+.PHONY: help venv models serve check observability test bench-drafters loadtest compare advise tune clean
 
 help:
 	@echo "make serve [CONFIG=default.yaml] [SET='field=value ...'] [NO_SPEC=1] [DRY_RUN=1] [NODE_RANK=r]"
@@ -24,6 +24,7 @@ help:
 	@echo "make loadtest URL=http://host:port [BASELINE_URL=http://host:port] [CONFIG=...]   servers already running"
 	@echo "make compare [REPORT=reports/...]   batch-1 vs batch-32 table of a report"
 	@echo "make advise CONFIG=... [USERS=1,32] [ADVISE_ARGS='--workload my.jsonl --temperature 0.7']   should this draft be deployed, at which batch sizes"
+	@echo "make tune CONFIG=... USERS=1,4,16,32 [TUNE_ARGS=--no-prove]   K per batch size measured on the engine, written to <config>-tuned.yaml, proven by load tests"
 
 $(STAMP): pyproject.toml scripts/install-env.sh
 	bash scripts/install-env.sh
@@ -65,6 +66,10 @@ loadtest: $(STAMP)
 # Step costs, acceptance and speedup of the config's drafter on a workload, and a verdict.
 advise: $(STAMP)
 	$(PY) -m loadtest advise $(CONFIG) $(foreach s,$(SET),--set $(s)) --batches $(USERS) $(ADVISE_ARGS)
+
+# K for each batch size, measured on the engine, written to <config>-tuned.yaml and proven by load tests.
+tune: $(STAMP)
+	$(PY) -m loadtest tune $(CONFIG) $(foreach s,$(SET),--set $(s)) --batches $(USERS) $(TUNE_ARGS)
 
 compare: $(STAMP)
 	$(PY) -m loadtest compare $(REPORT)

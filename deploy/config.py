@@ -96,8 +96,10 @@ class SpeculationConfig(Section):
     num_speculative_tokens: int = Field(default=4, ge=1, le=32)
     """K: draft tokens proposed per step and verified in one target forward pass."""
     schedule: list[tuple[int, int, int]] | None = None
-    """Optional K by running batch size: `[[min_batch, max_batch, K], ...]`, inclusive ranges;
-    vLLM's `num_speculative_tokens_per_batch_size`."""
+    """Optional K by running batch size: `[[min_batch, max_batch, K], ...]`, inclusive ranges
+    (`make tune` writes one); vLLM's `num_speculative_tokens_per_batch_size`, which the plugin
+    drafters honour themselves (vLLM gives custom proposers no schedule). The running batch size
+    counts prefilling requests too, as vLLM's scheduler does."""
     draft_tensor_parallel_size: int | None = Field(default=None, ge=1)
     """Tensor parallelism of the draft model (default: vLLM's choice)."""
     prompt_lookup_min: int | None = Field(default=None, ge=1)
@@ -163,9 +165,6 @@ class SpeculationConfig(Section):
                              f"or use drafter: small_model")
         if self.implementation == "plugin" and self.drafter != "small_model":
             raise ValueError("implementation: plugin applies to drafter small_model only")
-        if self.schedule and (self.drafter in PLUGIN_DRAFTERS or self.implementation == "plugin"):
-            raise ValueError("vLLM ignores a per-batch-size schedule for plugin drafters; for bigram set "
-                             "speculation.bigram.max_batch_size instead")
         if self.schedule and max(k for _, _, k in self.schedule) > self.num_speculative_tokens:
             raise ValueError("a schedule's K cannot exceed num_speculative_tokens")
         if (self.prompt_lookup_min or self.prompt_lookup_max) and self.drafter != "ngram":

@@ -100,7 +100,7 @@ def speculative_config(resolved: ResolvedDeployment) -> dict[str, Any] | None:
         if spec.model:
             result["model"] = resolved.draft.path if resolved.draft else spec.model
     result["num_speculative_tokens"] = k
-    if spec.schedule:
+    if spec.schedule and result["method"] != "custom_class":  # a plugin reads its own (plugin_options)
         result["num_speculative_tokens_per_batch_size"] = [list(r) for r in spec.schedule]
     for name in ("draft_tensor_parallel_size", "prompt_lookup_min", "prompt_lookup_max"):
         if getattr(spec, name) is not None:
@@ -117,14 +117,16 @@ def speculative_config(resolved: ResolvedDeployment) -> dict[str, Any] | None:
 def plugin_options(resolved: ResolvedDeployment) -> dict[str, Any] | None:
     """Options for specdeploy's proposer plugin (read in the worker from additional_config)."""
     spec = resolved.config.speculation
+    # vLLM hands custom proposers no per-batch-size K: the plugin reads the schedule and cuts its drafts.
+    schedule = {"schedule": [list(r) for r in spec.schedule]} if spec.schedule else {}
     if spec.drafter == "bigram":
         from plugins.bigram_table import resolve_table_path
 
         return {"drafter": "bigram", "table": str(resolve_table_path(resolved)),
-                **spec.bigram.model_dump(exclude={"table"})}
+                **spec.bigram.model_dump(exclude={"table"}), **schedule}
     if spec.drafter == "small_model" and spec.implementation == "plugin":
         assert resolved.draft is not None
-        return {"drafter": "small_model", "draft_model": resolved.draft.path}
+        return {"drafter": "small_model", "draft_model": resolved.draft.path, **schedule}
     return None
 
 

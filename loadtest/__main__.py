@@ -9,6 +9,7 @@
     python -m loadtest compare                                       # table of the newest report
     python -m loadtest costs default.yaml                            # engine step costs: plain, verify, draft
     python -m loadtest advise default.yaml --batches 1,8,32          # is the draft worth it, at which batch sizes
+    python -m loadtest tune default.yaml --batches 1,4,16,32         # K per batch size, into default-tuned.yaml
 """
 
 from __future__ import annotations
@@ -137,6 +138,26 @@ def build_parser() -> argparse.ArgumentParser:
     adv.add_argument("--cost-repeats", type=int, default=3, help="measurements per step cost (default: 3)")
     adv.add_argument("--vllm-bench", action="store_true", help="also run vLLM's serving benchmark after each run")
     adv.add_argument("--out", type=Path, default=None, help="folder for advice.md (default: reports/advise-<config>-<time>)")
+    tun = sub.add_parser("tune", help="choose K for each batch size on the engine, write <config>-tuned.yaml with "
+                                      "speculation.schedule, and prove it with load tests")
+    tun.add_argument("config", nargs="?", default=DEFAULT_CONFIG, help="config with a native drafter (default: %(default)s)")
+    tun.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
+                     help="override a config field (repeatable)")
+    tun.add_argument("--batches", type=_int_list, default=[1, 4, 16, 32], metavar="B,B",
+                     help="batch sizes to choose K for (default: 1,4,16,32)")
+    tun.add_argument("--workload", default="code",
+                     help=f"your traffic: built-in set ({', '.join(BUILTIN)}) or a JSONL / ShareGPT file (default: code)")
+    tun.add_argument("--temperature", type=_temperatures, default=None, metavar="T,T",
+                     help="temperatures acceptance is averaged over (default: the config's speculation.temperatures)")
+    tun.add_argument("--cost-repeats", type=int, default=3, help="measurements per step time (default: 3)")
+    tun.add_argument("--no-prove", action="store_true", help="write the tuned config without the proving load tests")
+    tun.add_argument("--proof-temperature", type=_temperatures, default=[0.0, 1.0], metavar="T,T",
+                     help="temperatures of the proving load tests (default: 0,1)")
+    tun.add_argument("--requests", type=int, default=None, help="measured requests per proof run "
+                                                                "(default: max(32, 8 x batch))")
+    tun.add_argument("--max-tokens", type=int, default=64, help="output tokens per proof request (default: 64)")
+    tun.add_argument("--output", type=Path, default=None, help="the tuned YAML (default: <config>-tuned.yaml beside it)")
+    tun.add_argument("--out", type=Path, default=None, help="folder for tune.md (default: reports/tune-<config>-<time>)")
     costs = sub.add_parser("costs", help="measure engine step costs: plain decode, verification of K tokens, "
                                           "the config's drafter, at each batch size")
     costs.add_argument("config", nargs="?", default=DEFAULT_CONFIG, help="config with a drafter (default: %(default)s)")
@@ -165,6 +186,23 @@ def cmd_advise(opts: argparse.Namespace) -> int:
     print(f"advice: {Path(advice['out']) / 'advice.md'}")
     # 0: measured and advised; 1: the draft is unsuitable or the measurement failed; 2: not measured here.
     return {"advised": 0, "unsuitable": 1, "failed": 1, "cannot_measure": 2}[advice["status"]]
+
+
+def cmd_tune(opts: argparse.Namespace) -> int:
+    from loadtest.tune import TuneSettings, describe, tune
+
+    settings = TuneSettings(opts.config, opts.overrides, sorted(set(opts.batches)), opts.workload, opts.temperature,
+                            opts.cost_repeats, not opts.no_prove, opts.proof_temperature, opts.requests,
+                            opts.max_tokens, opts.output, opts.out)
+    try:
+        result = tune(settings)
+    except (ConfigError, ValueError, OSError, RuntimeError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2 if not isinstance(exc, RuntimeError) else 1
+    print(describe(result))
+    print(f"tuning: {Path(result['out']) / 'tune.md'}")
+    # 0: tuned (and proven where asked); 1: the proof failed or the measurement did; 2: not measured here.
+    return {"tuned": 0, "proven": 0, "not_proven": 1, "failed": 1, "cannot_measure": 2}[result["status"]]
 
 
 def cmd_costs(opts: argparse.Namespace) -> int:
@@ -318,7 +356,7 @@ def main(argv: list[str] | None = None) -> int:
                         datefmt="%H:%M:%S")
     opts = build_parser().parse_args(argv)
     return {"run": cmd_run, "compare": cmd_compare, "costs": cmd_costs, "rejudge": cmd_rejudge,
-            "advise": cmd_advise}[opts.command](opts)
+            "advise": cmd_advise, "tune": cmd_tune}[opts.command](opts)
 
 
 if __name__ == "__main__":

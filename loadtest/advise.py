@@ -28,13 +28,16 @@ from typing import Any
 from deploy import ConfigError, load_config, preflight
 from deploy.config import resolve_config_path
 from loadtest import step_costs
-from loadtest.files import write_atomic, write_json
+from loadtest.files import bullet_sections, write_result
 from loadtest.report import levels, summarize_speedups, write_report
 from loadtest.runner import Sweep, SweepSettings, default_out_dir
 
 log = logging.getLogger("specdeploy.advise")
 
 # Preflight problems that are the draft's own unsuitability, not a config mistake.
+SECTIONS = {"would_measure": "What it would measure on a machine that runs the deployment:", "problems": "Problems:",
+            "notes": "Notes:"}
+"""The lists a result may end with, and their titles in its Markdown (tune's too)."""
 VOCABULARY_WORDS = ("vocab_size", "tokenizer vocabulary", "not the same ones")
 NOT_SMALLER = "is not smaller than"
 
@@ -235,18 +238,9 @@ def describe(advice: dict[str, Any]) -> str:
                          f"{_fmt(r['measured_speedup'], '.2f')}x | {_fmt(r['engine_speedup'], '.2f')}x |")
         lines += ["", f"The load test's own report: [{advice['load_test']['report']}]({advice['load_test']['report']})"
                   f" ({advice['load_test']['status']})."]
-    if advice.get("would_measure"):
-        lines += ["What it would measure on a machine that runs the deployment:", "",
-                  *[f"- {w}" for w in advice["would_measure"]]]
-    if advice.get("problems"):
-        lines += ["", "Problems:", "", *[f"- {p}" for p in advice["problems"]]]
-    if advice.get("notes"):
-        lines += ["", "Notes:", "", *[f"- {n}" for n in advice["notes"]]]
+    lines += bullet_sections(advice, SECTIONS)
     return "\n".join(lines) + "\n"
 
 
 def _finish(advice: dict[str, Any], out: Path) -> dict[str, Any]:
-    out.mkdir(parents=True, exist_ok=True)
-    write_json(out / "advice.json", advice)
-    write_atomic(out / "advice.md", describe(advice))
-    return advice
+    return write_result(out, "advice", advice, describe(advice))

@@ -23,3 +23,20 @@ def write_atomic(path: Path, text: str) -> Path:
 
 def write_json(path: Path, data: Any) -> Path:
     return write_atomic(path, json.dumps(data, indent=2, default=str) + "\n")
+
+
+def write_result(out: Path, stem: str, data: dict[str, Any], text: str) -> dict[str, Any]:
+    """A command's result as `<stem>.json` (for programs) and `<stem>.md` (for people) in `out`."""
+    out.mkdir(parents=True, exist_ok=True)
+    write_json(out / f"{stem}.json", data)
+    write_atomic(out / f"{stem}.md", text)
+    return data
+
+
+def bullet_sections(result: dict[str, Any], titles: dict[str, str]) -> list[str]:
+    """Markdown lines: for each key of `titles` the result has, its title and its items as bullets."""
+    lines: list[str] = []
+    for key, title in titles.items():
+        if result.get(key):
+            lines += ["", title, "", *[f"- {item}" for item in result[key]]]
+    return lines

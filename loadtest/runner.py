@@ -124,6 +124,15 @@ def plan_variants(settings: SweepSettings) -> list[Variant]:
     baseline = Variant("baseline", "no speculation", (), True, None, None)
     if settings.no_spec or not spec.enabled:
         return [baseline]
+    if spec.schedule:
+        # A tuned config: its schedule against each fixed K it chose from (schedule removed).
+        schedule = ", ".join(f"{a}-{b}: {k}" for a, b, k in spec.schedule)
+        tuned = Variant("tuned", f"{spec.drafter} K by batch size ({schedule})", (), False,
+                        spec.num_speculative_tokens, spec.drafter)
+        fixed = [Variant(f"spec-k{k}", f"{spec.drafter} K={k}", ("speculation.schedule=null",
+                                                                 f"speculation.num_speculative_tokens={k}"),
+                         False, k, spec.drafter) for k in dict.fromkeys(settings.extra_k)]
+        return [tuned, *fixed] + ([baseline] if settings.baseline else [])
     ks = [spec.num_speculative_tokens] + [k for k in settings.extra_k if k != spec.num_speculative_tokens]
     variants = []
     for k in dict.fromkeys(ks):

@@ -79,20 +79,37 @@ def measure_costs(config: str = "default", k: int | None = None, batches: tuple[
     if not base.speculation.enabled:
         raise ValueError(f"config {config} has no drafter; step costs compare a drafter with plain decoding")
     k = k or base.speculation.num_speculative_tokens
-    result: dict[str, Any] = {"config": config, "drafter": base.speculation.drafter, "k": k, "repeats": repeats,
-                              "lengths": list(LENGTHS), "batches": {str(b): {} for b in batches},
+    result = measure_steps(config, variant_overrides(k), batches, repeats, overrides, timed="draft")
+    result.update(drafter=base.speculation.drafter, k=k)
+    result["ratios"] = ratios(result)
+    return result
+
+
+def measure_steps(config: str, variants: dict[str, tuple[list[str], bool]], batches: tuple[int, ...],
+                  repeats: int, overrides: tuple[str, ...] = (), timed: str | None = None,
+                  acceptance: tuple[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Step time and tokens per step of each variant (name -> its overrides and no-speculation)
+    at each batch size, one engine per variant in turn. `timed`: the variant whose drafter's
+    `propose` is timed; `acceptance`: (variant, {"prompts", "temperatures", "max_tokens"}) whose
+    engine also generates those prompts at each temperature and reports per-position acceptance."""
+    result: dict[str, Any] = {"config": config, "repeats": repeats, "lengths": list(LENGTHS),
+                              "batches": {str(b): {} for b in batches},
                               "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     prompt = next(item.prompt for item in load_workload("code").items if item.prompt)
-    for variant in tqdm(VARIANTS, desc="step costs (an engine each)", unit="engine"):
-        extra, no_spec = variant_overrides(k)[variant]
+    for variant in tqdm(variants, desc="step costs (an engine each)", unit="engine"):
+        extra, no_spec = variants[variant]
         resolved, plan = plan_from_config(config, [*overrides, *extra], no_spec)
         job = {"args": engine_arguments(resolved), "batches": list(batches), "repeats": repeats,
-               "prompt": prompt, "lengths": list(LENGTHS), "time_drafter": variant == "draft"}
+               "prompt": prompt, "lengths": list(LENGTHS), "time_drafter": variant == timed}
+        if acceptance and acceptance[0] == variant:
+            job["acceptance"] = acceptance[1]
         result.setdefault("layout", {"device": plan.device, "env": {n: v for n, v in plan.env.items()
                                                                     if not is_secret(n)}})
-        for batch, figures in _run_engine(job, plan.env).items():
-            result["batches"][batch][variant] = figures
-    result["ratios"] = ratios(result)
+        figures = _run_engine(job, plan.env)
+        if "acceptance" in figures:
+            result["acceptance"] = figures.pop("acceptance")
+        for batch, values in figures.items():
+            result["batches"][batch][variant] = values
     return result
 
 
@@ -175,7 +192,38 @@ def _engine_main(job_path: str, out_path: str) -> None:
             figures["propose_ms"] = 1000 * statistics.median(times)
             figures["propose_calls"] = len(times)
         result[str(batch)] = figures
+    if job.get("acceptance"):
+        result["acceptance"] = _acceptance(llm, job["acceptance"])
     Path(out_path).write_text(json.dumps(result))
+
+
+def _spec_counters(llm: Any) -> tuple[float, list[float]]:
+    """(drafts, accepted tokens per draft position) from the engine's own counters."""
+    drafts, per_position = 0.0, []
+    for m in llm.get_metrics():
+        if m.name.startswith("vllm:spec_decode_num_drafts"):
+            drafts += m.value
+        elif m.name.startswith("vllm:spec_decode_num_accepted_tokens_per_pos") and hasattr(m, "values"):
+            per_position = [a + b for a, b in zip(per_position, m.values)] if per_position else list(m.values)
+    return drafts, per_position
+
+
+def _acceptance(llm: Any, spec: dict[str, Any]) -> dict[str, Any]:
+    """Per temperature: the share of drafts whose position i was accepted (so a draft of K' <= K
+    tokens makes 1 + sum of the first K' shares tokens a step), on the user's prompts."""
+    from vllm import SamplingParams
+
+    out = {}
+    for temperature in spec["temperatures"]:
+        drafts0, accepted0 = _spec_counters(llm)
+        params = SamplingParams(max_tokens=spec["max_tokens"], temperature=temperature, ignore_eos=True)
+        llm.generate(spec["prompts"], params, use_tqdm=False)
+        drafts1, accepted1 = _spec_counters(llm)
+        drafts = drafts1 - drafts0
+        previous = accepted0 or [0.0] * len(accepted1)
+        out[f"{temperature:g}"] = {"drafts": drafts, "per_position": [
+            (a - b) / drafts if drafts else 0.0 for a, b in zip(accepted1, previous)]}
+    return out
 
 
 def ratios(result: dict[str, Any]) -> dict[str, dict[str, float]]:

@@ -38,3 +38,20 @@ def num_speculative_tokens(vllm_config: Any) -> int:
     if spec is None or not spec.num_speculative_tokens:
         raise ValueError("specdeploy proposer started without speculative_config.num_speculative_tokens")
     return int(spec.num_speculative_tokens)
+
+
+def k_by_batch_size(vllm_config: Any, options: dict[str, Any]) -> list[int] | None:
+    """The config's schedule as K per running batch size (index = batch size), built by vLLM's own
+    function so a plugin reads it exactly as vLLM's scheduler reads it for native drafters; None
+    without a schedule."""
+    if not options.get("schedule"):
+        return None
+    from vllm.v1.spec_decode.dynamic.utils import build_dynamic_sd_schedule_lookup
+
+    return build_dynamic_sd_schedule_lookup(options["schedule"], int(vllm_config.scheduler_config.max_num_seqs),
+                                            num_speculative_tokens(vllm_config))
+
+
+def k_for_batch(lookup: list[int] | None, k: int, batch: int) -> int:
+    """K for this step's running batch size (the largest entry past the lookup's end)."""
+    return k if not lookup else lookup[min(batch, len(lookup) - 1)]

@@ -34,7 +34,7 @@ from typing import Any
 import numba
 import numpy as np
 
-from plugins import num_speculative_tokens, plugin_options, vllm_fixes
+from plugins import k_by_batch_size, k_for_batch, num_speculative_tokens, plugin_options, vllm_fixes
 from plugins.bigram_table import BigramTable, BigramTableError, load_table, tokenizer_fingerprint
 
 # Inside vLLM's worker processes: a child of vLLM's logger, so these lines reach the server log.
@@ -253,7 +253,8 @@ class BigramDrafter:
     """The drafting logic, independent of vLLM's config objects (tests and benchmarks build it directly)."""
 
     def __init__(self, table: BigramTable, k: int, context_weight: float = 4.0, min_probability: float = 0.15,
-                 max_batch_size: int = 64, max_model_len: int = 1 << 20, model_vocab_size: int | None = None):
+                 max_batch_size: int = 64, max_model_len: int = 1 << 20, model_vocab_size: int | None = None,
+                 k_by_batch: list[int] | None = None):
         if k < 1:
             raise ValueError("k must be >= 1")
         self.table = table
@@ -261,6 +262,8 @@ class BigramDrafter:
         self.context_weight = float(context_weight)
         self.min_probability = float(min_probability)
         self.max_batch_size = int(max_batch_size)
+        self.k_by_batch = k_by_batch
+        """K per running batch size (speculation.schedule), None: K at every size."""
         self.max_model_len = int(max_model_len)
         # The table's chain step per token id: next token and probability, -1 for "no known
         # successor" (stops the chain). Rows up to the model's vocabulary (it may be padded past
@@ -287,7 +290,8 @@ class BigramDrafter:
         batch = len(sampled_token_ids)
         if batch == 0:
             return []
-        if self.max_batch_size and batch > self.max_batch_size:
+        k = k_for_batch(self.k_by_batch, self.k, batch)
+        if k == 0 or (self.max_batch_size and batch > self.max_batch_size):
             return [[] for _ in range(batch)]  # empty drafts keep vLLM's speculative path running
         lengths = num_tokens_no_spec[:batch]
         grown = np.fromiter(map(len, sampled_token_ids), dtype=np.int64, count=batch)
@@ -296,15 +300,15 @@ class BigramDrafter:
         context = self.context
         if context is not None:
             context.sync(lengths, grown, self.max_model_len, flat, width)
-        drafts = np.zeros((batch, self.k), dtype=np.int64)
+        drafts = np.zeros((batch, k), dtype=np.int64)
         count = np.zeros(batch, dtype=np.int64)
-        _chain_kernel(lengths, grown, self.max_model_len, flat, width, self._unknown, self.k, self.min_probability,
+        _chain_kernel(lengths, grown, self.max_model_len, flat, width, self._unknown, k, self.min_probability,
                       self._next, self._prob, context.tokens if context else None,
                       context.token_bits if context else 0, bool(context and context.dense),
                       context.weight if context else np.float32(0), drafts, count)
         # One fresh list per request (vLLM's scheduler edits them in place); cut the short ones.
         out = drafts.tolist()
-        short = np.flatnonzero(count < self.k)
+        short = np.flatnonzero(count < k)
         for i, n in zip(short.tolist(), count[short].tolist()):
             del out[i][n:]
         return out
@@ -336,7 +340,7 @@ class BigramProposer:
         self.drafter = BigramDrafter(
             table, num_speculative_tokens(vllm_config), options.get("context_weight", 4.0),
             options.get("min_probability", 0.15), options.get("max_batch_size", 64), model_config.max_model_len,
-            model_vocab_size=get_vocab() if get_vocab else None)
+            model_vocab_size=get_vocab() if get_vocab else None, k_by_batch=k_by_batch_size(vllm_config, options))
         began = time.perf_counter()
         self.drafter.warm_up()
         log.info("specdeploy bigram drafter: table %s (vocabulary %d), K=%d, context_weight=%g, "

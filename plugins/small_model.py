@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from plugins import num_speculative_tokens, plugin_options, vllm_fixes
+from plugins import k_by_batch_size, k_for_batch, num_speculative_tokens, plugin_options, vllm_fixes
 
 # Inside vLLM's worker processes: a child of vLLM's logger, so these lines reach the server log.
 log = logging.getLogger("vllm.specdeploy.small_model")
@@ -68,9 +68,11 @@ class SmallModelDrafter:
     """Greedy drafting with per-request KV caches; independent of vLLM's config objects."""
 
     def __init__(self, model: Any, k: int, max_model_len: int, device: torch.device | str = "cpu",
-                 max_cache_mib: float = 1024):
+                 max_cache_mib: float = 1024, k_by_batch: list[int] | None = None):
         self.model = model
         self.k = k
+        self.k_by_batch = k_by_batch
+        """K per running batch size (speculation.schedule), None: K at every size."""
         self.device = torch.device(device)
         positions = getattr(model.config, "max_position_embeddings", None) or max_model_len
         self.max_len = min(int(max_model_len), int(positions))
@@ -140,9 +142,10 @@ class SmallModelDrafter:
         rows: list[_RequestCache | None] = [None] * batch
         out: list[list[int]] = [[] for _ in range(batch)]
         budget = self.max_cached_tokens
+        k_now = k_for_batch(self.k_by_batch, self.k, batch)
         for i in range(batch):
             n = int(num_tokens_no_spec[i])
-            k = min(self.k, self.max_len - n)
+            k = min(k_now, self.max_len - n)
             if not sampled_token_ids[i] or n < 1 or k < 1:
                 continue  # partial prefill, discarded row, or no room left: no draft
             if n + k > budget:
@@ -186,6 +189,7 @@ class SmallModelProposer:
         self.max_cache_mib = float(options.get("max_cache_mib", 1024))
         """Memory for the per-request draft KV caches (requests past it get no draft)."""
         self.k = num_speculative_tokens(vllm_config)
+        self.k_by_batch = k_by_batch_size(vllm_config, options)
         self.model_config = vllm_config.model_config
         self.device = torch.device(str(vllm_config.device_config.device))
         self.drafter: SmallModelDrafter | None = None
@@ -204,7 +208,7 @@ class SmallModelProposer:
                              f"{draft_vocab} but the target has {target_vocab}; the draft must use the "
                              f"target's tokenizer")
         self.drafter = SmallModelDrafter(model, self.k, self.model_config.max_model_len, self.device,
-                                         max_cache_mib=self.max_cache_mib)
+                                         max_cache_mib=self.max_cache_mib, k_by_batch=self.k_by_batch)
         params = sum(p.numel() for p in model.parameters())
         log.info("specdeploy small-model drafter: %s (%.2fM parameters, %s) on %s, K=%d", self.path, params / 1e6,
                  dtype, self.device, self.k)

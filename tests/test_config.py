@@ -72,8 +72,6 @@ def test_drafter_consistency() -> None:
     assert "needs a draft checkpoint" in problems(minimal(speculation={"drafter": "small_model"}))[0]
     assert "takes no draft model" in problems(minimal(speculation={"drafter": "ngram", "model": "x/y"}))[0]
     assert "overlaps" in problems(minimal(speculation={"drafter": "ngram", "schedule": [[1, 8, 4], [8, 16, 2]]}))[0]
-    assert "ignores a per-batch-size schedule" in problems(
-        minimal(speculation={"drafter": "bigram", "schedule": [[1, 8, 4]]}))[0]
     assert "did you mean 'prompt_lookup_max'" in problems(
         minimal(speculation={"drafter": "ngram", "extra": {"prompt_lookup_mx": 3}}))[0]
 

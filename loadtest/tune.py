@@ -1,0 +1,313 @@
+"""`make tune CONFIG=... USERS=1,4,16,32`: K for each batch size, written into a new YAML and proven.
+
+1. Measure on the engine (`step_costs.measure_steps`, one engine each, async scheduling off):
+   the step time at each batch size of plain decoding (the baseline), of the speculative engine
+   told to draft nothing (a schedule of K=0: what the schedule's "off" really costs), and of the
+   drafter at each K from 1 to the config's K; and, in the K-max engine, per-position acceptance
+   on the user's workload at each temperature the config is tuned for.
+2. Choose: a draft of K' tokens makes 1 + p_1 + ... + p_K' tokens a step (p_i: the share of
+   drafts whose position i was accepted, averaged over the temperatures), so at batch B the
+   tokens per unit of time are that over the step time; K(B) is the K that makes most (ties
+   within 1% go to the shorter draft, which wastes less when acceptance dips).
+3. Write `<config>-tuned.yaml` beside the input: the input's text with `speculation.schedule`
+   (vLLM's `num_speculative_tokens_per_batch_size`) inserted and the measurements that chose it
+   as comments. Range boundaries sit at the geometric middle between measured batch sizes.
+4. Prove it (unless `--no-prove`): a load test per temperature of the tuned config, every fixed
+   K and the baseline at each batch size; the tuned config must reach 0.97x the baseline at the
+   largest batch and 0.97x the best fixed K at every other.
+
+vLLM picks K from the number of requests it schedules in a step, prefills included (vLLM issue
+49548): K can flip at a range boundary while requests arrive. The proof's load tests run the
+real server, so a schedule that flips badly shows there as a failed criterion.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from deploy import ConfigError, load_config, preflight
+from deploy.config import resolve_config_path
+from loadtest import step_costs
+from loadtest.advise import SECTIONS
+from loadtest.files import bullet_sections, write_atomic, write_result
+from loadtest.report import summarize_speedups, write_report
+from loadtest.runner import Sweep, SweepSettings, default_out_dir
+from loadtest.workloads import load_workload
+
+log = logging.getLogger("specdeploy.tune")
+
+PROOF_RATIO = 0.97
+"""The tuned config's throughput must reach this share of the baseline's (largest batch) and of
+the best fixed K's (every other batch) in the proof."""
+TIE = 0.01
+"""Ks whose tokens per unit of time are within this share of the best count as a tie."""
+ACCEPTANCE_PROMPTS = 32
+ACCEPTANCE_TOKENS = 96
+
+
+@dataclass
+class TuneSettings:
+    config: str
+    overrides: list[str] = field(default_factory=list)
+    batches: list[int] = field(default_factory=lambda: [1, 4, 16, 32])
+    """Batch sizes (closed-loop users) to choose K for."""
+    workload: str = "code"
+    """The user's traffic (a built-in set or a JSONL / ShareGPT file), for acceptance and the proof."""
+    temperatures: list[float] | None = None
+    """Temperatures acceptance is averaged over (default: the config's `speculation.temperatures`)."""
+    cost_repeats: int = 3
+    prove: bool = True
+    proof_temperatures: list[float] = field(default_factory=lambda: [0.0, 1.0])
+    requests: int | None = None
+    """Measured requests per proof run (default: the load test's, max(32, 8 x batch))."""
+    max_tokens: int = 64
+    output: Path | None = None
+    """The tuned YAML (default: `<config>-tuned.yaml` beside the input)."""
+    out: Path | None = None
+    """The report folder."""
+
+
+def would_measure(settings: TuneSettings, k: int) -> list[str]:
+    batches = ", ".join(map(str, settings.batches))
+    return [f"step times at batch {batches} of {k + 2} engines: plain decoding, the drafter with K=0, and K=1..{k}",
+            f"per-position acceptance of K={k} drafts on workload '{settings.workload}' at each temperature",
+            f"a load test per temperature ({', '.join(f'{t:g}' for t in settings.proof_temperatures)}) of the tuned "
+            f"config, every fixed K and the baseline at batch {batches}"]
+
+
+def cost_variants(k: int, max_batch: int) -> dict[str, tuple[list[str], bool]]:
+    """The engines step 1 measures: name -> (config overrides, no speculation)."""
+    variants: dict[str, tuple[list[str], bool]] = {
+        "plain": ([], True),
+        "k0": ([f"speculation.num_speculative_tokens={k}", f"speculation.schedule=[[1, {max_batch}, 0]]"], False)}
+    for kk in range(1, k + 1):
+        variants[f"k{kk}"] = ([f"speculation.num_speculative_tokens={kk}", "speculation.schedule=null"], False)
+    return variants
+
+
+def tokens_per_step(per_position: list[float], k: int) -> float:
+    return 1.0 + sum(per_position[:k])
+
+
+def choose(costs: dict[str, Any], per_position: list[float], k_max: int) -> list[dict[str, Any]]:
+    """Per batch size: each K's tokens per step, step time and tokens per plain-step time, and the
+    K chosen (0: no drafts; a schedule cannot turn the draft model off, so K=0 is the k0 engine)."""
+    rows = []
+    for batch, figures in sorted(costs["batches"].items(), key=lambda item: int(item[0])):
+        plain = figures["plain"]["step_ms"]
+        options = []
+        for k in range(0, k_max + 1):
+            step = figures[f"k{k}"]["step_ms"]
+            tokens = tokens_per_step(per_position, k)
+            options.append({"k": k, "step_ms": step, "tokens_per_step": tokens, "rate": tokens / (step / plain)})
+        best = max(o["rate"] for o in options)
+        chosen = min(o["k"] for o in options if o["rate"] >= best * (1 - TIE))
+        rows.append({"batch": int(batch), "plain_step_ms": plain, "options": options, "k": chosen,
+                     "predicted_speedup": options[chosen]["rate"]})
+    return rows
+
+
+def schedule_from(rows: list[dict[str, Any]], max_batch: int) -> list[list[int]]:
+    """Inclusive batch-size ranges with one K each; a boundary sits at the geometric middle of two
+    measured batch sizes, the last range runs to the server's largest batch."""
+    ranges: list[list[int]] = []
+    start = 1
+    for i, row in enumerate(rows):
+        end = max_batch if i == len(rows) - 1 else max(row["batch"], math.isqrt(row["batch"] * rows[i + 1]["batch"]))
+        if ranges and ranges[-1][2] == row["k"]:
+            ranges[-1][1] = end
+        else:
+            ranges.append([start, end, row["k"]])
+        start = end + 1
+    return ranges
+
+
+def tuned_yaml(source: str, k: int, schedule: list[list[int]] | None, comments: list[str]) -> str:
+    """The input's text (its comments kept) with `num_speculative_tokens: k` and the schedule (or
+    none) set under `speculation:`, the comments above them."""
+    lines = source.splitlines()
+    try:
+        at = next(i for i, line in enumerate(lines) if re.match(r"speculation:\s*(#.*)?$", line))
+    except StopIteration:
+        raise ValueError("the config has no block-style `speculation:` section to tune") from None
+    end = at + 1
+    while end < len(lines) and (not lines[end].strip() or lines[end].startswith((" ", "#"))):
+        end += 1
+    body = [line for line in lines[at + 1:end] if not re.match(r"\s+(schedule|num_speculative_tokens):", line)]
+    block = [f"  # {c}" if c else "  #" for c in comments] + [f"  num_speculative_tokens: {k}"]
+    if schedule:
+        block.append(f"  schedule: [{', '.join(f'[{a}, {b}, {kk}]' for a, b, kk in schedule)}]")
+    return "\n".join(lines[:at + 1] + body + block + lines[end:]) + "\n"
+
+
+def deployed_k(schedule: list[list[int]]) -> tuple[int, list[list[int]] | None]:
+    """K and the schedule to write: one K everywhere needs no schedule (vLLM's dynamic path then
+    stays off), and K is the schedule's largest (vLLM sizes its buffers for it)."""
+    ks = {k for _, _, k in schedule}
+    if len(ks) == 1 and 0 not in ks:
+        return ks.pop(), None
+    return max(max(ks), 1), schedule
+
+
+def tune(settings: TuneSettings) -> dict[str, Any]:
+    """Measure, choose, write the tuned YAML and prove it; the result (also tune.json / tune.md)
+    has `status` (`tuned`, `proven`, `not_proven`, `cannot_measure`, `failed`)."""
+    path = resolve_config_path(settings.config)
+    config = load_config(settings.config, settings.overrides)
+    spec = config.speculation
+    if not spec.enabled:
+        raise ValueError(f"config {settings.config} has no drafter (speculation.drafter: none): nothing to tune")
+    out = settings.out or default_out_dir(f"tune-{path.stem}")
+    output = settings.output or path.with_name(f"{path.stem}-tuned.yaml")
+    k_max = spec.num_speculative_tokens
+    max_batch = config.resources.max_num_seqs or 256
+    temperatures = settings.temperatures or spec.temperatures
+    result: dict[str, Any] = {"config": settings.config, "drafter": spec.drafter, "k_max": k_max,
+                              "draft_sampling": spec.draft_sampling, "temperatures": temperatures,
+                              "settings": {n: (str(v) if isinstance(v, Path) else v) for n, v in asdict(settings).items()},
+                              "out": str(out)}
+    resolved = preflight(config, path.parent, plan_only=True)
+    if resolved.machine_problems:
+        result.update(status="cannot_measure", problems=resolved.machine_problems,
+                      would_measure=would_measure(settings, k_max))
+        return _finish(result, out)
+
+    prompts = [item.prompt for item in load_workload(settings.workload).items if item.prompt][:ACCEPTANCE_PROMPTS]
+    log.info("tune %s: step times of %d engines at batch %s, acceptance at T=%s", settings.config, k_max + 2,
+             settings.batches, temperatures)
+    costs = step_costs.measure_steps(
+        settings.config, cost_variants(k_max, max_batch), tuple(settings.batches), settings.cost_repeats,
+        tuple(settings.overrides), acceptance=(f"k{k_max}", {"prompts": prompts, "temperatures": temperatures,
+                                                             "max_tokens": ACCEPTANCE_TOKENS}))
+    result["costs"] = costs
+    by_temperature = costs.get("acceptance") or {}
+    if not prompts or not by_temperature:
+        result.update(status="failed", problems=["no acceptance measured: the workload has no text prompts"])
+        return _finish(result, out)
+    per_position = [sum(t["per_position"][i] for t in by_temperature.values()) / len(by_temperature)
+                    for i in range(k_max)]
+    result["per_position"] = per_position
+    result["rows"] = rows = choose(costs, per_position, k_max)
+    result["schedule"] = schedule_from(rows, max_batch)
+    result["k"], result["written_schedule"] = deployed_k(result["schedule"])
+    text = tuned_yaml(path.read_text(), result["k"], result["written_schedule"], comments(result))
+    write_atomic(output, text)
+    try:
+        load_config(output, settings.overrides)
+    except ConfigError as exc:  # a bug here, not the user's: say so and keep the file to look at
+        result.update(status="failed", problems=[f"the tuned config {output} does not validate: {exc}"])
+        return _finish(result, out)
+    result.update(status="tuned", output=str(output))
+    log.info("tune %s: K=%d, schedule %s written to %s", settings.config, result["k"], result["written_schedule"],
+             output)
+    if settings.prove:
+        # Without a schedule the tuned config is one fixed K: the load test names it spec-k<K>.
+        tuned_name = "tuned" if result["written_schedule"] else f"spec-k{result['k']}"
+        result["proof"] = prove(settings, output, k_max, out, tuned_name)
+        result["status"] = "proven" if result["proof"]["passed"] else "not_proven"
+    return _finish(result, out)
+
+
+def comments(result: dict[str, Any]) -> list[str]:
+    """The measurements that chose the schedule, as comment lines above it."""
+    temps = ", ".join(f"{t:g}" for t in result["temperatures"])
+    lines = [f"Tuned by `make tune` on {result['costs']['measured_at']}: K per running batch size (vLLM's",
+             "num_speculative_tokens_per_batch_size). Per-position acceptance of "
+             f"K={result['k_max']} drafts, mean over T={temps}:",
+             "  " + " ".join(f"{p:.0%}" for p in result["per_position"]),
+             "batch  plain ms  " + "  ".join(f"K={o['k']} tok/t" for o in result["rows"][0]["options"]) + "  chosen"]
+    for row in result["rows"]:
+        lines.append(f"{row['batch']:>5}  {row['plain_step_ms']:>8.2f}  "
+                     + "  ".join(f"{o['rate']:>9.2f}" for o in row["options"]) + f"  K={row['k']}")
+    lines.append("tok/t: tokens per plain-step time (tokens per step / the step's time in plain steps).")
+    if result["settings"]["overrides"]:
+        lines.append("Measured with --set " + " ".join(result["settings"]["overrides"]) + " (not written here).")
+    return lines
+
+
+def prove(settings: TuneSettings, tuned: Path, k_max: int, out: Path, tuned_name: str = "tuned") -> dict[str, Any]:
+    """Load tests of the tuned config beside every fixed K and the baseline, one per temperature."""
+    checks, reports = [], []
+    largest = max(settings.batches)
+    # The tuned file carries K and the schedule; an override of either would undo the tuning.
+    overrides = [o for o in settings.overrides
+                 if o.split("=", 1)[0].strip() not in ("speculation.num_speculative_tokens", "speculation.schedule")]
+    for temperature in settings.proof_temperatures:
+        sweep_out = out / f"proof-T{temperature:g}"
+        results = Sweep(SweepSettings(
+            str(tuned), overrides=overrides, extra_k=list(range(1, k_max + 1)),
+            users=settings.batches, repeat=1, requests=settings.requests, workload=settings.workload,
+            temperature=temperature, max_tokens=settings.max_tokens, vllm_bench=False, out=sweep_out)).run()
+        write_report(results, sweep_out)
+        reports.append({"temperature": temperature, "report": f"{sweep_out.name}/report.md",
+                        "status": results["status"], "problems": results["problems"]})
+        speedups = {(e["variant"], e["concurrency"]): (e.get("speedup") or {}).get("mean")
+                    for e in summarize_speedups(results)}
+        for batch in settings.batches:
+            tuned_x = speedups.get((tuned_name, batch))
+            fixed = {k: speedups.get((f"spec-k{k}", batch)) for k in range(1, k_max + 1)}
+            fixed = {k: v for k, v in fixed.items() if v is not None}
+            best_k = max(fixed, key=fixed.get) if fixed else None
+            if batch == largest:
+                against, reference = "baseline", 1.0
+            else:
+                against, reference = (f"K={best_k}", fixed[best_k]) if best_k else ("best fixed K", None)
+            ratio = tuned_x / reference if tuned_x is not None and reference else None
+            checks.append({"temperature": temperature, "batch": batch, "tuned_speedup": tuned_x,
+                           "fixed_speedups": fixed, "best_fixed_k": best_k, "against": against,
+                           "ratio": ratio, "passed": ratio is not None and ratio >= PROOF_RATIO})
+    return {"checks": checks, "reports": reports, "passed": bool(checks) and all(c["passed"] for c in checks)}
+
+
+def _x(value: Any) -> str:
+    return "-" if value is None else f"{value:.2f}x"
+
+
+def describe(result: dict[str, Any]) -> str:
+    """The tuning as a person reads it (also tune.md)."""
+    lines = [f"# Tuning: {result['config']} ({result['drafter']}, K up to {result['k_max']}, draft sampling "
+             f"{result['draft_sampling']})", "", f"**Status: {result['status']}**", ""]
+    if result.get("schedule"):
+        chosen = ", ".join(f"batch {a}-{b}: K={k}" for a, b, k in result["schedule"])
+        written = (f"`schedule: {result['written_schedule']}`, `num_speculative_tokens: {result['k']}`"
+                   if result.get("written_schedule") else
+                   f"`num_speculative_tokens: {result.get('k')}` and no schedule (one K everywhere)")
+        lines += [f"Chosen: {chosen}. Written to `{result.get('output')}`: {written}.", "",
+                  "Per-position acceptance (mean over T=" + ", ".join(f"{t:g}" for t in result["temperatures"]) + "): "
+                  + " ".join(f"{p:.1%}" for p in result["per_position"]), ""]
+        for t, a in (result["costs"].get("acceptance") or {}).items():
+            lines.append(f"- T={t}: " + " ".join(f"{p:.1%}" for p in a["per_position"]) + f" ({a['drafts']:.0f} drafts)")
+        options = result["rows"][0]["options"]
+        lines += ["", "Engine step time (ms) and tokens per plain-step time for each K; K=0 is the speculative "
+                  "engine told to draft nothing:", "",
+                  "| batch | plain ms | " + " | ".join(f"K={o['k']} ms" for o in options) + " | "
+                  + " | ".join(f"K={o['k']} tok/t" for o in options) + " | K chosen | predicted |",
+                  "|" + "---:|" * (2 * len(options) + 4)]
+        for row in result["rows"]:
+            lines.append(f"| {row['batch']} | {row['plain_step_ms']:.2f} | "
+                         + " | ".join(f"{o['step_ms']:.2f}" for o in row["options"]) + " | "
+                         + " | ".join(f"{o['rate']:.2f}" for o in row["options"])
+                         + f" | {row['k']} | {row['predicted_speedup']:.2f}x |")
+    proof = result.get("proof")
+    if proof:
+        lines += ["", f"## Proof: load tests, tuned against the baseline at the largest batch and against the best "
+                  f"fixed K elsewhere (pass: >= {PROOF_RATIO}x)", "",
+                  "| T | batch | tuned vs baseline | fixed K vs baseline | against | ratio | pass |",
+                  "|---:|---:|---:|---|---|---:|---|"]
+        for c in proof["checks"]:
+            fixed = ", ".join(f"K={k} {v:.2f}x" for k, v in sorted(c["fixed_speedups"].items(), key=lambda i: int(i[0])))
+            lines.append(f"| {c['temperature']:g} | {c['batch']} | {_x(c['tuned_speedup'])} | {fixed or '-'} | "
+                         f"{c['against']} | {_x(c['ratio'])} | {'yes' if c['passed'] else 'NO'} |")
+        lines += ["", *[f"- T={r['temperature']:g}: [{r['report']}]({r['report']}) ({r['status']})"
+                        + ("; " + "; ".join(r["problems"]) if r["problems"] else "") for r in proof["reports"]]]
+    lines += bullet_sections(result, SECTIONS)
+    return "\n".join(lines) + "\n"
+
+
+def _finish(result: dict[str, Any], out: Path) -> dict[str, Any]:
+    return write_result(out, "tune", result, describe(result))
