@@ -90,7 +90,11 @@ def test_advise_on_the_embedded_default(tmp_path: Path, embedded_pair) -> None:
     # vLLM's per-position counters are cumulative acceptance: each position at most the one before.
     assert all(a >= b for a, b in zip(one["per_position_acceptance"], one["per_position_acceptance"][1:]))
     assert one["tokens_per_step"] == pytest.approx(1 + sum(one["per_position_acceptance"]), rel=0.01)
-    assert 0 < one["draft_step"] < 0.5 and one["step_cost"] > 1
+    assert 0 < one["draft_step"] < 0.5
+    # At batch 1 decode is bandwidth-bound: verifying K + 1 tokens costs about one plain step (0.9-1.2x
+    # measured here), so r sits near 1 on either side of it. At batch 8 verification costs target
+    # compute: a speculative step costs clearly more plain steps than at batch 1.
+    assert 0.6 < one["step_cost"] < 2 and rows[8]["step_cost"] > one["step_cost"] * 1.2, rows
     # The cost model (tokens per step / step cost) and the load test see the same engine.
     assert one["measured_speedup"] > 1.5 and 0.5 < one["predicted_speedup"] / one["measured_speedup"] < 2
     assert advice["verdict"].startswith("use it at"), advice["verdict"]
