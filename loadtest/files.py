@@ -12,6 +12,7 @@ def write_atomic(path: Path, text: str) -> Path:
     """Write `text` to `path` through a temporary file and a rename: a reader sees the old file
     or the new one, never half of one, and a failed write (disk full) leaves the old one."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    path.parent.mkdir(parents=True, exist_ok=True)
     try:
         tmp.write_text(text, encoding="utf-8")
         tmp.replace(path)

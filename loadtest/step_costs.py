@@ -32,7 +32,12 @@ passes, wrapped through `collective_rpc`): a draft step is a fraction of a milli
 what the difference of two engines' step times can resolve on a shared machine.
 
 Engines of different variants run one after another, and on a shared machine one engine can be
-~10% faster than the next; each figure is the median of `repeats` measurements.
+~10% faster than the next; each figure is the median of `repeats` measurements. Where figures
+are compared with each other to choose (K for each batch size, `make tune`), they come from one
+engine instead: a `k_sweep` job builds the speculative engine with a schedule, runs vLLM's engine
+core in-process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, the plain engine beside it too) and sets K between measurements in the
+lookup vLLM's scheduler reads (or the plugin drafter's copy of it), K=0..K in a rotating order
+each round. The K's then differ by what K costs, not by which engine happened to be faster.
 `python -m loadtest costs CONFIG` prints them; `make models` keeps them beside the embedded pair.
 """
 
@@ -87,11 +92,14 @@ def measure_costs(config: str = "default", k: int | None = None, batches: tuple[
 
 def measure_steps(config: str, variants: dict[str, tuple[list[str], bool]], batches: tuple[int, ...],
                   repeats: int, overrides: tuple[str, ...] = (), timed: str | None = None,
-                  acceptance: tuple[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+                  acceptance: tuple[str, dict[str, Any]] | None = None,
+                  k_sweep_variant: str | None = None, k_sweep: int = 0) -> dict[str, Any]:
     """Step time and tokens per step of each variant (name -> its overrides and no-speculation)
     at each batch size, one engine per variant in turn. `timed`: the variant whose drafter's
     `propose` is timed; `acceptance`: (variant, {"prompts", "temperatures", "max_tokens"}) whose
-    engine also generates those prompts at each temperature and reports per-position acceptance."""
+    engine also generates those prompts at each temperature and reports per-position acceptance;
+    `k_sweep_variant`: a speculative variant with a schedule whose engine is measured at each K
+    from 0 to `k_sweep` (module doc), reported as `k0` .. `k<k_sweep>`."""
     result: dict[str, Any] = {"config": config, "repeats": repeats, "lengths": list(LENGTHS),
                               "batches": {str(b): {} for b in batches},
                               "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
@@ -105,11 +113,19 @@ def measure_steps(config: str, variants: dict[str, tuple[list[str], bool]], batc
             job["acceptance"] = acceptance[1]
         result.setdefault("layout", {"device": plan.device, "env": {n: v for n, v in plan.env.items()
                                                                     if not is_secret(n)}})
+        if k_sweep_variant:
+            # Every engine of a comparison in one process layout: on 2 cores a multiprocess plain
+            # step at batch 32 (41 ms, the client's IPC on the engine's core) measured slower than
+            # an in-process speculative step that drafts nothing (23 ms).
+            job["in_process"] = True
+        if variant == k_sweep_variant:
+            job["k_sweep"] = k_sweep
         figures = _run_engine(job, plan.env)
         if "acceptance" in figures:
             result["acceptance"] = figures.pop("acceptance")
         for batch, values in figures.items():
-            result["batches"][batch][variant] = values
+            # A K sweep reports one entry per K (k0, k1, ...); any other variant one under its name.
+            result["batches"][batch].update(values if variant == k_sweep_variant else {variant: values})
     return result
 
 
@@ -118,9 +134,13 @@ def _run_engine(job: dict[str, Any], env: dict[str, str]) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         spec, out = Path(tmp) / "job.json", Path(tmp) / "result.json"
         spec.write_text(json.dumps(job))
-        # Insecure serialization lets collective_rpc send _time_drafter (a function) to the worker.
+        # Insecure serialization lets collective_rpc send _time_drafter (a function) to the worker;
+        # a K sweep reaches the scheduler, which only an in-process engine core exposes.
+        extra = {"VLLM_ALLOW_INSECURE_SERIALIZATION": "1"}
+        if job.get("in_process"):
+            extra["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         proc = subprocess.run([sys.executable, "-m", "loadtest.step_costs", str(spec), str(out)],
-                              env={**os.environ, **env, "VLLM_ALLOW_INSECURE_SERIALIZATION": "1"}, capture_output=True, text=True, timeout=1800)
+                              env={**os.environ, **env, **extra}, capture_output=True, text=True, timeout=1800)
         if proc.returncode != 0 or not out.is_file():
             tail = (proc.stdout + proc.stderr).strip().splitlines()[-15:]
             raise RuntimeError("the step-cost engine failed:\n" + "\n".join(tail))
@@ -153,6 +173,28 @@ def _drain_drafter_times(worker: Any) -> list[float]:
     return drained
 
 
+def _set_plugin_k(worker: Any, k: int) -> bool:
+    """In the worker: K at every batch size in a plugin drafter's schedule lookup (False: none)."""
+    drafter = getattr(worker.model_runner, "drafter", None)
+    for holder in (drafter, getattr(drafter, "drafter", None)):
+        lookup = getattr(holder, "k_by_batch", None)
+        if lookup is not None:
+            lookup[:] = [k] * len(lookup)
+            return True
+    return False
+
+
+def _set_k(llm: Any, k: int) -> None:
+    """From the next step on, the engine drafts K tokens at every batch size: vLLM's scheduler
+    picks K from its per-batch-size lookup (native drafters); plugin drafters read their own copy."""
+    scheduler = llm.llm_engine.engine_core.engine_core.scheduler  # in-process engine core only
+    lookup = scheduler.dynamic_sd_lookup
+    if lookup is not None and scheduler.vllm_config.speculative_config.method != "custom_class":
+        lookup[:] = [k] * len(lookup)
+    elif not all(llm.collective_rpc(_set_plugin_k, args=(k,))):
+        raise RuntimeError("a K sweep needs a speculative engine with a schedule (speculation.schedule)")
+
+
 def _engine_main(job_path: str, out_path: str) -> None:
     """In the subprocess: build the engine from the server's arguments and time generations."""
     from vllm import LLM, SamplingParams
@@ -175,23 +217,37 @@ def _engine_main(job_path: str, out_path: str) -> None:
         return time.perf_counter() - started, iterations() - before
 
     short, long = job["lengths"]
-    result = {}
+
+    def step(batch: int) -> tuple[float, float]:
+        """(ms, tokens) per engine step: the long generation's extra time over its extra steps."""
+        (t1, s1), (t2, s2) = generate(batch, short), generate(batch, long)
+        return 1000 * (t2 - t1) / (s2 - s1), (long - short) / (s2 - s1)
+
+    def figures(runs: list[tuple[float, float]]) -> dict[str, Any]:
+        return {"step_ms": statistics.median(r[0] for r in runs), "step_ms_runs": [round(r[0], 3) for r in runs],
+                "tokens_per_step": statistics.median(r[1] for r in runs)}
+
+    result: dict[str, Any] = {}
+    ks = list(range(job["k_sweep"] + 1)) if job.get("k_sweep") is not None else []
     for batch in job["batches"]:
         generate(batch, 4)  # warm-up: the first steps at a new batch size are slower
-        steps, tokens_per_step = [], []
+        if ks:
+            runs: dict[int, list[tuple[float, float]]] = {k: [] for k in ks}
+            for round_ in range(job["repeats"]):
+                for k in ks[round_ % len(ks):] + ks[:round_ % len(ks)]:  # each K leads a round in turn
+                    _set_k(llm, k)
+                    generate(batch, 2)  # the first step after a switch verifies the old K's drafts
+                    runs[k].append(step(batch))
+            result[str(batch)] = {f"k{k}": figures(runs[k]) for k in ks}
+            continue
         if timing_drafter:
             llm.collective_rpc(_drain_drafter_times)
-        for _ in range(job["repeats"]):
-            (t1, s1), (t2, s2) = generate(batch, short), generate(batch, long)
-            steps.append(1000 * (t2 - t1) / (s2 - s1))
-            tokens_per_step.append((long - short) / (s2 - s1))
-        figures = {"step_ms": statistics.median(steps), "step_ms_runs": [round(s, 3) for s in steps],
-                   "tokens_per_step": statistics.median(tokens_per_step)}
+        result[str(batch)] = figures([step(batch) for _ in range(job["repeats"])])
         if timing_drafter:
             times = llm.collective_rpc(_drain_drafter_times)[0]
-            figures["propose_ms"] = 1000 * statistics.median(times)
-            figures["propose_calls"] = len(times)
-        result[str(batch)] = figures
+            result[str(batch)].update(propose_ms=1000 * statistics.median(times), propose_calls=len(times))
+    if ks:
+        _set_k(llm, ks[-1])  # acceptance is measured at the largest K: its positions cover every shorter K
     if job.get("acceptance"):
         result["acceptance"] = _acceptance(llm, job["acceptance"])
     Path(out_path).write_text(json.dumps(result))

@@ -159,7 +159,7 @@ def test_a_gpu_preset_on_this_machine_says_what_it_would_measure_and_refuses(tmp
     result = json.loads((tmp_path / "tune.json").read_text())
     assert result["status"] == "cannot_measure" and "costs" not in result
     assert not (tmp_path / "tuned.yaml").exists()  # nothing written from nothing measured
-    assert "6 engines: plain decoding, the drafter with K=0, and K=1..4" in result["would_measure"][0]
+    assert "plain decoding and of the drafter at K=0..4 (one engine" in result["would_measure"][0]
     assert any("8 GPUs" in p for p in result["problems"]) and "What it would measure" in run.stdout
 
 
