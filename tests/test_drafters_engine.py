@@ -24,7 +24,8 @@ import torch
 
 from conftest import CODE_PROMPTS, LOG_DIR, complete, metric_total
 from deploy import ConfigError, ServerStartError, free_port, plan_from_config, start_server
-from plugins.bigram_table import build_arrays, embedded_table, save_table
+from deploy.bigram_tables import embedded_table
+from plugins.bigram_table import build_arrays, save_table
 from plugins.small_model import SmallModelDrafter
 
 BASELINE = ("default", ("speculation.drafter=none",))
