@@ -3,8 +3,9 @@
 This is the one place that knows how specdeploy's config maps onto vLLM's flags, so the
 translation can be printed (`DRY_RUN=1`), tested preset by preset, and reused by the load
 tests. It is a pure translation: what comes from files or the environment (the bigram table,
-the API key) preflight has already read into the `ResolvedDeployment`. Plugin drafters get their options through vLLM's `--additional-config`, which vLLM
-hands to every worker process (also with Ray), under the key `specdeploy`.
+the API key) preflight has already read into the `ResolvedDeployment`. Plugin drafters get
+their options through vLLM's `--additional-config`, which vLLM hands to every worker process
+(also with Ray), under the key `plugins.drafters.OPTIONS_KEY`.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-from deploy.config import DeploymentConfig
+from deploy.config import SPECULATIVE_FIELDS_AS_IS, DeploymentConfig
+from plugins.drafters import DRAFTERS, OPTIONS_KEY
 from deploy.preflight import ResolvedDeployment, cpu_binding
 from deploy.vllm_args import known_args
 from plugins.auth import OPEN_PATHS_ENV, GuardEveryRoute
@@ -25,11 +27,6 @@ from plugins.auth import OPEN_PATHS_ENV, GuardEveryRoute
 # (it looks up its own package name), the module works under both builds.
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 HEADLESS_MODULE = "deploy.vllm_serve"
-PLUGIN_CLASSES = {
-    "bigram": "plugins.bigram.BigramProposer",
-    "small_model": "plugins.small_model.SmallModelProposer",
-    "probe": "plugins.probe.RejectedDraftProposer",
-}
 SECRET_ENV = ("VLLM_API_KEY",)
 SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL", re.IGNORECASE)
 
@@ -89,26 +86,23 @@ def speculative_config(resolved: ResolvedDeployment) -> dict[str, Any] | None:
     spec = resolved.config.speculation
     if not spec.enabled:
         return None
-    k = spec.num_speculative_tokens
-    if spec.drafter in PLUGIN_CLASSES and (spec.drafter != "small_model" or spec.implementation == "plugin"):
-        result: dict[str, Any] = {"method": "custom_class", "model": PLUGIN_CLASSES[spec.drafter]}
-    elif spec.drafter == "small_model":
-        result = {"method": "draft_model", "model": resolved.draft.path if resolved.draft else spec.model}
+    drafter = DRAFTERS[spec.drafter]
+    if spec.plugin_class:
+        result: dict[str, Any] = {"method": "custom_class", "model": spec.plugin_class}
     else:
-        result = {"method": spec.drafter}
+        result = {"method": drafter.vllm_method}
         if spec.model:
             result["model"] = resolved.draft.path if resolved.draft else spec.model
-    result["num_speculative_tokens"] = k
-    if spec.schedule and result["method"] != "custom_class":  # a plugin reads its own (plugin_options)
+    result["num_speculative_tokens"] = spec.num_speculative_tokens
+    if spec.schedule and not spec.plugin_class:  # a plugin reads its own (plugin_options)
         result["num_speculative_tokens_per_batch_size"] = [list(r) for r in spec.schedule]
-    for name in ("draft_tensor_parallel_size", "prompt_lookup_min", "prompt_lookup_max"):
+    for name in SPECULATIVE_FIELDS_AS_IS:
         if getattr(spec, name) is not None:
             result[name] = getattr(spec, name)
     if spec.draft_sampling != "greedy":
         result["draft_sample_method"] = spec.draft_sampling
-    if spec.drafter == "ngram":
-        result.setdefault("prompt_lookup_min", 1)
-        result.setdefault("prompt_lookup_max", 3)
+    for name, value in drafter.speculative_defaults.items():
+        result.setdefault(name, value)
     result.update(spec.extra)
     return result
 
@@ -122,7 +116,7 @@ def plugin_options(resolved: ResolvedDeployment) -> dict[str, Any] | None:
         assert resolved.bigram_table is not None, "preflight(environment=True) resolves the bigram table"
         return {"drafter": "bigram", "table": str(resolved.bigram_table),
                 **spec.bigram.model_dump(exclude={"table"}), **schedule}
-    if spec.drafter == "small_model" and spec.implementation == "plugin":
+    if spec.drafter == "small_model" and spec.plugin_class:
         assert resolved.draft is not None
         return {"drafter": "small_model", "draft_model": resolved.draft.path, **schedule}
     return None
@@ -178,7 +172,7 @@ def engine_arguments(resolved: ResolvedDeployment, node_rank: int = 0) -> dict[s
     options = plugin_options(resolved)
     extra = dict(c.engine_args)
     if options:
-        extra["additional_config"] = {**extra.get("additional_config", {}), "specdeploy": options}
+        extra["additional_config"] = {**extra.get("additional_config", {}), OPTIONS_KEY: options}
     args.update(extra)
     if c.server.api_key_env:
         args["middleware"] = AUTH_MIDDLEWARE  # vLLM alone guards only /v1 and a few prefixes

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from deploy.config import ConfigError, DeploymentConfig
+from plugins.drafters import DRAFTERS
 
 log = logging.getLogger("specdeploy")
 
@@ -489,7 +490,7 @@ def preflight(config: DeploymentConfig, config_dir: Path | None = None, machine:
             if target.vocab_size is None or draft.vocab_size is None:
                 notes.append("vocabulary check skipped: a model's config.json is not on this machine "
                              "(vLLM checks it again when it loads the models)")
-    if spec.drafter == "small_model" and spec.implementation == "plugin" and not (target.local and draft and draft.local):
+    if spec.plugin_class and DRAFTERS[spec.drafter].takes_model and not (target.local and draft and draft.local):
         problems.append("speculation.implementation: the small-model plugin loads the draft from a local folder")
     problems += check_parallelism(config, target, draft, device, notes)
     if advice := spec.sampling_advice():
