@@ -45,7 +45,7 @@ def render_manifests(resolved: ResolvedDeployment, image: str = DEFAULT_IMAGE, r
         raise ConfigError(config.name, ["parallelism.nodes > 1 with Ray: manifests use vLLM's own multi-node "
                                         "launcher in a LeaderWorkerSet; set distributed_executor_backend: mp"])
     check_cluster_models(config)
-    if config.speculation.plugin_class and config.speculation.drafter != "probe":  # as before; see the next commit
+    if config.speculation.plugin_class:  # the stock image cannot import specdeploy's proposers
         raise ConfigError(config.name, ["plugin drafters need specdeploy installed in the image: build one FROM "
                                         f"{image} with `pip install .` and pass it as --image"])
     args = engine_arguments(resolved)
