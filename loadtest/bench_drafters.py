@@ -235,7 +235,7 @@ def markdown(summary: list[dict], cost: dict[str, float], meta: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m plugins.bench_drafters", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m loadtest.bench_drafters", description=__doc__.split("\n\n")[0])
     parser.add_argument("--prompts", type=int, default=8, help="code prompts (%(default)s)")
     parser.add_argument("--prompt-chars", type=int, default=600, help="characters per prompt (%(default)s)")
     parser.add_argument("--max-tokens", type=int, default=256, help="tokens generated per prompt (%(default)s)")
