@@ -427,15 +427,15 @@ def resolve_table_path(resolved: ResolvedDeployment) -> Path:
     # Imported here: only bigram deployments need numpy and the tokenizer code.
     from plugins.bigram_table import BUILD_HINT, BigramTableError, load_table, tokenizer_fingerprint
 
-    field = "speculation.bigram.table"
+    name = "speculation.bigram.table"
     configured = resolved.config.speculation.bigram.table
     tokenizer = target_tokenizer(resolved)
     if configured is None:
         if not resolved.config.target.model.startswith(EMBEDDED_PREFIX):
-            raise ConfigError(field, [
-                f"{field}: not set, and only the embedded pair has a built-in table. Build one for the target's "
+            raise ConfigError(name, [
+                f"{name}: not set, and only the embedded pair has a built-in table. Build one for the target's "
                 f"tokenizer from text like what it will serve: "
-                f"`{BUILD_HINT.format(tokenizer=tokenizer, out='bigram.npz')}`, then set {field}: bigram.npz"])
+                f"`{BUILD_HINT.format(tokenizer=tokenizer, out='bigram.npz')}`, then set {name}: bigram.npz"])
         from deploy.bigram_tables import embedded_table
 
         path = embedded_table()
@@ -451,7 +451,7 @@ def resolve_table_path(resolved: ResolvedDeployment) -> Path:
     try:
         load_table(path, expected, tokenizer)
     except BigramTableError as exc:
-        raise ConfigError(field, [f"{field}: {exc}"]) from None
+        raise ConfigError(name, [f"{name}: {exc}"]) from None
     return path
 
 
