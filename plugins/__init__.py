@@ -9,19 +9,20 @@
 temperature > 0 (both proposers apply it; as a vLLM general plugin it reaches native drafters).
 
 Configs never name these classes: `speculation.drafter: bigram` or `drafter: small_model` with
-`implementation: plugin` select them (`deploy/engine_args.py`), and their options reach the
-worker processes as `vllm_config.additional_config["specdeploy"]`.
+`implementation: plugin` select them (the registry `plugins/drafters.py`), and their options reach
+the worker processes as `vllm_config.additional_config[OPTIONS_KEY]`. Nothing here imports `deploy`.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-OPTIONS_KEY = "specdeploy"
+from plugins.drafters import DRAFTERS, OPTIONS_KEY
 
 
 def plugin_options(vllm_config: Any, drafter: str) -> dict[str, Any]:
-    """The options specdeploy put in `additional_config` for this drafter; a clear error otherwise."""
+    """The options specdeploy put in `additional_config` for this drafter, over the registry's
+    defaults; a clear error when there are none."""
     extra = getattr(vllm_config, "additional_config", None) or {}
     options = extra.get(OPTIONS_KEY) if isinstance(extra, dict) else None
     if not isinstance(options, dict) or options.get("drafter") != drafter:
@@ -29,7 +30,7 @@ def plugin_options(vllm_config: Any, drafter: str) -> dict[str, Any]:
             f"specdeploy's {drafter} proposer found no options in vLLM's additional_config['{OPTIONS_KEY}']; "
             f"start the server through specdeploy (`make serve`, deploy.plan_from_config) with "
             f"speculation.drafter: {drafter}, which passes them")
-    return options
+    return {**DRAFTERS[drafter].options, **options}
 
 
 def num_speculative_tokens(vllm_config: Any) -> int:

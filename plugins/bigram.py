@@ -34,11 +34,13 @@ from typing import Any
 import numba
 import numpy as np
 
+from plugins.drafters import DRAFTERS
 from plugins import k_by_batch_size, k_for_batch, num_speculative_tokens, plugin_options, vllm_fixes
 from plugins.bigram_table import BigramTable, BigramTableError, load_table, tokenizer_fingerprint
 
 # Inside vLLM's worker processes: a child of vLLM's logger, so these lines reach the server log.
 log = logging.getLogger("vllm.specdeploy.bigram")
+DEFAULTS = DRAFTERS["bigram"].options
 
 _HASH_MULT = np.int64(-7046029254386353131)  # 0x9E3779B97F4A7C15 (Fibonacci hashing), wrapping int64
 _LOW32 = np.int64(0xFFFFFFFF)
@@ -252,8 +254,9 @@ class ContextCounts:
 class BigramDrafter:
     """The drafting logic, independent of vLLM's config objects (tests and benchmarks build it directly)."""
 
-    def __init__(self, table: BigramTable, k: int, context_weight: float = 4.0, min_probability: float = 0.15,
-                 max_batch_size: int = 64, max_model_len: int = 1 << 20, model_vocab_size: int | None = None,
+    def __init__(self, table: BigramTable, k: int, context_weight: float = DEFAULTS["context_weight"],
+                 min_probability: float = DEFAULTS["min_probability"], max_batch_size: int = DEFAULTS["max_batch_size"],
+                 max_model_len: int = 1 << 20, model_vocab_size: int | None = None,
                  k_by_batch: list[int] | None = None):
         if k < 1:
             raise ValueError("k must be >= 1")
@@ -317,7 +320,8 @@ class BigramDrafter:
 class BigramProposer:
     """vLLM custom_class proposer (`speculative_config.method: custom_class`), see the module doc.
 
-    Options (from `additional_config["specdeploy"]`, declared in deploy.config.BigramOptions):
+    Options (from `additional_config["specdeploy"]`, declared in deploy.config.BigramOptions, defaults
+    in plugins/drafters.py):
     `table`, `context_weight`, `min_probability`, `max_batch_size`. K is
     `speculative_config.num_speculative_tokens`.
     """
@@ -338,8 +342,8 @@ class BigramProposer:
             raise BigramTableError(f"specdeploy bigram drafter refuses to start: {exc}") from None
         get_vocab = getattr(model_config, "get_vocab_size", None)
         self.drafter = BigramDrafter(
-            table, num_speculative_tokens(vllm_config), options.get("context_weight", 4.0),
-            options.get("min_probability", 0.15), options.get("max_batch_size", 64), model_config.max_model_len,
+            table, num_speculative_tokens(vllm_config), options["context_weight"],
+            options["min_probability"], options["max_batch_size"], model_config.max_model_len,
             model_vocab_size=get_vocab() if get_vocab else None, k_by_batch=k_by_batch_size(vllm_config, options))
         began = time.perf_counter()
         self.drafter.warm_up()

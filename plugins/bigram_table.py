@@ -1,6 +1,6 @@
 """Bigram tables: the most likely successors of every token, for the bigram drafter.
 
-    python -m plugins.bigram_table --tokenizer MODEL_DIR --out table.npz [FILES...]
+    python -m deploy.bigram_tables --tokenizer MODEL_DIR --out table.npz [FILES...]
 
 counts every pair of adjacent tokens in the text files (tokenized with the target's tokenizer;
 default corpus: the embedded pair's training files) and keeps, per token, its `top_k` most
@@ -9,36 +9,31 @@ file is a compressed .npz of CSR arrays (no V x V matrix): at most V * top_k ent
 for a 128k vocabulary. It records a fingerprint of the tokenizer (a hash of its vocabulary,
 merges and added tokens), and `load_table` refuses it for any other tokenizer.
 
-`resolve_table_path` is the preflight side: deploy's `plugin_options()` calls it to build the
-embedded pair's table on first use and to refuse a missing, corrupt or mismatched table before
-any engine starts. The proposer checks the same again when the server starts.
+This module is what the proposer in vLLM's workers imports, so it imports nothing of `deploy`.
+The deployment side lives there: `deploy.preflight.resolve_table_path` builds the embedded
+pair's table on first use (`deploy.bigram_tables`) and refuses a missing, corrupt or mismatched
+table before any engine starts. The proposer checks the same again when the server starts.
 """
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import logging
 import os
-import sys
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
-
-if TYPE_CHECKING:
-    from deploy.preflight import ResolvedDeployment
 
 log = logging.getLogger("specdeploy")
 
 FORMAT = "specdeploy-bigram-v1"
 DEFAULT_TOP_K = 8
 DEFAULT_ALPHA = 1.0
-EMBEDDED_TABLE_NAME = "bigram-table.npz"
-BUILD_HINT = "python -m plugins.bigram_table --tokenizer {tokenizer} --out {out} FILES..."
+BUILD_HINT = "python -m deploy.bigram_tables --tokenizer {tokenizer} --out {out} FILES..."
 _MERGE_EVERY = 16_000_000  # pair keys collected before they are reduced to unique counts (memory bound)
 
 
@@ -366,104 +361,3 @@ def load_table(path: str | Path, expected_fingerprint: str | None = None, tokeni
     listed_probs[rows, rank] = probs
     return BigramTable(path.resolve(), fingerprint, built_for, v, indptr.astype(np.int64), succ.astype(np.int64),
                        probs.astype(np.float32), floor, top_next, top_prob.astype(np.float32), listed, listed_probs)
-
-
-# --- deployments ---------------------------------------------------------------------------------
-
-def target_tokenizer(resolved: ResolvedDeployment) -> str:
-    """Where the target's tokenizer is: `target.tokenizer` if set, else the served model."""
-    from deploy.preflight import looks_like_path
-
-    ref = resolved.config.target.tokenizer
-    if ref and looks_like_path(ref):
-        return str(Path(ref).expanduser().resolve())
-    return ref or resolved.target.path
-
-
-def embedded_table(progress: bool = True) -> Path:
-    """The embedded pair's table, built from its training corpus on first use (file-locked, cached)."""
-    from filelock import FileLock
-
-    from deploy.embedded_pair import corpus_files, ensure_pair
-
-    pair = ensure_pair()
-    # Beside the pair's folder (named after it), not inside: that folder is the other build's output.
-    path = Path(pair.root).parent / f"{Path(pair.root).name}.{EMBEDDED_TABLE_NAME}"
-    tokenizer = str(pair.target)
-    expected = tokenizer_fingerprint(tokenizer)
-    with FileLock(str(path) + ".lock", timeout=1800):
-        if path.is_file():
-            try:
-                load_table(path, expected, tokenizer)
-                return path
-            except BigramTableError as exc:
-                log.warning("rebuilding the embedded bigram table: %s", exc)
-        files = [str(f) for f in corpus_files("train")]
-        log.info("building the embedded pair's bigram table from %d files (once; cached at %s)", len(files), path)
-        return build_table(files, tokenizer, path, progress=progress)
-
-
-def resolve_table_path(resolved: ResolvedDeployment) -> Path:
-    """The checked table file for a bigram deployment, or `ConfigError` before any engine starts.
-
-    No `speculation.bigram.table` on the embedded pair: its table (built on first use). Otherwise
-    the configured file, which must exist, be readable, and match the target's tokenizer.
-    """
-    from deploy.config import ConfigError
-
-    field = "speculation.bigram.table"
-    configured = resolved.config.speculation.bigram.table
-    tokenizer = target_tokenizer(resolved)
-    if configured is None:
-        if not resolved.config.target.model.startswith("embedded:"):
-            raise ConfigError(field, [
-                f"{field}: not set, and only the embedded pair has a built-in table. Build one for the target's "
-                f"tokenizer from text like what it will serve: "
-                f"`{BUILD_HINT.format(tokenizer=tokenizer, out='bigram.npz')}`, then set {field}: bigram.npz"])
-        path = embedded_table()
-    else:
-        path = Path(configured).expanduser().resolve()
-    try:
-        expected = tokenizer_fingerprint(tokenizer, resolved.config.target.revision)
-    except BigramTableError as exc:
-        # A hub tokenizer not in the local cache: the proposer checks again in the server.
-        resolved.notes.append(f"bigram table not checked against the tokenizer here ({exc}); "
-                              f"the server checks it at start")
-        expected = None
-    try:
-        load_table(path, expected, tokenizer)
-    except BigramTableError as exc:
-        raise ConfigError(field, [f"{field}: {exc}"]) from None
-    return path
-
-
-# --- command line ----------------------------------------------------------------------------------
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m plugins.bigram_table", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--tokenizer", required=True, help="the target's model or tokenizer folder (or cached hub id)")
-    parser.add_argument("--out", required=True, help="table file to write (.npz)")
-    parser.add_argument("--top-k", type=int, default=DEFAULT_TOP_K, help="successors kept per token (%(default)s)")
-    parser.add_argument("--alpha", type=float, default=DEFAULT_ALPHA, help="Laplace smoothing (%(default)s)")
-    parser.add_argument("files", nargs="*", help="text files (default: the embedded pair's training corpus)")
-    opts = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
-    files = opts.files
-    if not files:
-        from deploy.embedded_pair import corpus_files
-
-        files = [str(f) for f in corpus_files("train")]
-        log.info("no files given: using the embedded pair's training corpus (%d files)", len(files))
-    try:
-        path = build_table(files, opts.tokenizer, opts.out, opts.top_k, opts.alpha)
-    except (BigramTableError, OSError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    table = load_table(path)
-    print(f"wrote {path} ({path.stat().st_size / 1e6:.2f} MB): vocabulary {table.vocab_size}, "
-          f"{len(table.successors)} successor entries, tokenizer fingerprint {table.fingerprint[:12]}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -15,11 +15,11 @@ that shares the target's vocabulary, with its own KV cache per request:
   anything else starts a new cache. Caches that no running request claims are freed.
 
 Options (`additional_config["specdeploy"]`): `draft_model`, the draft's local folder, and
-`max_cache_mib` (default 1024), the memory its per-request KV caches may hold: requests past it
-get no draft until others finish. A step that fails (out of memory, a bad token) gives that
-request an empty draft and a warning in the server log; the engine goes on. K is
-`speculative_config.num_speculative_tokens`; the draft runs on the worker's device in the
-target's dtype.
+`max_cache_mib` (default 1024, in `plugins/drafters.py`), the memory its per-request KV caches may
+hold: requests past it get no draft until others finish. A step that fails (out of memory, a
+bad token) gives that request an empty draft and a warning in the server log; the engine goes
+on. K is `speculative_config.num_speculative_tokens`; the draft runs on the worker's device in
+the target's dtype.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from plugins.drafters import DRAFTERS
 from plugins import k_by_batch_size, k_for_batch, num_speculative_tokens, plugin_options, vllm_fixes
 
 # Inside vLLM's worker processes: a child of vLLM's logger, so these lines reach the server log.
@@ -68,7 +69,8 @@ class SmallModelDrafter:
     """Greedy drafting with per-request KV caches; independent of vLLM's config objects."""
 
     def __init__(self, model: Any, k: int, max_model_len: int, device: torch.device | str = "cpu",
-                 max_cache_mib: float = 1024, k_by_batch: list[int] | None = None):
+                 max_cache_mib: float = DRAFTERS["small_model"].options["max_cache_mib"],
+                 k_by_batch: list[int] | None = None):
         self.model = model
         self.k = k
         self.k_by_batch = k_by_batch
@@ -186,7 +188,7 @@ class SmallModelProposer:
             raise ValueError(f"specdeploy small-model drafter: draft model folder {path} has no config.json; "
                              f"set speculation.model to a local checkpoint folder")
         self.path = path
-        self.max_cache_mib = float(options.get("max_cache_mib", 1024))
+        self.max_cache_mib = float(options["max_cache_mib"])
         """Memory for the per-request draft KV caches (requests past it get no draft)."""
         self.k = num_speculative_tokens(vllm_config)
         self.k_by_batch = k_by_batch_size(vllm_config, options)

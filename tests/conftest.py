@@ -12,6 +12,7 @@ import collections
 import logging
 import os
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -80,6 +81,12 @@ def complete(server: Server, prompt: str, max_tokens: int = 48, **params) -> dic
     response = requests.post(f"{server.base_url}/v1/completions", json=body, timeout=300)
     response.raise_for_status()
     return response.json()["choices"][0]
+
+
+def greedy_token_ids(server: Server, prompts: list[str], max_tokens: int = 64) -> list[list[int]]:
+    """Send all prompts at once (so they are batched together) and return each one's tokens."""
+    with ThreadPoolExecutor(len(prompts)) as pool:
+        return [c["token_ids"] for c in pool.map(lambda p: complete(server, p, max_tokens=max_tokens), prompts)]
 
 
 def metric_total(server: Server, name: str) -> float:

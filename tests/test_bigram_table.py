@@ -7,6 +7,7 @@ running request, `num_tokens_no_spec` and `token_ids_cpu` the persistent batch's
 
 from __future__ import annotations
 
+import math
 import zipfile
 from collections import Counter
 from pathlib import Path
@@ -15,12 +16,12 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from deploy.bigram_tables import main
 from deploy.config import ConfigError, parse_config
-from deploy.preflight import Machine, ModelInfo, ResolvedDeployment
+from deploy.preflight import Machine, ModelInfo, ResolvedDeployment, resolve_table_path
 from plugins.bigram import BigramDrafter, BigramProposer, ContextCounts, pair_hash
 from plugins.bigram_table import (
-    BigramTableError, build_arrays, build_table, load_table, main, resolve_table_path, save_table,
-    tokenizer_fingerprint,
+    BigramTableError, build_arrays, build_table, load_table, save_table, tokenizer_fingerprint,
 )
 
 TEXT = "def f(self, x):\n    return self.x + x\n\n" * 40 + "class A(object):\n    pass\n" * 20
@@ -119,9 +120,15 @@ def test_compact_for_a_128k_vocabulary(tmp_path: Path) -> None:
     assert len(arrays["successors"]) <= vocab * 8
     assert all(a.size <= (vocab + 1) * 8 for a in arrays.values())  # nothing vocabulary-squared
     assert path.stat().st_size < 4e6, f"{path.stat().st_size / 1e6:.1f} MB"
-    # the worst case (every token with top_k successors) stays a few MB: 128k x 8 x (4 + 2) bytes
-    assert (vocab * 8 * (arrays["successors"].itemsize + arrays["probs"].itemsize)) / 1e6 < 7
     load_table(path, "fp")
+    # The worst case, every token with top_k successors, stays a few MB: built, not computed. Walking
+    # the vocabulary in steps coprime to its size follows every token with token + step once.
+    steps = [1, 5, 7, 11, 13, 17, 19, 23]
+    assert all(math.gcd(step, vocab) == 1 for step in steps)
+    full = build_arrays([np.arange(vocab + 1) * step % vocab for step in steps], vocab, "fp", top_k=8)
+    assert len(full["successors"]) == vocab * 8
+    assert sum(a.nbytes for a in full.values()) < 8e6, "in memory"
+    assert save_table(full, tmp_path / "full.npz").stat().st_size < 8e6, "on disk"
 
 
 # --- refusing bad tables -----------------------------------------------------------------------------
@@ -133,7 +140,7 @@ def test_another_tokenizer_is_refused(corpus: dict, table_path: Path) -> None:
 
 
 def test_missing_and_corrupt_files_are_refused(tmp_path: Path, table_path: Path) -> None:
-    with pytest.raises(BigramTableError, match="does not exist.*plugins.bigram_table"):
+    with pytest.raises(BigramTableError, match="does not exist.*deploy.bigram_tables"):
         load_table(tmp_path / "nope.npz")
     garbage = tmp_path / "garbage.npz"
     garbage.write_bytes(b"not a zip file at all")
@@ -400,8 +407,17 @@ def test_proposer_reads_its_options_and_refuses_another_tokenizer(corpus: dict, 
     proposer = BigramProposer(vllm_config(options, 3, corpus["model"]))
     proposer.load_model(None)
     assert proposer.drafter.k == 3 and proposer.drafter.max_batch_size == 2
-    sampled, lengths, tokens = batch([[5, 6, 7]])
-    assert len(proposer.propose(sampled, lengths, tokens, slot_mappings=None)[0]) <= 3
+    assert proposer.drafter.context_weight == 0 and proposer.drafter.min_probability == 0
+    from tokenizers import Tokenizer
+
+    history = Tokenizer.from_file(str(corpus["model"] / "tokenizer.json")).encode("    return self.x").ids
+    chain = [history[-1]]
+    for _ in range(3):  # no threshold, no context counts: the table's most likely successors
+        chain.append(int(load_table(table_path).top_next[chain[-1]]))
+    assert min(chain) >= 0, "every token of the chain has a successor in the corpus"
+    assert proposer.propose(*batch([history]), slot_mappings=None) == [chain[1:]]
+    # Past max_batch_size running requests it proposes nothing.
+    assert proposer.propose(*batch([history] * 3), slot_mappings=None) == [[], [], []]
     with pytest.raises(BigramTableError, match="refuses to start.*built for another tokenizer"):
         BigramProposer(vllm_config(options, 3, corpus["other"]))
     with pytest.raises(ValueError, match="start the server through specdeploy"):

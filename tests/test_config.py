@@ -507,3 +507,28 @@ def test_config_in_another_folder_resolves_relative_model_paths(tmp_path: Path, 
     (tmp_path / "mine.yaml").write_text(yaml.safe_dump(data))
     _, plan = plan_from_config(tmp_path / "mine.yaml")
     assert plan.argv[plan.argv.index("--model") + 1] == str((tmp_path / "models" / "mine").resolve())
+
+
+def test_what_vllm_workers_import_never_imports_deploy() -> None:
+    """The plugins read the drafter registry, never deploy (which imports them): no import cycle,
+    and nothing of the deployment layer loaded into every worker."""
+    code = ("import sys, plugins, plugins.drafters, plugins.auth, plugins.bigram_table, plugins.bigram, "
+            "plugins.probe, plugins.small_model; print([m for m in sys.modules if m.split('.')[0] == 'deploy'])")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_every_registered_drafter_translates_to_a_vllm_method_or_a_plugin() -> None:
+    from plugins.drafters import DRAFTERS
+
+    for name, drafter in DRAFTERS.items():
+        if name == "none":
+            continue
+        model = {"model": "org/draft-0.1b"} if drafter.takes_model else {}
+        resolved = preflight(parse_config(minimal(speculation={"drafter": name, **model})), machine=GPU_NODE,
+                             environment=name != "bigram")  # a bigram table needs files; its own tests cover it
+        if name == "bigram":
+            resolved.bigram_table = Path("/tables/bigram.npz")
+        spec = engine_arguments(resolved)["speculative_config"]
+        assert spec["method"] == (drafter.vllm_method or "custom_class"), name
+        assert spec.get("model") == (drafter.plugin() or model.get("model")), name  # native unless told

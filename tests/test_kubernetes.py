@@ -137,3 +137,10 @@ def test_multi_node_manifests_follow_vllms_leaderworkerset_layout() -> None:
     ray = k8s("llama70b-7b", "--set", "parallelism.nodes=2", "--set", "parallelism.pipeline_parallel_size=2",
               "--set", "parallelism.distributed_executor_backend=ray")
     assert ray.returncode == 2 and "set distributed_executor_backend: mp" in ray.stderr
+
+
+def test_every_plugin_drafter_is_refused_on_the_stock_image() -> None:
+    greedy = ["--set", "speculation.model=", "--set", "speculation.draft_sampling=greedy"]
+    for drafter in ("bigram", "probe"):
+        result = k8s("qwen3-4b-0.6b", "--set", f"speculation.drafter={drafter}", *greedy)
+        assert result.returncode == 2 and "plugin drafters need specdeploy installed" in result.stderr, drafter

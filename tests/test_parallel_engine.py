@@ -8,10 +8,9 @@ from __future__ import annotations
 import psutil
 import pytest
 
-from conftest import CODE_PROMPTS, LOG_DIR, complete, metric_total
+from conftest import CODE_PROMPTS, LOG_DIR, complete, greedy_token_ids, metric_total
 from deploy import free_port, plan_from_config, start_server
 from deploy.launcher import port_is_free
-from test_serve_e2e import greedy_token_ids
 
 pytestmark = pytest.mark.engine
 PROMPTS = CODE_PROMPTS[:3]

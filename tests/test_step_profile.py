@@ -16,7 +16,7 @@ import requests
 from conftest import LOG_DIR, complete
 from deploy import free_port, plan_from_config, start_server
 from plugins import step_profile
-from plugins.bench_drafters import DrafterResult, settled_profile, summarize
+from loadtest.bench_drafters import DrafterResult, settled_profile, summarize
 
 
 def figures(**seconds_and_calls: tuple[int, float]) -> dict[str, dict[str, float]]:

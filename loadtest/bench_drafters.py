@@ -147,8 +147,9 @@ def settled_profile(folder: str) -> dict[str, dict[str, float]]:
 
 
 def bigram_cost() -> dict[str, float]:
+    from deploy.bigram_tables import embedded_table
     from plugins.bigram import benchmark_propose
-    from plugins.bigram_table import embedded_table, load_table
+    from plugins.bigram_table import load_table
 
     cost = benchmark_propose(load_table(embedded_table(progress=False)), batch=256, k=8)
     return {**cost, "load_average": os.getloadavg()[0]}  # a busy shared CPU inflates the figure
@@ -234,7 +235,7 @@ def markdown(summary: list[dict], cost: dict[str, float], meta: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m plugins.bench_drafters", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m loadtest.bench_drafters", description=__doc__.split("\n\n")[0])
     parser.add_argument("--prompts", type=int, default=8, help="code prompts (%(default)s)")
     parser.add_argument("--prompt-chars", type=int, default=600, help="characters per prompt (%(default)s)")
     parser.add_argument("--max-tokens", type=int, default=256, help="tokens generated per prompt (%(default)s)")
