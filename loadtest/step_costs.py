@@ -34,10 +34,10 @@ what the difference of two engines' step times can resolve on a shared machine.
 Engines of different variants run one after another, and on a shared machine one engine can be
 ~10% faster than the next; each figure is the median of `repeats` measurements. Where figures
 are compared with each other to choose (K for each batch size, `make tune`), they come from one
-engine instead: a `k_sweep` job builds the speculative engine with a schedule, runs vLLM's engine
-core in-process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, the plain engine beside it too) and sets K between measurements in the
-lookup vLLM's scheduler reads (or the plugin drafter's copy of it), K=0..K in a rotating order
-each round. The K's then differ by what K costs, not by which engine happened to be faster.
+engine instead: a `k_sweep` job builds the speculative engine with a schedule of K (so vLLM takes
+its per-batch-size path, as a tuned server does) and, between measurements, caps in the worker
+the K its drafter drafts (`_set_worker_k`), K=0..K in a rotating order each round. The K's then
+differ by what K costs, not by which engine happened to be faster.
 `python -m loadtest costs CONFIG` prints them; `make models` keeps them beside the embedded pair.
 """
 
@@ -113,11 +113,6 @@ def measure_steps(config: str, variants: dict[str, tuple[list[str], bool]], batc
             job["acceptance"] = acceptance[1]
         result.setdefault("layout", {"device": plan.device, "env": {n: v for n, v in plan.env.items()
                                                                     if not is_secret(n)}})
-        if k_sweep_variant:
-            # Every engine of a comparison in one process layout: on 2 cores a multiprocess plain
-            # step at batch 32 (41 ms, the client's IPC on the engine's core) measured slower than
-            # an in-process speculative step that drafts nothing (23 ms).
-            job["in_process"] = True
         if variant == k_sweep_variant:
             job["k_sweep"] = k_sweep
         figures = _run_engine(job, plan.env)
@@ -134,13 +129,11 @@ def _run_engine(job: dict[str, Any], env: dict[str, str]) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         spec, out = Path(tmp) / "job.json", Path(tmp) / "result.json"
         spec.write_text(json.dumps(job))
-        # Insecure serialization lets collective_rpc send _time_drafter (a function) to the worker;
-        # a K sweep reaches the scheduler, which only an in-process engine core exposes.
-        extra = {"VLLM_ALLOW_INSECURE_SERIALIZATION": "1"}
-        if job.get("in_process"):
-            extra["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        # Insecure serialization lets collective_rpc send _time_drafter and _set_worker_k (functions)
+        # to the worker.
         proc = subprocess.run([sys.executable, "-m", "loadtest.step_costs", str(spec), str(out)],
-                              env={**os.environ, **env, **extra}, capture_output=True, text=True, timeout=1800)
+                              env={**os.environ, **env, "VLLM_ALLOW_INSECURE_SERIALIZATION": "1"},
+                              capture_output=True, text=True, timeout=1800)
         if proc.returncode != 0 or not out.is_file():
             tail = (proc.stdout + proc.stderr).strip().splitlines()[-15:]
             raise RuntimeError("the step-cost engine failed:\n" + "\n".join(tail))
@@ -173,26 +166,40 @@ def _drain_drafter_times(worker: Any) -> list[float]:
     return drained
 
 
-def _set_plugin_k(worker: Any, k: int) -> bool:
-    """In the worker: K at every batch size in a plugin drafter's schedule lookup (False: none)."""
+def _set_worker_k(worker: Any, k: int) -> bool:
+    """In the worker: from the next step on, draft at most K tokens (False: no drafter).
+
+    A plugin drafter reads K from its copy of the schedule's lookup: set it. vLLM's own drafters
+    draft the K the scheduler asks for (`num_speculative_tokens`, from its lookup): cap that
+    argument, which is what the scheduler's lookup would do. The scheduler lives in the engine
+    core process, out of reach of a multiprocess engine's client; the cap keeps the served
+    process layout (an in-process engine core runs the CPU worker on both cores)."""
     drafter = getattr(worker.model_runner, "drafter", None)
+    if drafter is None:
+        return False
     for holder in (drafter, getattr(drafter, "drafter", None)):
         lookup = getattr(holder, "k_by_batch", None)
         if lookup is not None:
             lookup[:] = [k] * len(lookup)
             return True
-    return False
+    original = drafter.__dict__.get("_specdeploy_propose") or drafter.propose
+    drafter._specdeploy_propose = original
+
+    def propose(*args: Any, **kwargs: Any) -> Any:
+        if "num_speculative_tokens" in kwargs:  # draft_model, EAGLE, MTP, suffix, medusa
+            kwargs["num_speculative_tokens"] = min(k, kwargs["num_speculative_tokens"])
+        else:  # ngram: K is the first argument
+            args = (min(k, args[0]), *args[1:])
+        return original(*args, **kwargs)
+
+    drafter.propose = propose
+    return True
 
 
 def _set_k(llm: Any, k: int) -> None:
-    """From the next step on, the engine drafts K tokens at every batch size: vLLM's scheduler
-    picks K from its per-batch-size lookup (native drafters); plugin drafters read their own copy."""
-    scheduler = llm.llm_engine.engine_core.engine_core.scheduler  # in-process engine core only
-    lookup = scheduler.dynamic_sd_lookup
-    if lookup is not None and scheduler.vllm_config.speculative_config.method != "custom_class":
-        lookup[:] = [k] * len(lookup)
-    elif not all(llm.collective_rpc(_set_plugin_k, args=(k,))):
-        raise RuntimeError("a K sweep needs a speculative engine with a schedule (speculation.schedule)")
+    """From the next step on, the engine drafts K tokens at every batch size."""
+    if not all(llm.collective_rpc(_set_worker_k, args=(k,))):
+        raise RuntimeError("a K sweep needs a speculative engine")
 
 
 def _engine_main(job_path: str, out_path: str) -> None:
