@@ -153,6 +153,8 @@ def build_parser() -> argparse.ArgumentParser:
     tun.add_argument("--no-prove", action="store_true", help="write the tuned config without the proving load tests")
     tun.add_argument("--proof-temperature", type=_temperatures, default=[0.0, 1.0], metavar="T,T",
                      help="temperatures of the proving load tests (default: 0,1)")
+    tun.add_argument("--proof-repeats", type=int, default=1,
+                     help="runs of each proof level, each beside a baseline run; their mean is judged (default: 1)")
     tun.add_argument("--requests", type=int, default=None, help="measured requests per proof run "
                                                                 "(default: max(32, 8 x batch))")
     tun.add_argument("--max-tokens", type=int, default=64, help="output tokens per proof request (default: 64)")
@@ -193,7 +195,7 @@ def cmd_tune(opts: argparse.Namespace) -> int:
 
     settings = TuneSettings(opts.config, opts.overrides, sorted(set(opts.batches)), opts.workload, opts.temperature,
                             opts.cost_repeats, not opts.no_prove, opts.proof_temperature, opts.requests,
-                            opts.max_tokens, opts.output, opts.out)
+                            opts.max_tokens, opts.output, opts.out, proof_repeats=opts.proof_repeats)
     try:
         result = tune(settings)
     except (ConfigError, ValueError, OSError, RuntimeError) as exc:

@@ -73,6 +73,9 @@ class TuneSettings:
     """The tuned YAML (default: `<config>-tuned.yaml` beside the input)."""
     out: Path | None = None
     """The report folder."""
+    proof_repeats: int = 1
+    """Runs of each proof level (each beside its own baseline run); the proof judges their mean.
+    One run on a shared 2-core machine varies by ~5%, as much as the proof's 3% margin."""
 
 
 def would_measure(settings: TuneSettings, k: int) -> list[str]:
@@ -245,8 +248,9 @@ def prove(settings: TuneSettings, tuned: Path, k_max: int, out: Path, tuned_name
         sweep_out = out / f"proof-T{temperature:g}"
         results = Sweep(SweepSettings(
             str(tuned), overrides=overrides, extra_k=list(range(1, k_max + 1)),
-            users=settings.batches, repeat=1, requests=settings.requests, workload=settings.workload,
-            temperature=temperature, max_tokens=settings.max_tokens, vllm_bench=False, out=sweep_out)).run()
+            users=settings.batches, repeat=settings.proof_repeats, requests=settings.requests,
+            workload=settings.workload, temperature=temperature, max_tokens=settings.max_tokens, vllm_bench=False,
+            out=sweep_out)).run()
         write_report(results, sweep_out)
         reports.append({"temperature": temperature, "report": f"{sweep_out.name}/report.md",
                         "status": results["status"], "problems": results["problems"]})
