@@ -177,7 +177,9 @@ def test_tune_on_the_embedded_default(tmp_path: Path, embedded_pair) -> None:
     # vLLM's scheduler honours a schedule: told K=0 the speculative engine makes one token a step,
     # and K=1 at most two.
     for batch in ("1", "8"):
-        assert figures[batch]["k0"]["tokens_per_step"] == pytest.approx(1.0)
+        # One token a step; a single run may count one more engine step than tokens (64 tokens in
+        # 65 steps, once in CI), still far from K=1's ~2.
+        assert figures[batch]["k0"]["tokens_per_step"] == pytest.approx(1.0, abs=1 / 64)
         assert 1.0 < figures[batch]["k1"]["tokens_per_step"] <= 2.0
         assert figures[batch]["k2"]["tokens_per_step"] > figures[batch]["k1"]["tokens_per_step"]
     for t in ("0", "0.7", "1"):  # the config's temperatures; probabilistic drafts keep acceptance at T > 0
