@@ -2,7 +2,7 @@
 
 1. Measure on the engine (`step_costs.measure_steps`, async scheduling off): the step time at
    each batch size of plain decoding (the baseline), and, in one speculative engine whose K is
-   switched between measurements through vLLM's own per-batch-size lookup, of the drafter at
+   capped in the worker between measurements (`step_costs._set_worker_k`), of the drafter at
    each K from 0 (told to draft nothing: what the schedule's "off" really costs, since a draft
    model still runs its forward pass) to the config's K; and, at the largest K, per-position
    acceptance on the user's workload at each temperature the config is tuned for. One engine for
@@ -89,7 +89,7 @@ def would_measure(settings: TuneSettings, k: int) -> list[str]:
 
 def cost_variants(k: int, max_batch: int) -> dict[str, tuple[list[str], bool]]:
     """The engines step 1 measures: name -> (config overrides, no speculation). The speculative one
-    carries a schedule so that vLLM (or the plugin) keeps the per-batch-size lookup the sweep sets."""
+    carries a schedule so that vLLM (or the plugin) takes the per-batch-size path a tuned server takes."""
     return {"plain": ([], True),
             "spec": ([f"speculation.num_speculative_tokens={k}", f"speculation.schedule=[[1, {max_batch}, {k}]]"],
                      False)}

@@ -174,7 +174,7 @@ def test_tune_on_the_embedded_default(tmp_path: Path, embedded_pair) -> None:
     assert result["status"] in ("proven", "not_proven"), result.get("problems")
     text = output.read_text()
     figures = result["costs"]["batches"]
-    # vLLM's scheduler honours a schedule: told K=0 the speculative engine makes one token a step,
+    # K capped in the worker takes effect: told K=0 the speculative engine makes one token a step,
     # and K=1 at most two.
     for batch in ("1", "8"):
         # One token a step; a single run may count one more engine step than tokens (64 tokens in
