@@ -30,6 +30,17 @@ from loadtest.slo import parse_targets
 from loadtest.workloads import BUILTIN
 
 
+def _positive_int(text: str) -> int:
+    """A count of runs: 0 would measure nothing and only fail later, far from the cause."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"give a positive integer, not {value}")
+    return value
+
+
 def _int_list(text: str) -> list[int]:
     try:
         values = [int(x) for x in text.replace(" ", "").split(",") if x]
@@ -73,7 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--k", type=_int_list, default=[], metavar="K,K", help="extra speculative variants with these K")
     run.add_argument("--users", type=_int_list, default=[1, 32], metavar="C,C",
                      help="concurrency levels (closed-loop users) (default: 1,32)")
-    run.add_argument("--repeat", type=int, default=3,
+    run.add_argument("--repeat", type=_positive_int, default=3,
                      help="runs of every variant at every concurrency; speedups get a 95%% interval (default: 3)")
     run.add_argument("--requests", type=int, default=None,
                      help="measured requests per run (default: max(32, 8 x concurrency))")
@@ -135,7 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
     adv.add_argument("--requests", type=int, default=None, help="measured requests per batch size "
                                                                 "(default: max(32, 8 x batch))")
     adv.add_argument("--max-tokens", type=int, default=128, help="output tokens per request (default: 128)")
-    adv.add_argument("--cost-repeats", type=int, default=3, help="measurements per step cost (default: 3)")
+    adv.add_argument("--cost-repeats", type=_positive_int, default=3, help="measurements per step cost (default: 3)")
     adv.add_argument("--vllm-bench", action="store_true", help="also run vLLM's serving benchmark after each run")
     adv.add_argument("--out", type=Path, default=None, help="folder for advice.md (default: reports/advise-<config>-<time>)")
     tun = sub.add_parser("tune", help="choose K for each batch size on the engine, write <config>-tuned.yaml with "
@@ -149,11 +160,11 @@ def build_parser() -> argparse.ArgumentParser:
                      help=f"your traffic: built-in set ({', '.join(BUILTIN)}) or a JSONL / ShareGPT file (default: code)")
     tun.add_argument("--temperature", type=_temperatures, default=None, metavar="T,T",
                      help="temperatures acceptance is averaged over (default: the config's speculation.temperatures)")
-    tun.add_argument("--cost-repeats", type=int, default=3, help="measurements per step time (default: 3)")
+    tun.add_argument("--cost-repeats", type=_positive_int, default=3, help="measurements per step time (default: 3)")
     tun.add_argument("--no-prove", action="store_true", help="write the tuned config without the proving load tests")
     tun.add_argument("--proof-temperature", type=_temperatures, default=[0.0, 1.0], metavar="T,T",
                      help="temperatures of the proving load tests (default: 0,1)")
-    tun.add_argument("--proof-repeats", type=int, default=1,
+    tun.add_argument("--proof-repeats", type=_positive_int, default=1,
                      help="runs of each proof level, each beside a baseline run; their mean is judged (default: 1)")
     tun.add_argument("--requests", type=int, default=None, help="measured requests per proof run "
                                                                 "(default: max(32, 8 x batch))")
@@ -165,7 +176,7 @@ def build_parser() -> argparse.ArgumentParser:
     costs.add_argument("config", nargs="?", default=DEFAULT_CONFIG, help="config with a drafter (default: %(default)s)")
     costs.add_argument("--k", type=int, default=None, help="K (default: the config's num_speculative_tokens)")
     costs.add_argument("--batches", type=_int_list, default=[1, 32], metavar="B,B", help="batch sizes (default: 1,32)")
-    costs.add_argument("--repeat", type=int, default=5, help="measurements per point; the median is kept")
+    costs.add_argument("--repeat", type=_positive_int, default=5, help="measurements per point; the median is kept")
     costs.add_argument("--out", type=Path, default=None, help="also write the figures to this JSON file")
     costs.add_argument("--pair", action="store_true",
                        help="keep the figures beside the embedded pair and check its goals (make models); "

@@ -774,6 +774,15 @@ def test_temperatures_are_parsed_or_refused_clearly() -> None:
     assert run.returncode == 2 and "numbers separated by commas" in run.stderr
 
 
+@pytest.mark.parametrize("argv", [["run", "default.yaml", "--repeat", "0"],
+                                  ["tune", "default.yaml", "--proof-repeats", "0"],
+                                  ["advise", "default.yaml", "--cost-repeats", "-1"]])
+def test_a_count_of_runs_below_one_is_refused_before_any_work(argv: list[str]) -> None:
+    run = subprocess.run([sys.executable, "-m", "loadtest", *argv], cwd=REPO, capture_output=True, text=True,
+                         timeout=120)
+    assert run.returncode == 2 and "give a positive integer" in run.stderr, run.stderr
+
+
 @pytest.mark.engine
 def test_temperature_sweep_reports_acceptance_against_temperature(tmp_path, embedded_pair):
     """`--temperature 1,0`: one sweep per temperature, each sending its own, and a summary of
