@@ -24,40 +24,12 @@ from types import FrameType
 
 from deploy import ConfigError, load_config
 from deploy.config import DEFAULT_CONFIG
+from loadtest import request_settings
+from loadtest.arg_types import int_list, positive_int, temperature_list
 from loadtest.report import compare_table, load_results, newest_report, write_report
+from loadtest.request_settings import RequestSettings
 from loadtest.runner import Sweep, SweepSettings
 from loadtest.slo import parse_targets
-from loadtest.workloads import BUILTIN
-
-
-def _positive_int(text: str) -> int:
-    """A count of runs: 0 would measure nothing and only fail later, far from the cause."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"'{text}' is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"give a positive integer, not {value}")
-    return value
-
-
-def _int_list(text: str) -> list[int]:
-    try:
-        values = [int(x) for x in text.replace(" ", "").split(",") if x]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"'{text}' is not a comma-separated list of integers") from None
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError("give positive integers, e.g. 1,32")
-    return values
-
-
-def _temperatures(text: str) -> list[float]:
-    from loadtest.temperature import parse_temperatures
-
-    try:
-        return parse_temperatures(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _slo(text: str) -> str:
@@ -66,6 +38,10 @@ def _slo(text: str) -> str:
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
     return text
+
+
+# tune's --temperature is the list acceptance is averaged over, not a request's temperature.
+TUNE_REQUEST = ("workload", "max_tokens")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -81,33 +57,24 @@ def build_parser() -> argparse.ArgumentParser:
                      help="override a config field for every variant (repeatable)")
     run.add_argument("--no-spec", action="store_true", help="run the baseline (speculation off) only")
     run.add_argument("--no-baseline", action="store_true", help="skip the baseline variant")
-    run.add_argument("--k", type=_int_list, default=[], metavar="K,K", help="extra speculative variants with these K")
-    run.add_argument("--users", type=_int_list, default=[1, 32], metavar="C,C",
+    run.add_argument("--k", type=int_list, default=[], metavar="K,K", help="extra speculative variants with these K")
+    run.add_argument("--users", type=int_list, default=[1, 32], metavar="C,C",
                      help="concurrency levels (closed-loop users) (default: 1,32)")
-    run.add_argument("--repeat", type=_positive_int, default=3,
+    run.add_argument("--repeat", type=positive_int, default=3,
                      help="runs of every variant at every concurrency; speedups get a 95%% interval (default: 3)")
     run.add_argument("--requests", type=int, default=None,
                      help="measured requests per run (default: max(32, 8 x concurrency))")
     run.add_argument("--duration", type=float, default=None, metavar="S",
                      help="measure each level for S seconds instead of a request count")
     run.add_argument("--warmup", type=int, default=1, help="warm-up requests per user before each level (default: 1)")
-    run.add_argument("--arrival-gap", type=float, default=0.05, metavar="S",
-                     help="seconds between the users' first requests, in Locust and vLLM's benchmark alike, so "
-                          "fixed-length requests do not run in lockstep waves (default: 0.05; 0: all at once)")
-    run.add_argument("--workload", default="code",
-                     help=f"built-in set ({', '.join(BUILTIN)}) or a JSONL / ShareGPT file (default: code)")
-    run.add_argument("--api", choices=["auto", "completions", "chat"], default="auto",
-                     help="auto: chat API for chat messages, completions API for prompts")
-    run.add_argument("--max-tokens", type=int, default=128, help="output tokens per request (default: 128)")
-    run.add_argument("--no-fixed-length", action="store_true", help="let requests stop at EOS (no ignore_eos)")
-    run.add_argument("--temperature", type=_temperatures, default=[0.0], metavar="T,T",
+    request_settings.add_options(run, skip=("temperature",))
+    run.add_argument("--temperature", type=temperature_list, default=[0.0], metavar="T,T",
                      help="sampling temperatures (default: 0, greedy); several, e.g. 0,0.7,1 (the config's "
                           "speculation.temperatures), run one sweep each and add a summary of acceptance and "
                           "speedup against temperature (temperature.md)")
     run.add_argument("--workers", type=int, default=0, help="Locust worker processes (0: one local process)")
     run.add_argument("--no-vllm-bench", action="store_true",
                      help="skip vLLM's serving benchmark after each Locust run (the independent check)")
-    run.add_argument("--request-timeout", type=float, default=300, help="seconds before a request fails")
     run.add_argument("--level-timeout", type=float, default=1800, help="seconds before a level is abandoned")
     run.add_argument("--startup-timeout", type=float, default=None, help="seconds to wait for each server")
     run.add_argument("--tolerance", type=float, default=0.05,
@@ -128,7 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
     cmp = sub.add_parser("compare", help="print the batch comparison table of a report")
     cmp.add_argument("report", nargs="?", type=Path, default=None,
                      help="report folder or results.json (default: the newest under reports/)")
-    cmp.add_argument("--users", type=_int_list, default=None,
+    cmp.add_argument("--users", type=int_list, default=None,
                      help="concurrency levels to show (default: all in the report)")
     again = sub.add_parser("rejudge", help="judge a report's Locust-vs-benchmark agreement again with this code, "
                                             "from its kept records and benchmark results, and rewrite the report")
@@ -138,15 +105,13 @@ def build_parser() -> argparse.ArgumentParser:
     adv.add_argument("config", nargs="?", default=DEFAULT_CONFIG, help="config with a drafter (default: %(default)s)")
     adv.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
                      help="override a config field (repeatable)")
-    adv.add_argument("--batches", type=_int_list, default=[1, 32], metavar="B,B",
+    adv.add_argument("--batches", type=int_list, default=[1, 32], metavar="B,B",
                      help="batch sizes (closed-loop users) to advise on (default: 1,32)")
-    adv.add_argument("--workload", default="code",
-                     help=f"your traffic: built-in set ({', '.join(BUILTIN)}) or a JSONL / ShareGPT file (default: code)")
-    adv.add_argument("--temperature", type=float, default=0.0, help="the temperature your users send (default: 0)")
+    request_settings.add_options(adv, only=("workload", "temperature", "max_tokens"),
+                                 helps={"temperature": "the temperature your users send"})
     adv.add_argument("--requests", type=int, default=None, help="measured requests per batch size "
                                                                 "(default: max(32, 8 x batch))")
-    adv.add_argument("--max-tokens", type=int, default=128, help="output tokens per request (default: 128)")
-    adv.add_argument("--cost-repeats", type=_positive_int, default=3, help="measurements per step cost (default: 3)")
+    adv.add_argument("--cost-repeats", type=positive_int, default=3, help="measurements per step cost (default: 3)")
     adv.add_argument("--vllm-bench", action="store_true", help="also run vLLM's serving benchmark after each run")
     adv.add_argument("--out", type=Path, default=None, help="folder for advice.md (default: reports/advise-<config>-<time>)")
     tun = sub.add_parser("tune", help="choose K for each batch size on the engine, write <config>-tuned.yaml with "
@@ -154,29 +119,28 @@ def build_parser() -> argparse.ArgumentParser:
     tun.add_argument("config", nargs="?", default=DEFAULT_CONFIG, help="config with a native drafter (default: %(default)s)")
     tun.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
                      help="override a config field (repeatable)")
-    tun.add_argument("--batches", type=_int_list, default=[1, 4, 16, 32], metavar="B,B",
+    tun.add_argument("--batches", type=int_list, default=[1, 4, 16, 32], metavar="B,B",
                      help="batch sizes to choose K for (default: 1,4,16,32)")
-    tun.add_argument("--workload", default="code",
-                     help=f"your traffic: built-in set ({', '.join(BUILTIN)}) or a JSONL / ShareGPT file (default: code)")
-    tun.add_argument("--temperature", type=_temperatures, default=None, metavar="T,T",
+    request_settings.add_options(tun, only=TUNE_REQUEST, defaults={"max_tokens": 64},
+                                 helps={"max_tokens": "output tokens per proof request"})
+    tun.add_argument("--temperature", type=temperature_list, default=None, metavar="T,T",
                      help="temperatures acceptance is averaged over (default: the config's speculation.temperatures)")
-    tun.add_argument("--cost-repeats", type=_positive_int, default=3, help="measurements per step time (default: 3)")
+    tun.add_argument("--cost-repeats", type=positive_int, default=3, help="measurements per step time (default: 3)")
     tun.add_argument("--no-prove", action="store_true", help="write the tuned config without the proving load tests")
-    tun.add_argument("--proof-temperature", type=_temperatures, default=[0.0, 1.0], metavar="T,T",
+    tun.add_argument("--proof-temperature", type=temperature_list, default=[0.0, 1.0], metavar="T,T",
                      help="temperatures of the proving load tests (default: 0,1)")
-    tun.add_argument("--proof-repeats", type=_positive_int, default=1,
+    tun.add_argument("--proof-repeats", type=positive_int, default=1,
                      help="runs of each proof level, each beside a baseline run; their mean is judged (default: 1)")
     tun.add_argument("--requests", type=int, default=None, help="measured requests per proof run "
                                                                 "(default: max(32, 8 x batch))")
-    tun.add_argument("--max-tokens", type=int, default=64, help="output tokens per proof request (default: 64)")
     tun.add_argument("--output", type=Path, default=None, help="the tuned YAML (default: <config>-tuned.yaml beside it)")
     tun.add_argument("--out", type=Path, default=None, help="folder for tune.md (default: reports/tune-<config>-<time>)")
     costs = sub.add_parser("costs", help="measure engine step costs: plain decode, verification of K tokens, "
                                           "the config's drafter, at each batch size")
     costs.add_argument("config", nargs="?", default=DEFAULT_CONFIG, help="config with a drafter (default: %(default)s)")
     costs.add_argument("--k", type=int, default=None, help="K (default: the config's num_speculative_tokens)")
-    costs.add_argument("--batches", type=_int_list, default=[1, 32], metavar="B,B", help="batch sizes (default: 1,32)")
-    costs.add_argument("--repeat", type=_positive_int, default=5, help="measurements per point; the median is kept")
+    costs.add_argument("--batches", type=int_list, default=[1, 32], metavar="B,B", help="batch sizes (default: 1,32)")
+    costs.add_argument("--repeat", type=positive_int, default=5, help="measurements per point; the median is kept")
     costs.add_argument("--out", type=Path, default=None, help="also write the figures to this JSON file")
     costs.add_argument("--pair", action="store_true",
                        help="keep the figures beside the embedded pair and check its goals (make models); "
@@ -188,8 +152,8 @@ def build_parser() -> argparse.ArgumentParser:
 def cmd_advise(opts: argparse.Namespace) -> int:
     from loadtest.advise import AdviceSettings, advise, describe
 
-    settings = AdviceSettings(opts.config, opts.overrides, sorted(set(opts.batches)), opts.workload, opts.temperature,
-                              opts.requests, opts.max_tokens, opts.cost_repeats, opts.vllm_bench, opts.out)
+    settings = AdviceSettings(opts.config, opts.overrides, sorted(set(opts.batches)), RequestSettings.from_options(opts),
+                              opts.requests, opts.cost_repeats, opts.vllm_bench, opts.out)
     try:
         advice = advise(settings)
     except (ConfigError, ValueError, OSError) as exc:
@@ -204,9 +168,9 @@ def cmd_advise(opts: argparse.Namespace) -> int:
 def cmd_tune(opts: argparse.Namespace) -> int:
     from loadtest.tune import TuneSettings, describe, tune
 
-    settings = TuneSettings(opts.config, opts.overrides, sorted(set(opts.batches)), opts.workload, opts.temperature,
-                            opts.cost_repeats, not opts.no_prove, opts.proof_temperature, opts.requests,
-                            opts.max_tokens, opts.output, opts.out, proof_repeats=opts.proof_repeats)
+    settings = TuneSettings(opts.config, opts.overrides, sorted(set(opts.batches)), RequestSettings.from_options(opts, only=TUNE_REQUEST),
+                            opts.temperature, opts.cost_repeats, not opts.no_prove, opts.proof_temperature,
+                            opts.requests, opts.output, opts.out, proof_repeats=opts.proof_repeats)
     try:
         result = tune(settings)
     except (ConfigError, ValueError, OSError, RuntimeError) as exc:
@@ -250,9 +214,8 @@ def cmd_run(opts: argparse.Namespace) -> int:
         config=opts.config or ("" if opts.url else DEFAULT_CONFIG), overrides=opts.overrides, no_spec=opts.no_spec, baseline=not opts.no_baseline,
         extra_k=opts.k, users=sorted(dict.fromkeys(opts.users)), repeat=opts.repeat, requests=opts.requests,
         duration_s=opts.duration, vllm_bench=not opts.no_vllm_bench,
-        warmup=opts.warmup, arrival_gap_s=opts.arrival_gap, workload=opts.workload, api=opts.api, max_tokens=opts.max_tokens,
-        fixed_length=not opts.no_fixed_length, temperature=opts.temperature[0], workers=opts.workers,
-        request_timeout_s=opts.request_timeout, level_timeout_s=opts.level_timeout,
+        warmup=opts.warmup, request=RequestSettings.from_options(opts, temperature=opts.temperature[0]),
+        workers=opts.workers, level_timeout_s=opts.level_timeout,
         startup_timeout_s=opts.startup_timeout, tolerance=opts.tolerance, slo=opts.slo or "", url=opts.url,
         baseline_url=opts.baseline_url, model=opts.model, tokenizer=opts.tokenizer, api_key_env=opts.api_key_env,
         out=opts.out)
@@ -278,7 +241,7 @@ def cmd_run(opts: argparse.Namespace) -> int:
     print(compare_table(results))
     print(f"\nstatus: {results['status']}" + (f" ({'; '.join(results['problems'])})" if results["problems"] else ""))
     print(f"report: {files['markdown']}  {files['html']}  {files['json']}")
-    untested = untested_temperatures(settings, [settings.temperature])
+    untested = untested_temperatures(settings, [settings.request.temperature])
     if untested:
         print(untested)
     return exit_code(results["status"])

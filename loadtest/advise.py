@@ -21,7 +21,7 @@ measure and refuses (exit 2) without starting anything.
 from __future__ import annotations
 
 import logging
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,7 @@ from deploy.config import resolve_config_path
 from loadtest import step_costs
 from loadtest.files import bullet_sections, write_result
 from loadtest.report import levels, summarize_speedups, write_report
+from loadtest.request_settings import RequestSettings, settings_record
 from loadtest.runner import Sweep, SweepSettings, default_out_dir
 
 log = logging.getLogger("specdeploy.advise")
@@ -48,12 +49,10 @@ class AdviceSettings:
     overrides: list[str] = field(default_factory=list)
     batches: list[int] = field(default_factory=lambda: [1, 32])
     """Batch sizes (closed-loop users) to advise on."""
-    workload: str = "code"
-    """The user's traffic: a built-in set or a JSONL / ShareGPT file (see loadtest.workloads)."""
-    temperature: float = 0.0
+    request: RequestSettings = field(default_factory=RequestSettings)
+    """The user's traffic (workload file or built-in set), the temperature they send, the output length."""
     requests: int | None = None
     """Measured requests per batch size (default: the load test's, max(32, 8 x batch))."""
-    max_tokens: int = 128
     cost_repeats: int = 3
     """Measurements per step cost; the median is kept."""
     vllm_bench: bool = False
@@ -67,7 +66,7 @@ def would_measure(settings: AdviceSettings, k: int) -> list[str]:
     return [f"step costs at batch {batches}: a plain target step, a verification of {k + 1} tokens, a speculative "
             f"step with the drafter ({settings.cost_repeats} measurements each, on 3 engines in turn)",
             f"a load test at batch {batches}: the speculative server and the baseline, workload "
-            f"'{settings.workload}', temperature {settings.temperature:g}, {settings.max_tokens} output tokens: "
+            f"'{settings.request.workload}', temperature {settings.request.temperature:g}, {settings.request.max_tokens} output tokens: "
             f"per-position acceptance, tokens per step and the measured speedup",
             "the cost model's speedup (tokens per step / step cost) beside the measured one, and a verdict"]
 
@@ -80,8 +79,7 @@ def advise(settings: AdviceSettings) -> dict[str, Any]:
     spec = config.speculation
     if not spec.enabled:
         raise ValueError(f"config {settings.config} has no drafter (speculation.drafter: none): nothing to advise on")
-    advice: dict[str, Any] = {"config": settings.config, "settings": {k: (str(v) if isinstance(v, Path) else v)
-                                                                      for k, v in asdict(settings).items()},
+    advice: dict[str, Any] = {"config": settings.config, "settings": settings_record(settings),
                               "drafter": spec.drafter, "k": spec.num_speculative_tokens,
                               "draft_sampling": spec.draft_sampling, "out": str(out)}
     try:
@@ -112,8 +110,7 @@ def advise(settings: AdviceSettings) -> dict[str, Any]:
     sweep_out = out / "load-test"
     results = Sweep(SweepSettings(
         settings.config, overrides=list(settings.overrides), users=settings.batches, repeat=1,
-        requests=settings.requests, workload=settings.workload, temperature=settings.temperature,
-        max_tokens=settings.max_tokens, vllm_bench=settings.vllm_bench, out=sweep_out)).run()
+        requests=settings.requests, request=settings.request, vllm_bench=settings.vllm_bench, out=sweep_out)).run()
     write_report(results, sweep_out)
     advice["load_test"] = {"report": "load-test/report.md", "status": results["status"],
                            "problems": results["problems"]}

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import logging
 import os
 import platform
@@ -36,6 +35,7 @@ import requests
 from tqdm import tqdm
 
 from deploy import free_port, plan_from_config, start_server
+from loadtest.files import write_result
 from plugins import step_profile
 
 OUT_DIR = Path("reports/bench-drafters")
@@ -275,11 +275,9 @@ def main(argv: list[str] | None = None) -> int:
             "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, device {plan.device}",
             "date": time.strftime("%Y-%m-%d %H:%M:%S")}
     summary = summarize(results, names)
-    (opts.out / "results.json").write_text(json.dumps(
-        {"meta": meta, "summary": summary, "runs": [asdict(r) for r in results], "bigram_propose_cost": cost},
-        indent=1))
     report = markdown(summary, cost, meta)
-    (opts.out / "results.md").write_text(report)
+    write_result(opts.out, "results", {"meta": meta, "summary": summary, "runs": [asdict(r) for r in results],
+                                       "bigram_propose_cost": cost}, report)
     print(report)
     return 0
 

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from deploy import free_port
 from deploy.processes import die_with_parent, stop_group
+from loadtest.request_settings import RequestSettings
 
 log = logging.getLogger("specdeploy.loadtest")
 LOCUSTFILE = Path(__file__).with_name("locustfile.py")
@@ -32,22 +33,15 @@ class LocustJob:
     users: int
     records_dir: Path
     model: str
-    workload: str = "code"
-    api: str = "auto"
-    max_tokens: int = 128
-    fixed_length: bool = True
-    temperature: float = 0.0
+    request: RequestSettings = field(default_factory=RequestSettings)
     requests: int = 0
     """Requests in all, shared by the users (0: run for `duration_s` instead)."""
     duration_s: float | None = None
-    request_timeout_s: float = 300
     workers: int = 0
     csv_prefix: Path | None = None
     html: Path | None = None
     log_path: Path | None = None
     api_key_env: str = ""
-    arrival_gap_s: float = 0.0
-    """Seconds between the users' first requests (see `SweepSettings.arrival_gap_s`)."""
 
 
 @dataclass
@@ -63,13 +57,8 @@ class LocustOutcome:
 
 def _user_args(job: LocustJob) -> list[str]:
     """Our locustfile's own options (the master's reach the workers too; each takes its share)."""
-    args = ["--model", job.model, "--workload", job.workload, "--api", job.api,
-            "--max-tokens", str(job.max_tokens), "--temperature", str(job.temperature),
-            "--requests", str(job.requests), "--worker-count", str(max(0, job.workers)),
-            "--request-timeout", str(job.request_timeout_s), "--arrival-gap", str(job.arrival_gap_s),
-            "--records-dir", str(job.records_dir)]
-    if not job.fixed_length:
-        args.append("--no-fixed-length")
+    args = ["--model", job.model, *job.request.as_options(), "--requests", str(job.requests),
+            "--worker-count", str(max(0, job.workers)), "--records-dir", str(job.records_dir)]
     if job.api_key_env:
         args += ["--api-key-env", job.api_key_env]
     return args
@@ -81,7 +70,7 @@ def commands(job: LocustJob, deadline_s: float) -> list[list[str]]:
     # Safety net: Locust stops itself at the deadline even if nobody tells it to.
     run_time = job.duration_s if job.duration_s else deadline_s
     main = [*base, "--headless", "-H", job.host, "-u", str(job.users), "-r", str(min(max(job.users, 1) * 10, 100)),
-            "--run-time", f"{max(1, int(run_time))}s", "--stop-timeout", str(int(job.request_timeout_s)),
+            "--run-time", f"{max(1, int(run_time))}s", "--stop-timeout", str(int(job.request.request_timeout_s)),
             "--only-summary", "--loglevel", "INFO", "--exit-code-on-error", "0"]
     if job.csv_prefix:
         main += ["--csv", str(job.csv_prefix)]
@@ -118,7 +107,7 @@ def run_locust(job: LocustJob, deadline_s: float, should_abort: Callable[[], str
                                               preexec_fn=die_with_parent()))
             main = procs[0]
             # Locust's own --run-time plus its --stop-timeout should end it; this is the backstop.
-            hard_s = (job.duration_s or deadline_s) + job.request_timeout_s + 60
+            hard_s = (job.duration_s or deadline_s) + job.request.request_timeout_s + 60
             while main.poll() is None:
                 on_tick()
                 aborted = should_abort() or _dead_worker(procs[1:])

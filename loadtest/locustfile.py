@@ -35,7 +35,9 @@ from locust.exception import StopUser
 from locust.runners import WORKER_REPORT_INTERVAL, MasterRunner, WorkerRunner
 from locust.stats import CSV_STATS_INTERVAL_SEC
 
+from loadtest import request_settings
 from loadtest.client import RequestRecord, stream_request
+from loadtest.request_settings import RequestSettings
 from loadtest.workloads import load_workload, request_for, share
 
 _request_counter = itertools.count()
@@ -52,27 +54,17 @@ STALL_S = 0.05
 @events.init_command_line_parser.add_listener
 def _add_options(parser: Any) -> None:
     parser.add_argument("--model", default="embedded-default", help="served model name")
-    parser.add_argument("--workload", default="code", help="built-in set (code, chat, edit, mixed) or a JSONL/ShareGPT file")
-    parser.add_argument("--api", default="auto", choices=["auto", "completions", "chat"],
-                        help="auto: chat API for chat messages, completions API for plain prompts")
-    parser.add_argument("--max-tokens", type=int, default=128, help="output tokens per request")
-    parser.add_argument("--no-fixed-length", action="store_true",
-                        help="let requests stop at EOS (default: ignore_eos, exactly --max-tokens each)")
-    parser.add_argument("--temperature", type=float, default=0.0)
+    request_settings.add_options(parser)
     parser.add_argument("--requests", type=int, default=0,
                         help="requests the users send in all, each taking the next while any are left "
                              "(as vLLM's benchmark does); quit when all are done (0: run until --run-time)")
     parser.add_argument("--worker-count", type=int, default=0,
                         help="Locust workers sharing --requests (each sends its share); 0: one local process")
-    parser.add_argument("--request-timeout", type=float, default=300, help="seconds before a request counts as failed")
     parser.add_argument("--records-dir", default="", help="write one JSON line per request to a file in this folder")
     parser.add_argument("--api-key-env", default="", help="environment variable holding the API key, if any")
     parser.add_argument("--start-delay", type=float, default=1.0,
                         help="seconds from the test's start to user 0's first request, so Locust's own start-up "
                              "work does not delay reading the first streams")
-    parser.add_argument("--arrival-gap", type=float, default=0.0,
-                        help="seconds between the users' first requests (user n starts n gaps after the first): "
-                             "fixed-length requests started together stay in lockstep and come back in waves")
     parser.add_argument("--start-at", type=float, default=0.0,
                         help="wall-clock time (epoch seconds) of user 0's first request; set at the test's start "
                              "by the master or the local runner, not by hand")
@@ -185,7 +177,8 @@ class LLMUser(User):
 
     def on_start(self) -> None:
         opts = self.environment.parsed_options
-        self.workload = _workload(opts.workload)
+        self.request = RequestSettings.from_options(opts)
+        self.workload = _workload(self.request.workload)
         self.session = requests.Session()
         key = os.environ.get(opts.api_key_env, "") if opts.api_key_env else ""
         self.headers = {"Authorization": f"Bearer {key}"} if key else None
@@ -193,7 +186,7 @@ class LLMUser(User):
         # Distributed, worker w's n-th user is user n x workers + w of the whole run.
         index = next(_user_counter) * max(1, opts.worker_count) + getattr(self.environment.runner, "worker_index", 0)
         start_at = opts.start_at or time.time() + opts.start_delay
-        gevent.sleep(max(0.0, start_at + index * opts.arrival_gap - time.time()))
+        gevent.sleep(max(0.0, start_at + index * self.request.arrival_gap_s - time.time()))
 
     @task
     def generate(self) -> None:
@@ -205,10 +198,11 @@ class LLMUser(User):
             _user_finished(self.environment)
             raise StopUser()
         item = self.workload.item_for(ticket, getattr(self.environment.runner, "worker_index", 0))
-        path, body = request_for(item, opts.model, opts.max_tokens, opts.temperature, not opts.no_fixed_length, opts.api)
-        expected = opts.max_tokens if not opts.no_fixed_length else None
+        rs = self.request
+        path, body = request_for(item, opts.model, rs.max_tokens, rs.temperature, rs.fixed_length, rs.api)
+        expected = rs.max_tokens if rs.fixed_length else None
         lag = time.perf_counter() - self.last_end if self.last_end is not None else None
-        record = stream_request(self.session, self.host.rstrip("/"), path, body, item.id, opts.request_timeout,
+        record = stream_request(self.session, self.host.rstrip("/"), path, body, item.id, rs.request_timeout_s,
                                 expected, self.headers)
         self.last_end = time.perf_counter()  # reporting the record below counts as the next request's lag
         record.send_lag_s = lag

@@ -7,12 +7,17 @@ from __future__ import annotations
 import base64
 import html
 import json
-from collections.abc import Iterator
+import re
+from collections.abc import Iterator, Mapping
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import markdown
+
 from loadtest import slo, stats, vllm_bench
 from loadtest.files import write_atomic, write_json
+from loadtest.results import CREATED_FORMAT
 
 PLOTS = ("throughput.png", "latency.png", "acceptance.png", "speedup.png")
 COST_MODEL = stats.__doc__.strip().split("\n", 1)[1].strip() if stats.__doc__ else ""
@@ -260,9 +265,15 @@ def compare_table(results: dict[str, Any], concurrencies: list[int] | None = Non
     return "\n".join(lines)
 
 
+def _md_cell(text: str) -> str:
+    """A table cell as Markdown: a raw `|` would end the cell and a line break the row (error
+    messages have both); a backslash is doubled so that it cannot escape what follows it."""
+    return " ".join(text.replace("\\", "\\\\").replace("|", "\\|").split())
+
+
 def _md_table(header: list[str], rows: list[list[str]]) -> str:
-    out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    out += ["| " + " | ".join(r) + " |" for r in rows]
+    out = ["| " + " | ".join(map(_md_cell, header)) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    out += ["| " + " | ".join(map(_md_cell, r)) + " |" for r in rows]
     return "\n".join(out)
 
 
@@ -537,7 +548,7 @@ PREFORMATTED = "Speculation: acceptance, expected tokens and break-even"  # its 
 
 
 def _sections(results: dict[str, Any]) -> list[Section]:
-    """(title, prose, table) for both Markdown and HTML."""
+    """(title, prose as Markdown, table) of the report."""
     s = results.get("settings", {})
     per_level = {lv["concurrency"]: lv["requests"]
                  for v in results.get("variants", []) for lv in v.get("levels", []) if lv.get("requests")}
@@ -623,51 +634,52 @@ def _locust_links(results: dict[str, Any]) -> list[tuple[str, str]]:
     return out
 
 
-def write_markdown(results: dict[str, Any], out: Path, plots: list[Path]) -> Path:
+def report_markdown(results: dict[str, Any], plots: list[Path], sources: Mapping[str, str] | None = None) -> str:
+    """The report as Markdown, the text of both report.md and report.html. `sources` maps a plot's
+    file name to the address its image link gives (default: the file name, the PNG beside report.md)."""
+    sources = sources or {}
     parts = [f"# Load test report: {results.get('config')}\n"]
     for title, prose, table in _sections(results):
         parts.append(f"## {title}\n\n" + (f"```text\n{prose}\n```\n" if title == PREFORMATTED else f"{prose}\n"))
         if table and table[1]:
             parts.append(_md_table(*table) + "\n")
     if plots:
-        parts.append("## Plots\n\n" + "\n".join(f"![{p.stem}]({p.name})" for p in plots) + "\n")
+        parts.append("## Plots\n\n" + "\n".join(f"![{p.stem}]({sources.get(p.name, p.name)})" for p in plots) + "\n")
     links = _locust_links(results)
     if links:
         parts.append("## Locust's own reports\n\n" + "\n".join(f"- [{n}]({h}) (CSV beside it)" for n, h in links) + "\n")
+    return "\n".join(parts)
+
+
+def write_markdown(results: dict[str, Any], out: Path, plots: list[Path]) -> Path:
     path = out / "report.md"
-    write_atomic(path, "\n".join(parts))
+    write_atomic(path, report_markdown(results, plots))
     return path
 
 
+HTML_STYLE = ("body{font-family:sans-serif;max-width:1200px;margin:2em auto;padding:0 1em}"
+              "table{border-collapse:collapse;font-size:13px;margin:1em 0}"
+              "td,th{border:1px solid #ccc;padding:3px 6px;text-align:right}th{background:#f3f3f3}"
+              "img{max-width:100%}p{white-space:pre-wrap}")
+
+
+def render_html(text: str) -> str:
+    """Markdown to HTML (tables, fenced code as <pre>). The report's text is data (names, error
+    messages), never markup: raw HTML in it is shown as text, not passed through."""
+    converter = markdown.Markdown(extensions=["tables", "fenced_code"])
+    converter.preprocessors.deregister("html_block")
+    converter.inlinePatterns.deregister("html")
+    return converter.convert(text)
+
+
 def write_html(results: dict[str, Any], out: Path, plots: list[Path]) -> Path:
-    esc = html.escape
-    body = [f"<h1>Load test report: {esc(str(results.get('config')))}</h1>"]
-    for title, prose, table in _sections(results):
-        body.append(f"<h2>{esc(title)}</h2>")
-        if title == PREFORMATTED:
-            body.append(f"<pre>{esc(prose)}</pre>")
-        else:
-            body.append("".join(f"<p>{esc(p).replace('**', '')}</p>" for p in prose.split("\n\n")))
-        if table and table[1]:
-            header, rows = table
-            body.append("<table><tr>" + "".join(f"<th>{esc(h)}</th>" for h in header) + "</tr>"
-                        + "".join("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in r) + "</tr>" for r in rows)
-                        + "</table>")
-    for p in plots:
-        data = base64.b64encode(p.read_bytes()).decode()
-        body.append(f'<h3>{esc(p.stem)}</h3><img alt="{esc(p.stem)}" src="data:image/png;base64,{data}">')
-    links = _locust_links(results)
-    if links:
-        body.append("<h2>Locust's own reports</h2><ul>" + "".join(
-            f'<li><a href="{esc(h)}">{esc(n)}</a></li>' for n, h in links) + "</ul>")
-    style = ("body{font-family:sans-serif;max-width:1200px;margin:2em auto;padding:0 1em}"
-             "table{border-collapse:collapse;font-size:13px;margin:1em 0}"
-             "td,th{border:1px solid #ccc;padding:3px 6px;text-align:right}th{background:#f3f3f3}"
-             "img{max-width:100%}p{white-space:pre-wrap}")
+    # Self-contained: the plots go in as data URIs, so the page can be mailed or attached alone.
+    sources = {p.name: "data:image/png;base64," + base64.b64encode(p.read_bytes()).decode() for p in plots}
+    body = render_html(report_markdown(results, plots, sources))
     path = out / "report.html"
     write_atomic(path, f"<!doctype html><html><head><meta charset='utf-8'><title>Load test "
-                    f"{esc(str(results.get('config')))}</title><style>{style}</style></head><body>"
-                    + "\n".join(body) + "</body></html>\n")
+                    f"{html.escape(str(results.get('config')))}</title><style>{HTML_STYLE}</style></head><body>\n"
+                    + body + "\n</body></html>\n")
     return path
 
 
@@ -688,6 +700,37 @@ def load_results(report: Path) -> dict[str, Any]:
     return json.loads(path.read_text())
 
 
+FOLDER_TIME = re.compile(r"(\d{8}-\d{6})$")  # default_out_dir's suffix, local time
+
+
+def created_at(results: Any, folder: Path) -> float | None:
+    """When a sweep was created (seconds since the epoch): its results' `created`, else the time in
+    its folder's name; None when neither says."""
+    created = results.get("created") if isinstance(results, dict) else None
+    if isinstance(created, str):
+        try:
+            return datetime.strptime(created, CREATED_FORMAT).timestamp()
+        except ValueError:
+            pass
+    match = FOLDER_TIME.search(folder.name)
+    if match:
+        try:
+            return datetime.strptime(match.group(1), "%Y%m%d-%H%M%S").timestamp()
+        except ValueError:
+            pass
+    return None
+
+
 def newest_report(root: Path = Path("reports")) -> Path | None:
-    found = sorted(root.glob("*/results.json"), key=lambda p: p.stat().st_mtime)
-    return found[-1].parent if found else None
+    """The report folder under `root` whose sweep was created last, by the time its results.json
+    records (a folder's modification time moves when it is copied or its report re-rendered);
+    folders that say no time come last, by name. Files that are not JSON are skipped."""
+    found = []
+    for path in root.glob("*/results.json"):
+        try:
+            results = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        when = created_at(results, path.parent)
+        found.append((when is not None, when or 0.0, path.parent.name, path.parent))
+    return max(found)[-1] if found else None

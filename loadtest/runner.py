@@ -12,7 +12,8 @@ Order: on a CPU every variant's server stays up (an idle vLLM server costs no CP
 variants take turns at each run, so spec and baseline of the same repeat are measured minutes
 apart and share the machine's mood; each speedup is paired within its repeat. Where servers
 cannot share the device (GPUs), one server runs at a time, each repeat restarting them.
-Results go to `results.json` after every run, so a crash or a dead server keeps what was done.
+Results go to `results.json` (its shape: `loadtest.results`) after every run, so a crash or a dead
+server keeps what was done.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import shutil
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +41,8 @@ from loadtest.client import RequestRecord
 from loadtest.endpoint import EndpointError, RemoteServer, discover
 from loadtest.files import write_json
 from loadtest.locust_run import LocustJob, LocustOutcome, run_locust
+from loadtest.request_settings import RequestSettings, settings_record
+from loadtest.results import CREATED_FORMAT, LevelResult, SweepResults, VariantResult
 from loadtest.workloads import Workload, load_workload
 
 log = logging.getLogger("specdeploy.loadtest")
@@ -56,6 +59,8 @@ class SweepSettings:
     """Also run the baseline (speculation off) beside the speculative variants."""
     extra_k: list[int] = field(default_factory=list)
     """More speculative variants with these K (num_speculative_tokens)."""
+    alternatives: list[tuple[str, list[str]]] = field(default_factory=list)
+    """More speculative variants, each (name, overrides) of the config: another draft model, say."""
     users: list[int] = field(default_factory=lambda: [1, 32])
     repeat: int = 3
     """Runs of every (variant, concurrency); speedups get a 95% interval over them."""
@@ -65,23 +70,12 @@ class SweepSettings:
     """Measure for this long per level instead of a request count."""
     warmup: int = 1
     """Warm-up requests per user before each run (not measured)."""
-    arrival_gap_s: float = 0.05
-    """Seconds between the users' first requests, in Locust and in vLLM's benchmark alike
-    (`--request-rate 1/gap --burstiness inf`, far above what the server completes, so the loop
-    stays closed after the first C). Fixed-length requests started together stay in lockstep:
-    without speculation all C finish in one step and come back together, and where those waves
-    fall moved one server's TTFT p50 at batch 32 between 397 and 606 ms from run to run.
-    0: all users at once."""
-    workload: str = "code"
-    api: str = "auto"
-    max_tokens: int = 128
-    fixed_length: bool = True
-    temperature: float = 0.0
+    request: RequestSettings = field(default_factory=RequestSettings)
+    """What each request looks like (workload, length, temperature, ...) and how users start."""
     workers: int = 0
     """Locust worker processes (0: one local process)."""
     vllm_bench: bool = True
     """After each Locust run, run vLLM's serving benchmark on the same server and compare."""
-    request_timeout_s: float = 300
     level_timeout_s: float = 1800
     startup_timeout_s: float | None = None
     """Default: the config's server.startup_timeout_s."""
@@ -132,13 +126,18 @@ def plan_variants(settings: SweepSettings) -> list[Variant]:
         fixed = [Variant(f"spec-k{k}", f"{spec.drafter} K={k}", ("speculation.schedule=null",
                                                                  f"speculation.num_speculative_tokens={k}"),
                          False, k, spec.drafter) for k in dict.fromkeys(settings.extra_k)]
-        return [tuned, *fixed] + ([baseline] if settings.baseline else [])
+        return [tuned, *fixed, *_alternatives(settings, spec)] + ([baseline] if settings.baseline else [])
     ks = [spec.num_speculative_tokens] + [k for k in settings.extra_k if k != spec.num_speculative_tokens]
     variants = []
     for k in dict.fromkeys(ks):
         extra = () if k == spec.num_speculative_tokens else (f"speculation.num_speculative_tokens={k}",)
         variants.append(Variant(f"spec-k{k}", f"{spec.drafter} K={k}", extra, False, k, spec.drafter))
-    return variants + ([baseline] if settings.baseline else [])
+    return variants + _alternatives(settings, spec) + ([baseline] if settings.baseline else [])
+
+
+def _alternatives(settings: SweepSettings, spec: Any) -> list[Variant]:
+    return [Variant(name, f"{spec.drafter} K={spec.num_speculative_tokens}, " + " ".join(overrides), tuple(overrides),
+                    False, spec.num_speculative_tokens, spec.drafter) for name, overrides in settings.alternatives]
 
 
 def run_order(variants: list[Variant], users: list[int], repeat: int,
@@ -174,7 +173,7 @@ def machine_info() -> dict[str, Any]:
 class _Running:
     """A variant's server and what the sweep knows of it."""
 
-    entry: dict[str, Any]
+    entry: VariantResult
     plan: Any = None
     server: Server | RemoteServer | None = None
     """The sweep's own server while it runs, or a running server given by URL (never stopped here)."""
@@ -188,6 +187,37 @@ class _Running:
     """Its server died after starting: the levels it misses are recorded as skipped."""
 
 
+@dataclass
+class _LevelRun:
+    """One level's context: the variant's server, the concurrency, names and the request count."""
+
+    state: _Running
+    users: int
+    tag: str
+    """Names its files: `<variant>-c<users>[-r<repeat>]`."""
+    title: str
+    total: int
+    """Measured requests (0: a run of `settings.duration_s`)."""
+
+    @property
+    def server(self) -> Server | RemoteServer:
+        assert self.state.server is not None
+        return self.state.server
+
+    @property
+    def metrics(self) -> bool:
+        """Whether the server's /metrics can be read (a running server given by URL may hide it)."""
+        return bool(self.state.entry.get("metrics", True))
+
+    @property
+    def auth(self) -> dict[str, str] | None:
+        key = os.environ.get(self.state.api_key_env, "") if self.state.api_key_env else ""
+        return {"Authorization": f"Bearer {key}"} if key else None
+
+    def server_gone(self) -> str | None:
+        return None if self.server.alive() else self.server.exit_reason()
+
+
 class Sweep:
     """Runs the sweep and keeps `results` (the future results.json) up to date."""
 
@@ -199,11 +229,11 @@ class Sweep:
         self.workload: Workload | None = None
         """The workload, read once before any server starts (vLLM's benchmark's dataset)."""
         self.targets = slo.parse_targets(settings.slo) if settings.slo else []
-        s = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(settings).items()}
-        self.results: dict[str, Any] = {
+        s = settings_record(settings)
+        self.results: SweepResults = {
             "schema": RESULTS_SCHEMA, "status": "running", "config": settings.config or settings.url,
             "settings": s,
-            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "machine": machine_info(), "variants": [],
+            "created": time.strftime(CREATED_FORMAT), "machine": machine_info(), "variants": [],
             "problems": [],
         }
 
@@ -213,11 +243,11 @@ class Sweep:
         return write_json(self.out / "results.json", self.results)
 
     # ------------------------------------------------------------------ the sweep
-    def run(self) -> dict[str, Any]:
+    def run(self) -> SweepResults:
         self.out.mkdir(parents=True, exist_ok=True)
         try:
             # Read once; a bad workload fails here, before any server starts.
-            self.workload = load_workload(self.settings.workload)
+            self.workload = load_workload(self.settings.request.workload)
             if self.settings.url:
                 variants, running = self._running_servers()
                 together = True
@@ -272,7 +302,7 @@ class Sweep:
         return self.results
 
     def _prepare(self, variant: Variant) -> _Running:
-        entry: dict[str, Any] = {"name": variant.name, "label": variant.label, "k": variant.k,
+        entry: VariantResult = {"name": variant.name, "label": variant.label, "k": variant.k,
                                  "drafter": variant.drafter, "status": "starting", "levels": []}
         self.results["variants"].append(entry)
         state = _Running(entry)
@@ -319,7 +349,7 @@ class Sweep:
             else:
                 name = "baseline" if not s.baseline_url else "server"
                 variant = Variant(name, "no speculation (running server)", (), True, None, None)
-            entry: dict[str, Any] = {
+            entry: VariantResult = {
                 "name": variant.name, "label": variant.label, "k": variant.k, "drafter": variant.drafter,
                 "status": "running", "levels": [], "url": remote.base_url, "served_model": remote.served_name,
                 "speculative_config": {"num_speculative_tokens": remote.spec_k} if remote.speculates else None,
@@ -380,79 +410,92 @@ class Sweep:
         if failed:
             entry["error"] = "; ".join(dict.fromkeys(p for lv in failed for p in lv.get("problems", [])[:2]))
 
-    def _run_level(self, state: _Running, variant: Variant, users: int, repeat: int, title: str) -> dict[str, Any]:
-        s = self.settings
-        server = state.server
-        assert server is not None
-        key = os.environ.get(state.api_key_env, "") if state.api_key_env else ""
-        auth = {"Authorization": f"Bearer {key}"} if key else None
-        tag = f"{variant.name}-c{users}" + (f"-r{repeat}" if s.repeat > 1 else "")
-        total = 0 if s.duration_s else requests_for(users, s.requests)
-        level: dict[str, Any] = {"concurrency": users, "repeat": repeat, "requests": total or None,
-                                 "duration_target_s": s.duration_s, "problems": []}
-
-        def server_gone() -> str | None:
-            return None if server.alive() else server.exit_reason()
-
-        def job(phase: str, requests: int, measured: bool) -> LocustJob:
-            return LocustJob(
-                host=server.base_url, users=users, records_dir=self.out / "records" / f"{tag}{phase}",
-                model=state.served_name, workload=s.workload, api=s.api, max_tokens=s.max_tokens,
-                fixed_length=s.fixed_length, temperature=s.temperature, requests=requests,
-                duration_s=s.duration_s if measured else None, request_timeout_s=s.request_timeout_s,
-                workers=s.workers, log_path=self.out / "logs" / f"locust-{tag}{phase}.log",
-                api_key_env=state.api_key_env, arrival_gap_s=s.arrival_gap_s,
-                csv_prefix=self.out / "locust" / tag if measured else None,
-                html=self.out / "locust" / f"{tag}.html" if measured else None)
-
-        if s.warmup > 0:
-            warm = job("-warmup", users * s.warmup, measured=False)
-            with _Progress(f"{title} warm-up", users * s.warmup, warm.records_dir) as bar:
-                outcome = run_locust(warm, s.level_timeout_s, server_gone, bar.tick)
-            if outcome.aborted:
-                level.update(status="failed", problems=[f"warm-up: {outcome.aborted}"])
-                return level
-            warm_records = load_records(warm.records_dir)
-            if not any(r.ok for r in warm_records):
-                # Nothing works (wrong model name, no chat template, ...): say why instead of
-                # running the measured phase into the same wall.
-                first = warm_records[0].error if warm_records else "no request finished"
-                level.update(status="failed", problems=[f"every warm-up request failed: {first}"])
-                log.error("%s: every warm-up request failed: %s", tag, first)
-                return level
-        metrics = state.entry.get("metrics", True)
+    def _run_level(self, state: _Running, variant: Variant, users: int, repeat: int, title: str) -> LevelResult:
+        """warm-up -> settled /metrics snapshot -> measured Locust run -> snapshot -> judge."""
+        run = _LevelRun(state, users, f"{variant.name}-c{users}" + (f"-r{repeat}" if self.settings.repeat > 1 else ""),
+                        title, 0 if self.settings.duration_s else requests_for(users, self.settings.requests))
+        level: LevelResult = {"concurrency": users, "repeat": repeat, "requests": run.total or None,
+                              "duration_target_s": self.settings.duration_s, "problems": []}
+        failed = self._warm_up(run)
         before = None
-        if metrics:
-            try:
-                before = prom.scrape_settled(server.base_url, headers=auth)
-            except Exception as exc:  # noqa: BLE001 - any scrape failure ends this level the same way
-                level.update(status="failed", problems=[f"/metrics before the run: {exc}"])
-                return level
+        if not failed and run.metrics:
+            before, failed = self._snapshot(run, "/metrics before the run")
+        if failed:
+            level.update(status="failed", problems=[failed])
+            return level
+        outcome, records = self._measure(run, level)
+        after = None
+        if before is not None and run.server.alive():
+            after, problem = self._snapshot(run, "/metrics after the run")
+            if problem:
+                level["problems"].append(problem)
+        self._judge(run, level, outcome, records, before, after)
+        _log_level(run.tag, level)
+        return level
 
-        measured = job("", total, measured=True)
-        with _Progress(title, total or None, measured.records_dir, s.duration_s) as bar:
-            outcome = run_locust(measured, s.level_timeout_s, server_gone, bar.tick)
+    def _locust_job(self, run: _LevelRun, phase: str, requests: int, measured: bool) -> LocustJob:
+        s, tag = self.settings, run.tag
+        return LocustJob(
+            host=run.server.base_url, users=run.users, records_dir=self.out / "records" / f"{tag}{phase}",
+            model=run.state.served_name, request=s.request, requests=requests,
+            duration_s=s.duration_s if measured else None, workers=s.workers,
+            log_path=self.out / "logs" / f"locust-{tag}{phase}.log", api_key_env=run.state.api_key_env,
+            csv_prefix=self.out / "locust" / tag if measured else None,
+            html=self.out / "locust" / f"{tag}.html" if measured else None)
+
+    def _warm_up(self, run: _LevelRun) -> str | None:
+        """Requests not measured, so the run starts on a warm server; why the level fails, or None."""
+        count = run.users * self.settings.warmup
+        if count <= 0:
+            return None
+        warm = self._locust_job(run, "-warmup", count, measured=False)
+        with _Progress(f"{run.title} warm-up", count, warm.records_dir) as bar:
+            outcome = run_locust(warm, self.settings.level_timeout_s, run.server_gone, bar.tick)
+        if outcome.aborted:
+            return f"warm-up: {outcome.aborted}"
+        records = load_records(warm.records_dir)
+        if not any(r.ok for r in records):
+            # Nothing works (wrong model name, no chat template, ...): say why instead of
+            # running the measured phase into the same wall.
+            first = records[0].error if records else "no request finished"
+            log.error("%s: every warm-up request failed: %s", run.tag, first)
+            return f"every warm-up request failed: {first}"
+        return None
+
+    @staticmethod
+    def _snapshot(run: _LevelRun, what: str) -> tuple[prom.Snapshot | None, str | None]:
+        """The server's counters once they stopped moving; or why they could not be read."""
+        try:
+            return prom.scrape_settled(run.server.base_url, headers=run.auth), None
+        except Exception as exc:  # noqa: BLE001 - any scrape failure is reported the same way
+            return None, f"{what}: {exc}"
+
+    def _measure(self, run: _LevelRun, level: LevelResult) -> tuple[LocustOutcome, list[RequestRecord]]:
+        """The measured Locust run: its outcome, its records, and the client's figures in `level`."""
+        s, tag = self.settings, run.tag
+        job = self._locust_job(run, "", run.total, measured=True)
+        with _Progress(run.title, run.total or None, job.records_dir, s.duration_s) as bar:
+            outcome = run_locust(job, s.level_timeout_s, run.server_gone, bar.tick)
         level["locust"] = {"exit_code": outcome.exit_code, "wall_s": outcome.wall_s, "cpu_s": outcome.cpu_s,
-                           "csv": f"locust/{tag}_stats.csv",
-                           "html": f"locust/{tag}.html", "log": f"logs/locust-{tag}.log",
-                           "records": f"records/{tag}"}
+                           "csv": f"locust/{tag}_stats.csv", "html": f"locust/{tag}.html",
+                           "log": f"logs/locust-{tag}.log", "records": f"records/{tag}"}
         if outcome.aborted:
             level["problems"].append(outcome.aborted)
-        records = load_records(measured.records_dir)
+        records = load_records(job.records_dir)
         level["client"] = stats.summarize(records)
-        level["load_generator"] = load_generator_lag(records, measured.records_dir)
+        level["load_generator"] = load_generator_lag(records, job.records_dir)
         if self.targets and records:
             level["slo"] = slo.evaluate(records, self.targets, level["client"]["duration_s"])
-        after = None
-        if before is not None and server.alive():
-            try:
-                after = prom.scrape_settled(server.base_url, headers=auth)
-            except Exception as exc:  # noqa: BLE001
-                level["problems"].append(f"/metrics after the run: {exc}")
-        if after is not None:
+        return outcome, records
+
+    def _judge(self, run: _LevelRun, level: LevelResult, outcome: LocustOutcome, records: list[RequestRecord],
+               before: prom.Snapshot | None, after: prom.Snapshot | None) -> None:
+        """The client's figures against the server's counters, notes on what limits them, vLLM's
+        benchmark as a second opinion, and the level's status."""
+        s, client = self.settings, level["client"]
+        if before is not None and after is not None:
             d = prom.delta(before, after)
             level["server"] = d.to_json()
-            client = level["client"]
             level["server"]["output_tokens_per_s"] = (d.generation_tokens / client["duration_s"]
                                                       if client.get("duration_s") else None)
             check = stats.agreement(client.get("output_tokens", 0), d.generation_tokens, s.tolerance)
@@ -463,25 +506,22 @@ class Sweep:
                 level["problems"].append(
                     f"throughput disagrees with the server: client {check['client_output_tokens']} tokens vs "
                     f"server counter {d.generation_tokens:.0f} over the same interval")
-        client = level["client"]
         level["notes"] = (delivery_notes(client, level.get("server"), outcome, s.workers)
                           + load_generator_notes(outcome, s.workers, level["load_generator"]))
-        if not metrics:
+        if not run.metrics:
             level["notes"].append("the server's /metrics could not be read: the engine's histograms, acceptance "
                                   "and the token-count check are missing for this run")
         if client["failed"]:
             level["problems"].append(f"{client['failed']} of {client['requests']} requests failed: "
                                      f"{client['failure_reasons']}")
-        if total and client["requests"] < total and not outcome.aborted:
-            level["problems"].append(f"only {client['requests']} of {total} requests finished")
-        broken = outcome.aborted or not client["ok"] or (metrics and after is None)
+        if run.total and client["requests"] < run.total and not outcome.aborted:
+            level["problems"].append(f"only {client['requests']} of {run.total} requests finished")
+        broken = outcome.aborted or not client["ok"] or (run.metrics and after is None)
         if s.vllm_bench and not broken:
-            self._second_opinion(state, level, users, tag, title, after, auth, records)
+            self._second_opinion(run.state, level, run.users, run.tag, run.title, after, run.auth, records)
         level["status"] = "failed" if broken else ("flagged" if level["problems"] else "ok")
-        _log_level(tag, level)
-        return level
 
-    def _second_opinion(self, state: _Running, level: dict[str, Any], users: int, tag: str, title: str,
+    def _second_opinion(self, state: _Running, level: LevelResult, users: int, tag: str, title: str,
                         before: prom.Snapshot | None, auth: dict[str, str] | None,
                         records: list[RequestRecord]) -> None:
         """vLLM's serving benchmark on the same server, prompts, length and concurrency; compared,
@@ -497,10 +537,9 @@ class Sweep:
               flush=True)
         job = vllm_bench.BenchJob(
             base_url=server.base_url, model=state.served_name, tokenizer=state.tokenizer,
-            workload=self.workload, api=s.api, concurrency=users,
-            num_prompts=level["client"]["requests"], max_tokens=s.max_tokens, fixed_length=s.fixed_length,
-            temperature=s.temperature, out_dir=self.out / "vllm-bench" / tag, workers=s.workers,
-            api_key_env=state.api_key_env, timeout_s=s.level_timeout_s, arrival_gap_s=s.arrival_gap_s)
+            workload=self.workload, request=s.request, concurrency=users,
+            num_prompts=level["client"]["requests"], out_dir=self.out / "vllm-bench" / tag, workers=s.workers,
+            api_key_env=state.api_key_env, timeout_s=s.level_timeout_s)
         bench = vllm_bench.run(job)
         level["vllm_bench"] = bench
         if "error" in bench:
@@ -509,7 +548,7 @@ class Sweep:
         if bench.get("open_loop_requests"):
             level["problems"].append(
                 f"vLLM's benchmark: {bench['open_loop_requests']} requests found a free slot on arrival, so it ran "
-                f"below {users} users at times; its arrivals ({1 / s.arrival_gap_s:.0f}/s) did not outpace the "
+                f"below {users} users at times; its arrivals ({1 / s.request.arrival_gap_s:.0f}/s) did not outpace the "
                 f"server: lower --arrival-gap")
         if before is not None and server.alive():
             try:  # the benchmark's requests exactly: it runs no warm-ups (see `vllm_bench.bench_args`)
@@ -522,7 +561,7 @@ class Sweep:
 DISAGREE = "Locust and vLLM's benchmark disagree: "
 
 
-def judge_second_opinion(level: dict[str, Any], bench: dict[str, Any], records: list[RequestRecord],
+def judge_second_opinion(level: LevelResult, bench: dict[str, Any], records: list[RequestRecord],
                          workload: Workload, workers: int) -> None:
     """Compare a level's Locust run with the benchmark's (`vllm_bench.compare`, request by request
     where the two match) and keep the verdict, and a problem where they disagree, in the level."""
@@ -541,7 +580,7 @@ def judge_second_opinion(level: dict[str, Any], bench: dict[str, Any], records: 
         level["problems"].append(DISAGREE + ", ".join(off))
 
 
-def rejudge(results: dict[str, Any], out: Path) -> dict[str, Any]:
+def rejudge(results: SweepResults, out: Path) -> SweepResults:
     """Judge a finished sweep's second opinions again with this code, from what it kept: Locust's
     records and the benchmark's own result file of every level (a report made before a change of
     method gets the current one; its measurements stay as they were)."""
@@ -653,7 +692,7 @@ def load_generator_notes(outcome: LocustOutcome, workers: int, lag: dict[str, An
     return notes
 
 
-def overall_status(results: dict[str, Any]) -> str:
+def overall_status(results: SweepResults) -> str:
     statuses = [v["status"] for v in results["variants"]]
     if results["problems"] and not statuses:
         return "failed"
@@ -662,7 +701,7 @@ def overall_status(results: dict[str, Any]) -> str:
     return "flagged" if "flagged" in statuses or results["problems"] else "ok"
 
 
-def _log_level(tag: str, level: dict[str, Any]) -> None:
+def _log_level(tag: str, level: LevelResult) -> None:
     c = level.get("client", {})
     server = level.get("server") or {}
     accept = server.get("acceptance_rate")

@@ -29,20 +29,19 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+
 from loadtest.client import RequestRecord
 
 PERCENTILES = (50, 90, 95, 99)
 
 
 def percentile(values: Sequence[float], p: float) -> float | None:
-    """Linear interpolation between closest ranks (NumPy's default), p in [0, 100]."""
-    if not values:
+    """The p-th percentile, p in [0, 100], interpolated linearly between closest ranks (NumPy's
+    default method); None for no values."""
+    if len(values) == 0:
         return None
-    ordered = sorted(values)
-    pos = (len(ordered) - 1) * p / 100
-    low = math.floor(pos)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
+    return float(np.percentile(values, p, method="linear"))
 
 
 def distribution(values: Sequence[float], scale: float = 1.0) -> dict[str, float | None]:

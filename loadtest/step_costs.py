@@ -58,6 +58,7 @@ from tqdm import tqdm
 
 from deploy import load_config, plan_from_config
 from deploy.engine_args import engine_arguments, is_secret
+from loadtest.files import write_json
 from loadtest.workloads import load_workload
 
 VARIANTS = ("plain", "verify", "draft")
@@ -317,10 +318,7 @@ def describe(result: dict[str, Any]) -> str:
 
 
 def save(result: dict[str, Any], path: Path) -> Path:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(result, indent=2) + "\n")
-    tmp.replace(path)
-    return path
+    return write_json(path, result)
 
 
 if __name__ == "__main__":

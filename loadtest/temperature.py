@@ -45,7 +45,7 @@ def run_temperatures(settings: SweepSettings, temperatures: list[float]) -> tupl
     for n, temperature in enumerate(temperatures, 1):
         sub = out / folder_for(temperature)
         log.info("temperature %g (%d of %d): sweep into %s", temperature, n, len(temperatures), sub)
-        sweep = Sweep(replace(settings, temperature=temperature, out=sub))
+        sweep = Sweep(replace(settings, request=replace(settings.request, temperature=temperature), out=sub))
         try:
             results = sweep.run()
         except KeyboardInterrupt:

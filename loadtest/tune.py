@@ -28,17 +28,18 @@ from __future__ import annotations
 
 import logging
 import math
-import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from deploy import ConfigError, load_config, preflight
 from deploy.config import resolve_config_path
+from deploy.config_text import with_speculation
 from loadtest import step_costs
 from loadtest.advise import SECTIONS
 from loadtest.files import bullet_sections, write_atomic, write_json, write_result
 from loadtest.report import summarize_speedups, write_report
+from loadtest.request_settings import RequestSettings, settings_record
 from loadtest.runner import Sweep, SweepSettings, default_out_dir
 from loadtest.workloads import load_workload
 
@@ -59,8 +60,9 @@ class TuneSettings:
     overrides: list[str] = field(default_factory=list)
     batches: list[int] = field(default_factory=lambda: [1, 4, 16, 32])
     """Batch sizes (closed-loop users) to choose K for."""
-    workload: str = "code"
-    """The user's traffic (a built-in set or a JSONL / ShareGPT file), for acceptance and the proof."""
+    request: RequestSettings = field(default_factory=lambda: RequestSettings(max_tokens=64))
+    """The user's traffic (a built-in set or a JSONL / ShareGPT file), for acceptance and the proof,
+    and the proof's output length (its temperatures are `proof_temperatures`)."""
     temperatures: list[float] | None = None
     """Temperatures acceptance is averaged over (default: the config's `speculation.temperatures`)."""
     cost_repeats: int = 3
@@ -68,7 +70,6 @@ class TuneSettings:
     proof_temperatures: list[float] = field(default_factory=lambda: [0.0, 1.0])
     requests: int | None = None
     """Measured requests per proof run (default: the load test's, max(32, 8 x batch))."""
-    max_tokens: int = 64
     output: Path | None = None
     """The tuned YAML (default: `<config>-tuned.yaml` beside the input)."""
     out: Path | None = None
@@ -82,7 +83,7 @@ def would_measure(settings: TuneSettings, k: int) -> list[str]:
     batches = ", ".join(map(str, settings.batches))
     return [f"step times at batch {batches} of plain decoding and of the drafter at K=0..{k} (one engine, K "
             f"switched between measurements)",
-            f"per-position acceptance of K={k} drafts on workload '{settings.workload}' at each temperature",
+            f"per-position acceptance of K={k} drafts on workload '{settings.request.workload}' at each temperature",
             f"a load test per temperature ({', '.join(f'{t:g}' for t in settings.proof_temperatures)}) of the tuned "
             f"config, every fixed K and the baseline at batch {batches}"]
 
@@ -135,19 +136,9 @@ def schedule_from(rows: list[dict[str, Any]], max_batch: int) -> list[list[int]]
 def tuned_yaml(source: str, k: int, schedule: list[list[int]] | None, comments: list[str]) -> str:
     """The input's text (its comments kept) with `num_speculative_tokens: k` and the schedule (or
     none) set under `speculation:`, the comments above them."""
-    lines = source.splitlines()
-    try:
-        at = next(i for i, line in enumerate(lines) if re.match(r"speculation:\s*(#.*)?$", line))
-    except StopIteration:
-        raise ValueError("the config has no block-style `speculation:` section to tune") from None
-    end = at + 1
-    while end < len(lines) and (not lines[end].strip() or lines[end].startswith((" ", "#"))):
-        end += 1
-    body = [line for line in lines[at + 1:end] if not re.match(r"\s+(schedule|num_speculative_tokens):", line)]
-    block = [f"  # {c}" if c else "  #" for c in comments] + [f"  num_speculative_tokens: {k}"]
-    if schedule:
-        block.append(f"  schedule: [{', '.join(f'[{a}, {b}, {kk}]' for a, b, kk in schedule)}]")
-    return "\n".join(lines[:at + 1] + body + block + lines[end:]) + "\n"
+    return with_speculation(source, {
+        "num_speculative_tokens": str(k),
+        "schedule": f"[{', '.join(f'[{a}, {b}, {kk}]' for a, b, kk in schedule)}]" if schedule else None}, comments)
 
 
 def deployed_k(schedule: list[list[int]]) -> tuple[int, list[list[int]] | None]:
@@ -174,7 +165,7 @@ def tune(settings: TuneSettings) -> dict[str, Any]:
     temperatures = settings.temperatures or spec.temperatures
     result: dict[str, Any] = {"config": settings.config, "drafter": spec.drafter, "k_max": k_max,
                               "draft_sampling": spec.draft_sampling, "temperatures": temperatures,
-                              "settings": {n: (str(v) if isinstance(v, Path) else v) for n, v in asdict(settings).items()},
+                              "settings": settings_record(settings),
                               "out": str(out)}
     resolved = preflight(config, path.parent, plan_only=True)
     if resolved.machine_problems:
@@ -182,7 +173,7 @@ def tune(settings: TuneSettings) -> dict[str, Any]:
                       would_measure=would_measure(settings, k_max))
         return _finish(result, out)
 
-    prompts = [item.prompt for item in load_workload(settings.workload).items if item.prompt][:ACCEPTANCE_PROMPTS]
+    prompts = [item.prompt for item in load_workload(settings.request.workload).items if item.prompt][:ACCEPTANCE_PROMPTS]
     log.info("tune %s: step times of plain decoding and of K=0..%d at batch %s, acceptance at T=%s",
              settings.config, k_max, settings.batches, temperatures)
     costs = step_costs.measure_steps(
@@ -249,7 +240,7 @@ def prove(settings: TuneSettings, tuned: Path, k_max: int, out: Path, tuned_name
         results = Sweep(SweepSettings(
             str(tuned), overrides=overrides, extra_k=list(range(1, k_max + 1)),
             users=settings.batches, repeat=settings.proof_repeats, requests=settings.requests,
-            workload=settings.workload, temperature=temperature, max_tokens=settings.max_tokens, vllm_bench=False,
+            request=replace(settings.request, temperature=temperature), vllm_bench=False,
             out=sweep_out)).run()
         write_report(results, sweep_out)
         reports.append({"temperature": temperature, "report": f"{sweep_out.name}/report.md",

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from loadtest import stats
+from loadtest.request_settings import RequestSettings
 from loadtest.workloads import Workload, uses_chat
 
 # How far Locust's figures may be from vLLM's benchmark before the report flags the level.
@@ -40,20 +41,15 @@ class BenchJob:
     tokenizer: str
     """Folder or hub id of the served model's tokenizer (the benchmark counts prompt tokens)."""
     workload: Workload
-    api: str
+    """`request.workload` as read (the prompts Locust sent)."""
+    request: RequestSettings
     concurrency: int
     num_prompts: int
-    max_tokens: int
-    fixed_length: bool
-    temperature: float
     out_dir: Path
     workers: int = 0
     """Locust workers of the run being checked: they split its prompts (see `Workload.sequence`)."""
     api_key_env: str = ""
     timeout_s: float = 1800
-    arrival_gap_s: float = 0.0
-    """Seconds between requests as they arrive (0: all at once). Far above the rate the server
-    completes them, so after the first `concurrency` every request waits for a free slot."""
 
 
 def write_dataset(workload: Workload, requests: int, workers: int, path: Path) -> Path:
@@ -68,22 +64,25 @@ def write_dataset(workload: Workload, requests: int, workers: int, path: Path) -
 
 
 def bench_args(job: BenchJob, dataset: Path, result_file: Path) -> list[str]:
-    chat = uses_chat(job.workload.items[0], job.api)  # type: ignore[arg-type]
+    rs = job.request
+    chat = uses_chat(job.workload.items[0], rs.api)  # type: ignore[arg-type]
     args = ["--backend", "openai-chat" if chat else "vllm", "--base-url", job.base_url,
             "--endpoint", "/v1/chat/completions" if chat else "/v1/completions",
             "--model", job.model, "--tokenizer", job.tokenizer,
             "--dataset-name", "custom", "--dataset-path", str(dataset), "--skip-chat-template", "--disable-shuffle",
-            "--custom-output-len", str(job.max_tokens), "--num-prompts", str(job.num_prompts),
+            "--custom-output-len", str(rs.max_tokens), "--num-prompts", str(job.num_prompts),
             "--max-concurrency", str(job.concurrency),
-            # Evenly spaced arrivals (burstiness inf: constant gaps), as Locust's users start.
-            "--request-rate", str(1 / job.arrival_gap_s) if job.arrival_gap_s > 0 else "inf", "--burstiness", "inf",
+            # Evenly spaced arrivals (burstiness inf: constant gaps), as Locust's users start; far
+            # above the rate the server completes them, so after the first `concurrency` every
+            # request waits for a free slot.
+            "--request-rate", str(1 / rs.arrival_gap_s) if rs.arrival_gap_s > 0 else "inf", "--burstiness", "inf",
             # No warm-up: the server is warm from Locust's run, and C warm-ups sent at once would put
             # their burst into the engine's window that measures its drift.
-            "--num-warmups", "0", "--temperature", str(job.temperature), "--seed", "0",
+            "--num-warmups", "0", "--temperature", str(rs.temperature), "--seed", "0",
             "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,90,95,99",
             "--ready-check-timeout-sec", "0", "--disable-tqdm",
             "--save-result", "--save-detailed", "--result-dir", str(result_file.parent), "--result-filename", result_file.name]
-    if job.fixed_length:
+    if rs.fixed_length:
         args.append("--ignore-eos")
     return args
 

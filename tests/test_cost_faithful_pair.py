@@ -16,6 +16,7 @@ from deploy.engine_args import engine_arguments
 from deploy.widen import widen_llama
 from loadtest import step_costs, vllm_bench
 from loadtest.report import headline, summarize_speedups
+from loadtest.request_settings import RequestSettings
 from loadtest.stats import mean_interval
 from loadtest.workloads import load_workload
 
@@ -189,7 +190,7 @@ def test_benchmark_is_given_the_prompts_locust_sends(tmp_path) -> None:
     two = workload.sequence(7, workers=2)
     assert two == [workload.item_for(t, 0) for t in range(4)] + [workload.item_for(t, 1) for t in range(3)]
     assert "--disable-shuffle" in vllm_bench.bench_args(
-        vllm_bench.BenchJob("http://x", "m", "tok", workload, "auto", 1, 7, 8, True, 0.0, tmp_path), path, tmp_path / "r.json")
+        vllm_bench.BenchJob("http://x", "m", "tok", workload, RequestSettings(max_tokens=8), 1, 7, tmp_path), path, tmp_path / "r.json")
 
 
 def test_mean_interval() -> None:

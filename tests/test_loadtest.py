@@ -7,6 +7,7 @@ on free ports, one at a time; they do not use the conftest pool.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import math
@@ -19,6 +20,7 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -28,8 +30,11 @@ import requests
 from conftest import metric_total
 from loadtest import prom, stats
 from loadtest.client import RequestRecord, StreamParser, sse_events, stream_request
-from loadtest.locust_run import LocustJob, run_locust
-from loadtest.report import compare_table, derive, write_report
+from loadtest import request_settings
+from loadtest.__main__ import build_parser
+from loadtest.locust_run import LocustJob, commands, run_locust
+from loadtest.request_settings import RequestSettings, settings_record
+from loadtest.report import write_report
 from loadtest.runner import Sweep, SweepSettings, load_records, plan_variants, requests_for
 from loadtest.workloads import BUILTIN, load_workload, request_for
 
@@ -95,6 +100,8 @@ def test_percentile_matches_numpy():
         for p in (0, 50, 90, 95, 99, 100):
             assert stats.percentile(values, p) == pytest.approx(np.percentile(values, p))
     assert stats.percentile([], 50) is None
+    assert stats.percentile([4, 1, 3, 2], 25) == 1.75 and type(stats.percentile([4, 1, 3, 2], 25)) is float
+    assert stats.percentile(np.array([2.0, 1.0]), 50) == 1.5  # an array is not asked for its truth value
     d = stats.distribution([0.001, 0.002, 0.003], scale=1000)
     assert d["n"] == 3 and d["mean"] == pytest.approx(2.0) and d["p50"] == pytest.approx(2.0)
 
@@ -323,7 +330,7 @@ def test_malformed_workload_files_are_refused_before_anything_starts(tmp_path, n
     (tmp_path / "latin1.jsonl").write_bytes(b'{"prompt": "caf\xe9"}\n')
     with pytest.raises(ValueError, match="not UTF-8"):
         load_workload(str(tmp_path / "latin1.jsonl"))
-    settings = SweepSettings("default", workload=str(path), users=[1], out=tmp_path / "report")
+    settings = SweepSettings("default", request=RequestSettings(workload=str(path)), users=[1], out=tmp_path / "report")
     started = time.monotonic()
     results = Sweep(settings).run()
     assert results["status"] == "failed" and expected in "; ".join(results["problems"])
@@ -338,79 +345,34 @@ def test_requests_per_user_and_variants():
     assert [v.name for v in plan_variants(SweepSettings("default", baseline=False))] == ["spec-k4"]
 
 
+def test_request_settings_reach_every_command_line_unchanged():
+    # Declared once (loadtest.request_settings): the options they write are the options read back,
+    # by the sweep's CLI and by each Locust process.
+    custom = RequestSettings(workload="chat", api="chat", max_tokens=7, fixed_length=False, temperature=0.7,
+                             request_timeout_s=12.5, arrival_gap_s=0.0)
+    parser = argparse.ArgumentParser()
+    request_settings.add_options(parser)
+    assert RequestSettings.from_options(parser.parse_args(custom.as_options())) == custom
+    assert RequestSettings.from_options(parser.parse_args([])) == RequestSettings()
+    cli = build_parser().parse_args(["run", *custom.as_options()[:-6], "--request-timeout", "12.5",
+                                     "--arrival-gap", "0", "--temperature", "0.7,1"])
+    assert RequestSettings.from_options(cli, temperature=cli.temperature[0]) == custom
+    job = LocustJob(host="http://127.0.0.1:1", users=2, records_dir=Path("rec"), model="m", request=custom, workers=2)
+    for argv in commands(job, deadline_s=60):  # the master and both workers
+        known, _ = parser.parse_known_args(argv)
+        assert RequestSettings.from_options(known) == custom
+    # results.json keeps them flat beside the sweep's own settings, as older reports have them.
+    record = settings_record(SweepSettings("default", request=custom, out=Path("x")))
+    assert record["max_tokens"] == 7 and record["fixed_length"] is False and "request" not in record
+    assert record["out"] == "x"
+
+
 def test_runner_never_imports_locust():
     # Importing locust monkey-patches the whole process with gevent: only its subprocesses may.
     code = ("import sys; import loadtest.__main__, loadtest.runner, loadtest.report; "
             "from loadtest.runner import machine_info; machine_info(); "
             "assert 'locust' not in sys.modules and 'gevent' not in sys.modules, 'locust imported'")
     subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True, timeout=120)
-
-
-# ----------------------------------------------------------------------------------------- report
-def _level(c: int, tps: float, tpot_ms: float, accept: float | None = None, length: float | None = None) -> dict:
-    dist = {"n": 4, "mean": tpot_ms, "std": 0.0, "p50": tpot_ms, "p90": tpot_ms, "p95": tpot_ms, "p99": tpot_ms}
-    client = {"requests": 4, "ok": 4, "failed": 0, "output_tokens": 512, "output_tokens_per_s": tps,
-              "duration_s": 512 / tps, "request_throughput": 1.0, "per_user_tokens_per_s": {**dist, "p50": tps / c},
-              "ttft_ms": dist, "per_token_latency_ms": dist, "chunk_gap_ms": dist, "tokens_per_chunk": dist,
-              "e2e_ms": dist, "peak_output_tokens_per_s": tps}
-    server = {"generation_tokens": 512, "acceptance_rate": accept, "mean_accepted_length": length,
-              "per_position_acceptance": [], "histograms": {"per_token_latency_s": {"mean": tpot_ms / 1000}},
-              "output_tokens_per_s": tps}
-    return {"concurrency": c, "status": "ok", "client": client, "server": server, "problems": [], "notes": [],
-            "consistency": {"ok": True, "relative_error": 0.0, "client_output_tokens": 512,
-                            "server_generation_tokens": 512}}
-
-
-def test_report_files_speedup_and_compare_table(tmp_path):
-    results = {"config": "default", "status": "ok", "settings": {"users": [1, 32], "tolerance": 0.05},
-               "machine": {}, "problems": [], "variants": [
-                   {"name": "spec-k4", "label": "K=4", "k": 4, "status": "ok",
-                    "levels": [_level(1, 200, 4.0, 0.7, 3.0), _level(32, 900, 30.0, 0.7, 3.0)]},
-                   {"name": "baseline", "label": "off", "k": None, "status": "ok",
-                    "levels": [_level(1, 100, 10.0), _level(32, 1000, 32.0)]}]}
-    files = write_report(results, tmp_path)
-    for name in ("json", "markdown", "html", "throughput", "latency", "acceptance", "speedup"):
-        assert files[name].is_file() and files[name].stat().st_size > 100
-    assert "data:image/png;base64," in files["html"].read_text()
-    rows = {(d["variant"], d["concurrency"]): d for d in derive(results)}
-    assert rows[("spec-k4", 1)]["speedup"] == pytest.approx(2.0)
-    assert rows[("spec-k4", 32)]["speedup"] == pytest.approx(0.9)
-    # r = 4 ms x 3 tokens / 10 ms = 1.2; at batch 32: 30 x 3 / 32 = 2.8125
-    assert rows[("spec-k4", 1)]["step_cost_ratio"] == pytest.approx(1.2)
-    assert rows[("spec-k4", 32)]["step_cost_ratio"] == pytest.approx(2.8125)
-    assert rows[("spec-k4", 1)]["per_token_source"] == "server"
-    table = compare_table(results)
-    assert "2.00x" in table and "0.90x" in table and "70%" in table
-    assert json.loads(files["json"].read_text())["comparisons"]
-    assert "comparisons" not in results  # the sweep's own results are not rewritten behind its back
-
-
-def test_a_full_disk_never_truncates_results_json(tmp_path):
-    """The report rewrites results.json; when the disk fills mid-write (here: RLIMIT_FSIZE, the
-    same EFBIG/ENOSPC path) the measured file must survive whole."""
-    levels = [_level(c, 100.0 + c, 10.0) for c in range(1, 40)]
-    results = {"config": "default", "status": "ok", "settings": {"users": list(range(1, 40)), "tolerance": 0.05},
-               "machine": {}, "problems": [], "variants": [{"name": "baseline", "label": "off", "k": None,
-                                                            "status": "ok", "levels": levels}]}
-    saved = tmp_path / "results.json"
-    saved.write_text(json.dumps(results))
-    size = saved.stat().st_size
-    script = (
-        "import json, resource, signal, sys\n"
-        "from pathlib import Path\n"
-        "from loadtest.report import write_report\n"
-        "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
-        f"resource.setrlimit(resource.RLIMIT_FSIZE, ({size // 2}, {size // 2}))\n"
-        "out = Path(sys.argv[1])\n"
-        "try:\n"
-        "    write_report(json.loads((out / 'results.json').read_text()), out)\n"
-        "except OSError as exc:\n"
-        "    print('write failed:', exc); sys.exit(7)\n")
-    run = subprocess.run([sys.executable, "-c", script, str(tmp_path)], cwd=REPO, capture_output=True, text=True,
-                         timeout=120)
-    assert run.returncode == 7, run.stdout + run.stderr
-    assert json.loads(saved.read_text()) == results  # whole, as it was
-    assert not [p.name for p in tmp_path.iterdir() if ".tmp" in p.name]  # no temporary file left behind
 
 
 # ------------------------------------------------- streaming protocol (a fixed SSE fixture: exact chunking)
@@ -516,8 +478,8 @@ def test_stream_request_deadline_holds_against_a_trickling_server(fake_server):
 def test_a_crashed_locust_user_fails_the_run_at_once(fake_server, tmp_path, workers):
     """A user that dies (here: its workload file vanished after the runner checked it) would leave
     a closed loop waiting out its deadline for requests nobody sends; Locust must quit with the reason."""
-    job = LocustJob(host=fake_server, users=2, records_dir=tmp_path / "rec", model="m", max_tokens=5,
-                    requests=4, workers=workers, workload=str(tmp_path / "gone.jsonl"))
+    job = LocustJob(host=fake_server, users=2, records_dir=tmp_path / "rec", model="m",
+                    request=RequestSettings(max_tokens=5, workload=str(tmp_path / "gone.jsonl")), requests=4, workers=workers)
     outcome = run_locust(job, deadline_s=120)
     assert outcome.aborted and ("exited with code 3" in outcome.aborted or "died (exit code 3)" in outcome.aborted), \
         (outcome.aborted, outcome.log_tail)
@@ -535,7 +497,7 @@ def test_locust_closed_loop_local_and_distributed(servers, tmp_path, workers):
     server = servers.get("default")
     before = _served_tokens(server)
     job = LocustJob(host=server.base_url, users=3, records_dir=tmp_path / "rec", model=server.plan.served_name,
-                    max_tokens=7, requests=6, workers=workers, csv_prefix=tmp_path / "locust",
+                    request=RequestSettings(max_tokens=7), requests=6, workers=workers, csv_prefix=tmp_path / "locust",
                     html=tmp_path / "l.html")
     outcome = run_locust(job, deadline_s=300)
     assert outcome.aborted is None and outcome.exit_code == 0, outcome.log_tail
@@ -564,7 +526,7 @@ def test_users_start_one_arrival_gap_apart(servers, tmp_path, workers):
     workers need not follow their shares of the budget, so a user may send two."""
     server = servers.get("default")
     job = LocustJob(host=server.base_url, users=3, records_dir=tmp_path / "rec", model=server.plan.served_name,
-                    max_tokens=96, requests=3, workers=workers, arrival_gap_s=0.15)
+                    request=RequestSettings(max_tokens=96, arrival_gap_s=0.15), requests=3, workers=workers)
     outcome = run_locust(job, deadline_s=300)
     assert outcome.aborted is None and outcome.exit_code == 0, outcome.log_tail
     records = load_records(tmp_path / "rec")
@@ -579,7 +541,7 @@ def test_locust_duration_mode_lets_requests_finish(servers, tmp_path):
     server = servers.get("default")
     before = _served_tokens(server)
     job = LocustJob(host=server.base_url, users=2, records_dir=tmp_path / "rec", model=server.plan.served_name,
-                    max_tokens=7, duration_s=5, request_timeout_s=60)
+                    request=RequestSettings(max_tokens=7, request_timeout_s=60), duration_s=5)
     outcome = run_locust(job, deadline_s=120)
     assert outcome.aborted is None and outcome.exit_code == 0, outcome.log_tail
     records = load_records(tmp_path / "rec")
@@ -591,7 +553,7 @@ def test_locust_duration_mode_lets_requests_finish(servers, tmp_path):
 
 
 # ----------------------------------------------------------------------------------------- real engine
-FAST = dict(max_tokens=32, warmup=1, request_timeout_s=120, level_timeout_s=600)
+FAST = dict(request=RequestSettings(max_tokens=32, request_timeout_s=120), warmup=1, level_timeout_s=600)
 CHAT_TEMPLATE = "{% for m in messages %}{{ m.content }}{% endfor %}"
 
 
@@ -631,7 +593,8 @@ def test_sweep_spec_and_baseline_report_agrees_with_server(tmp_path, embedded_pa
 
     # The `mixed` workload uses both APIs; the embedded tokenizer has no chat template, so give it one.
     settings = SweepSettings("default", overrides=[f"engine_args.chat_template='{CHAT_TEMPLATE}'"],
-                             workload="mixed", users=[1, 4], repeat=1, requests=4, out=tmp_path / "report", **FAST)
+                             users=[1, 4], repeat=1, requests=4, out=tmp_path / "report",
+                             **{**FAST, "request": replace(FAST["request"], workload="mixed")})
     started = time.monotonic()
     results = Sweep(settings, on_server_started=agree_with_vllm_benchmark).run()
     files = write_report(results, settings.out)
@@ -731,7 +694,7 @@ def test_server_that_fails_to_start_gives_a_failed_run(tmp_path, embedded_pair):
 @pytest.mark.engine
 def test_server_killed_mid_run_keeps_partial_results(tmp_path, embedded_pair):
     settings = SweepSettings("default", no_spec=True, users=[2, 4], repeat=1, requests=60, out=tmp_path / "report",
-                             **{**FAST, "max_tokens": 64})
+                             **{**FAST, "request": replace(FAST["request"], max_tokens=64)})
     records_dir = settings.out / "records" / "baseline-c2"
 
     def kill_after_a_few_requests(server, variant) -> None:

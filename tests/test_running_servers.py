@@ -18,6 +18,7 @@ from loadtest import slo
 from loadtest.client import RequestRecord
 from loadtest.endpoint import EndpointError, discover
 from loadtest.locust_run import LocustOutcome
+from loadtest.request_settings import RequestSettings
 from loadtest.report import headline, write_report
 from loadtest.runner import Sweep, SweepSettings, load_generator_lag, load_generator_notes
 
@@ -92,8 +93,8 @@ def keyed_baseline(servers, monkeypatch):
 def test_sweep_of_running_servers_with_service_targets(servers, keyed_baseline, tmp_path):
     spec = servers.get("default")
     settings = SweepSettings("", url=spec.base_url, baseline_url=keyed_baseline.base_url, api_key_env=KEY_ENV,
-                             users=[1, 2], repeat=1, requests=4, max_tokens=24, slo="ttft_p95=30s,tpot_p50=1ms",
-                             request_timeout_s=120, level_timeout_s=600, out=tmp_path / "report")
+                             users=[1, 2], repeat=1, requests=4, slo="ttft_p95=30s,tpot_p50=1ms",
+                             request=RequestSettings(max_tokens=24, request_timeout_s=120), level_timeout_s=600, out=tmp_path / "report")
     results = Sweep(settings).run()
     files = write_report(results, settings.out)
     assert results["status"] in ("ok", "flagged"), results["problems"]

@@ -1,0 +1,36 @@
+"""argparse types shared by the commands (`python -m loadtest`, `python -m distill`): each refuses
+bad input with a message naming it, before any work starts."""
+
+from __future__ import annotations
+
+import argparse
+
+from loadtest.temperature import parse_temperatures
+
+
+def positive_int(text: str) -> int:
+    """A count of runs: 0 would measure nothing and only fail later, far from the cause."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"give a positive integer, not {value}")
+    return value
+
+
+def int_list(text: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.replace(" ", "").split(",") if x]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a comma-separated list of integers") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError("give positive integers, e.g. 1,32")
+    return values
+
+
+def temperature_list(text: str) -> list[float]:
+    try:
+        return parse_temperatures(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None

@@ -1,0 +1,207 @@
+"""The report's documents (results.json with derived speedups, report.md, the self-contained
+report.html rendered from it, plots) and the choice of the newest report. Pure: no servers."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import subprocess
+import sys
+import time
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+
+from loadtest.__main__ import main
+from loadtest.report import compare_table, derive, newest_report, report_markdown, write_report
+
+REPO = Path(__file__).resolve().parents[1]
+
+ERROR = "exit 1: <html> & a | pipe\nsecond line"  # a cell with HTML, a table's separator and a line break
+
+
+def _level(c: int, tps: float, tpot_ms: float, accept: float | None = None, length: float | None = None) -> dict:
+    dist = {"n": 4, "mean": tpot_ms, "std": 0.0, "p50": tpot_ms, "p90": tpot_ms, "p95": tpot_ms, "p99": tpot_ms}
+    client = {"requests": 4, "ok": 4, "failed": 0, "output_tokens": 512, "output_tokens_per_s": tps,
+              "duration_s": 512 / tps, "request_throughput": 1.0, "per_user_tokens_per_s": {**dist, "p50": tps / c},
+              "ttft_ms": dist, "per_token_latency_ms": dist, "chunk_gap_ms": dist, "tokens_per_chunk": dist,
+              "e2e_ms": dist, "peak_output_tokens_per_s": tps}
+    server = {"generation_tokens": 512, "acceptance_rate": accept, "mean_accepted_length": length,
+              "per_position_acceptance": [], "histograms": {"per_token_latency_s": {"mean": tpot_ms / 1000}},
+              "output_tokens_per_s": tps}
+    return {"concurrency": c, "status": "ok", "client": client, "server": server, "problems": [], "notes": [],
+            "consistency": {"ok": True, "relative_error": 0.0, "client_output_tokens": 512,
+                            "server_generation_tokens": 512},
+            "locust": {"html": f"locust/c{c}.html", "cpu_s": 1.0, "wall_s": 10.0}}
+
+
+def test_report_files_speedup_and_compare_table(tmp_path):
+    results = {"config": "default", "status": "ok", "settings": {"users": [1, 32], "tolerance": 0.05},
+               "machine": {}, "problems": [], "variants": [
+                   {"name": "spec-k4", "label": "K=4", "k": 4, "status": "ok",
+                    "levels": [_level(1, 200, 4.0, 0.7, 3.0), _level(32, 900, 30.0, 0.7, 3.0)]},
+                   {"name": "baseline", "label": "off", "k": None, "status": "ok",
+                    "levels": [_level(1, 100, 10.0), _level(32, 1000, 32.0)]}]}
+    files = write_report(results, tmp_path)
+    for name in ("json", "markdown", "html", "throughput", "latency", "acceptance", "speedup"):
+        assert files[name].is_file() and files[name].stat().st_size > 100
+    assert "data:image/png;base64," in files["html"].read_text()
+    rows = {(d["variant"], d["concurrency"]): d for d in derive(results)}
+    assert rows[("spec-k4", 1)]["speedup"] == pytest.approx(2.0)
+    assert rows[("spec-k4", 32)]["speedup"] == pytest.approx(0.9)
+    # r = 4 ms x 3 tokens / 10 ms = 1.2; at batch 32: 30 x 3 / 32 = 2.8125
+    assert rows[("spec-k4", 1)]["step_cost_ratio"] == pytest.approx(1.2)
+    assert rows[("spec-k4", 32)]["step_cost_ratio"] == pytest.approx(2.8125)
+    assert rows[("spec-k4", 1)]["per_token_source"] == "server"
+    table = compare_table(results)
+    assert "2.00x" in table and "0.90x" in table and "70%" in table
+    assert json.loads(files["json"].read_text())["comparisons"]
+    assert "comparisons" not in results  # the sweep's own results are not rewritten behind its back
+
+
+def test_a_full_disk_never_truncates_results_json(tmp_path):
+    """The report rewrites results.json; when the disk fills mid-write (here: RLIMIT_FSIZE, the
+    same EFBIG/ENOSPC path) the measured file must survive whole."""
+    levels = [_level(c, 100.0 + c, 10.0) for c in range(1, 40)]
+    results = {"config": "default", "status": "ok", "settings": {"users": list(range(1, 40)), "tolerance": 0.05},
+               "machine": {}, "problems": [], "variants": [{"name": "baseline", "label": "off", "k": None,
+                                                            "status": "ok", "levels": levels}]}
+    saved = tmp_path / "results.json"
+    saved.write_text(json.dumps(results))
+    size = saved.stat().st_size
+    script = (
+        "import json, resource, signal, sys\n"
+        "from pathlib import Path\n"
+        "from loadtest.report import write_report\n"
+        "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
+        f"resource.setrlimit(resource.RLIMIT_FSIZE, ({size // 2}, {size // 2}))\n"
+        "out = Path(sys.argv[1])\n"
+        "try:\n"
+        "    write_report(json.loads((out / 'results.json').read_text()), out)\n"
+        "except OSError as exc:\n"
+        "    print('write failed:', exc); sys.exit(7)\n")
+    run = subprocess.run([sys.executable, "-c", script, str(tmp_path)], cwd=REPO, capture_output=True, text=True,
+                         timeout=120)
+    assert run.returncode == 7, run.stdout + run.stderr
+    assert json.loads(saved.read_text()) == results  # whole, as it was
+    assert not [p.name for p in tmp_path.iterdir() if ".tmp" in p.name]  # no temporary file left behind
+
+
+def _results() -> dict:
+    return {"config": "default", "status": "ok", "settings": {"users": [1], "tolerance": 0.05}, "machine": {},
+            "problems": [], "variants": [
+                {"name": "spec-k4", "label": "K=4", "k": 4, "status": "ok", "levels": [_level(1, 200, 4.0, 0.7, 3.0)]},
+                {"name": "baseline", "label": "off", "k": None, "status": "ok", "levels": [_level(1, 100, 10.0)]},
+                {"name": "broken", "label": "x", "k": 2, "status": "failed", "levels": [], "error": ERROR}]}
+
+
+class _Tables(HTMLParser):
+    """Rows of the page's tables (cell texts), the images' sources and the <pre> blocks' text."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rows: list[list[str]] = []
+        self.images: list[str] = []
+        self.pre: list[str] = []
+        self._cell: list[str] | None = None
+        self._in_pre = False
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag == "tr":
+            self.rows.append([])
+        elif tag in ("td", "th"):
+            self._cell = []
+        elif tag == "img":
+            self.images.append(dict(attrs)["src"] or "")
+        elif tag == "pre":
+            self._in_pre = True
+            self.pre.append("")
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag in ("td", "th") and self._cell is not None:
+            self.rows[-1].append("".join(self._cell))
+            self._cell = None
+        elif tag == "pre":
+            self._in_pre = False
+
+    def handle_data(self, data: str) -> None:
+        if self._cell is not None:
+            self._cell.append(data)
+        if self._in_pre:
+            self.pre[-1] += data
+
+
+def test_html_report_is_the_markdown_rendered_with_plots_inside(tmp_path):
+    files = write_report(_results(), tmp_path)
+    page = files["html"].read_text()
+    md = files["markdown"].read_text()
+    assert "<title>Load test default</title>" in page and "<style>" in page and "<table>" in page
+    # Markdown's bold is bold, not stripped and not left as asterisks.
+    assert "status <strong>ok</strong>" in page and "status **ok**" in md
+    # The raw HTML in an error message is shown as text, not passed into the page.
+    assert "<html>" not in page.split("<body>", 1)[1] and "&lt;html&gt; &amp; a | pipe second line" in page
+    parsed = _Tables()
+    parsed.feed(page)
+    variants = next(r for r in parsed.rows if r and r[0] == "broken")
+    assert len(variants) == 6 and variants[-1] == "exit 1: <html> & a | pipe second line"  # the pipe split nothing
+    assert "exit 1: <html> & a \\| pipe second line |" in md
+    # Every plot is inside the page as a PNG; report.md links the files beside it.
+    assert len(parsed.images) == len([p for p in files if p in ("throughput", "latency", "acceptance", "speedup")])
+    for src in parsed.images:
+        assert src.startswith("data:image/png;base64,")
+        assert base64.b64decode(src.split(",", 1)[1]).startswith(b"\x89PNG")
+    assert "![throughput](throughput.png)" in md
+    # The cost model stays preformatted: its alignment and asterisks as written.
+    assert any("break-even per-token a*:    E(a*, K) = r" in block for block in parsed.pre)
+    assert '<a href="locust/c1.html">' in page
+
+
+def test_markdown_table_cells_keep_backslashes_and_pipes():
+    results = _results()
+    results["variants"][2]["error"] = "C:\\tmp\\| x"
+    row = next(line for line in report_markdown(results, []).splitlines() if line.startswith("| broken |"))
+    assert row.endswith("| C:\\\\tmp\\\\\\| x |")
+
+
+def _report(root: Path, name: str, content: str | dict, mtime: float) -> Path:
+    folder = root / name
+    folder.mkdir(parents=True)
+    path = folder / "results.json"
+    path.write_text(content if isinstance(content, str) else json.dumps(content))
+    os.utime(path, (mtime, mtime))
+    os.utime(folder, (mtime, mtime))
+    return folder
+
+
+def test_newest_report_is_chosen_by_creation_time_not_file_times(tmp_path):
+    assert newest_report(tmp_path) is None
+    now = time.time()
+    newest = _report(tmp_path, "x-20240101-000000", {"created": "2024-06-01T12:00:00+0000"}, now - 3600)
+    # Later as text and touched last, but 11:00 UTC.
+    _report(tmp_path, "y-20240101-000000", {"created": "2024-06-01T13:00:00+0200"}, now)
+    _report(tmp_path, "z-20240301-000000", {"created": "2024-03-01T00:00:00+0000"}, now)
+    _report(tmp_path, "broken", "{not json", now + 10)
+    _report(tmp_path, "undated", {"config": "default"}, now + 10)
+    assert newest_report(tmp_path) == newest
+    # Without `created`, the time in the folder's name (default_out_dir's) counts.
+    named = _report(tmp_path, "default-20240701-000000", {"config": "default"}, now - 7200)
+    assert newest_report(tmp_path) == named
+
+
+def test_compare_without_a_report_reads_the_newest_created(tmp_path, monkeypatch, capsys):
+    results = {"config": "default", "status": "ok", "variants": []}
+    _report(tmp_path / "reports", "old", {**results, "config": "old", "created": "2024-01-01T00:00:00+0000"},
+            time.time())
+    _report(tmp_path / "reports", "new", {**results, "created": "2024-02-01T00:00:00+0000"}, time.time() - 3600)
+    monkeypatch.chdir(tmp_path)
+    assert main(["compare"]) == 0
+    assert capsys.readouterr().out.startswith(f"{Path('reports') / 'new'}: config default")
+
+
+@pytest.mark.parametrize("content", ["", "[1, 2]"])
+def test_newest_report_without_times_falls_back_to_the_name(tmp_path, content):
+    _report(tmp_path, "a", content or "{}", time.time())
+    b = _report(tmp_path, "b", content or "{}", time.time() - 100)
+    assert newest_report(tmp_path) == b
