@@ -11,7 +11,7 @@ STAMP   := .venv/.specdeploy-installed
 # CONFIG plus the shared command-line switches: SET="a.b=1 c.d=2", NO_SPEC=1.
 CONFIG_ARGS = $(CONFIG) $(foreach s,$(SET),--set $(s)) $(if $(NO_SPEC),--no-spec)
 
-.PHONY: help venv models serve check observability test bench-drafters loadtest compare advise tune clean
+.PHONY: help venv models serve check observability test bench-drafters loadtest compare advise tune distill clean
 
 help:
 	@echo "make serve [CONFIG=default.yaml] [SET='field=value ...'] [NO_SPEC=1] [DRY_RUN=1] [NODE_RANK=r]"
@@ -25,6 +25,7 @@ help:
 	@echo "make compare [REPORT=reports/...]   batch-1 vs batch-32 table of a report"
 	@echo "make advise CONFIG=... [USERS=1,32] [ADVISE_ARGS='--workload my.jsonl --temperature 0.7']   should this draft be deployed, at which batch sizes"
 	@echo "make tune CONFIG=... USERS=1,4,16,32 [TUNE_ARGS=--no-prove]   K per batch size measured on the engine, written to <config>-tuned.yaml, proven by load tests"
+	@echo "make distill CONFIG=... [DATA=prompts.jsonl] [DISTILL_ARGS='--epochs 5']   a draft fine-tuned on the target's own outputs, <config>-distilled.yaml, acceptance before/after"
 
 $(STAMP): pyproject.toml scripts/install-env.sh
 	bash scripts/install-env.sh
@@ -70,6 +71,11 @@ advise: $(STAMP)
 # K for each batch size, measured on the engine, written to <config>-tuned.yaml and proven by load tests.
 tune: $(STAMP)
 	$(PY) -m loadtest tune $(CONFIG) $(foreach s,$(SET),--set $(s)) --batches $(USERS) $(TUNE_ARGS)
+
+# The draft fine-tuned on the served target's continuations of DATA (default: a domain the embedded
+# pair never saw), written with <config>-distilled.yaml; acceptance and speedup measured before/after.
+distill: $(STAMP)
+	$(PY) -m distill $(CONFIG) $(foreach s,$(SET),--set $(s)) $(if $(DATA),--data $(DATA)) --batches $(USERS) $(DISTILL_ARGS)
 
 compare: $(STAMP)
 	$(PY) -m loadtest compare $(REPORT)

@@ -1,0 +1,82 @@
+"""python -m distill [CONFIG] [--data prompts.jsonl]: a draft fine-tuned on the served target's own
+continuations of your prompts, a config that uses it, and acceptance and speedup before and after,
+measured on the engine on held-out prompts."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+from pathlib import Path
+from types import FrameType
+
+from deploy import ConfigError
+from deploy.config import DEFAULT_CONFIG
+from distill.run import STDLIB_TESTS, DistillSettings, distill
+from distill.train import TrainSettings
+from loadtest.arg_types import int_list, positive_int, temperature_list
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m distill", description=__doc__)
+    p.add_argument("config", nargs="?", default=DEFAULT_CONFIG,
+                   help="config whose draft (speculation.drafter: small_model) is distilled (default: %(default)s)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
+                   help="override a config field (repeatable)")
+    p.add_argument("--data", default=STDLIB_TESTS,
+                   help="your prompts: a JSONL ({\"prompt\": ...} or {\"messages\": [...]} a line) or ShareGPT file; "
+                        f"'{STDLIB_TESTS}': windows of the Python standard library's tests (default)")
+    p.add_argument("--held-out", default=None, help="prompts to measure on (default: every 5th prompt of --data)")
+    p.add_argument("--max-tokens", type=positive_int, default=128, help="target tokens collected per prompt (%(default)s)")
+    p.add_argument("--temperatures", type=temperature_list, default=[0.0, 1.0], metavar="T,T",
+                   help="one target continuation per prompt at each (default: 0,1)")
+    p.add_argument("--top-logprobs", type=positive_int, default=20,
+                   help="the target's top log-probabilities per position to match (1-20, %(default)s)")
+    p.add_argument("--epochs", type=positive_int, default=TrainSettings.epochs, help="(%(default)s)")
+    p.add_argument("--lr", type=float, default=TrainSettings.lr, help="peak learning rate (%(default)s)")
+    p.add_argument("--max-minutes", type=float, default=60, help="refuse training estimated to take longer (%(default)s)")
+    p.add_argument("--no-measure", action="store_true", help="distil and write the config, without the load tests")
+    p.add_argument("--batches", type=int_list, default=[1, 32], metavar="B,B", help="batch sizes measured (default: 1,32)")
+    p.add_argument("--measure-temperature", type=temperature_list, default=[0.0, 1.0], metavar="T,T",
+                   help="temperatures measured (default: 0,1)")
+    p.add_argument("--repeat", type=positive_int, default=1, help="runs of each measured level (%(default)s)")
+    p.add_argument("--requests", type=positive_int, default=None, help="requests per measured run "
+                                                                        "(default: max(32, 8 x batch))")
+    p.add_argument("--measure-max-tokens", type=positive_int, default=64, help="output tokens per measured request (%(default)s)")
+    p.add_argument("--vllm-bench", action="store_true", help="also run vLLM's serving benchmark after each run")
+    p.add_argument("--draft-out", type=Path, default=None, help="the distilled draft's folder (default: <out>/draft)")
+    p.add_argument("--output", type=Path, default=None, help="the config using it (default: <config>-distilled.yaml beside it)")
+    p.add_argument("--out", type=Path, default=None, help="report folder (default: reports/distill-<config>-<time>)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    opts = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    settings = DistillSettings(
+        opts.config, opts.overrides, opts.data, opts.held_out, opts.max_tokens, opts.temperatures, opts.top_logprobs,
+        TrainSettings(epochs=opts.epochs, lr=opts.lr), opts.max_minutes, not opts.no_measure, sorted(set(opts.batches)),
+        opts.measure_temperature, opts.repeat, opts.requests, opts.measure_max_tokens, opts.vllm_bench,
+        opts.draft_out, opts.output, opts.out)
+
+    def on_term(signum: int, _frame: FrameType | None) -> None:
+        raise KeyboardInterrupt  # the same clean-up as Ctrl-C: servers stopped
+
+    signal.signal(signal.SIGTERM, on_term)
+    try:
+        result = distill(settings)
+    except (ConfigError, ValueError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted: servers stopped", file=sys.stderr)
+        return 130
+    print((Path(result["out"]) / "distill.md").read_text())
+    print(f"distillation: {Path(result['out']) / 'distill.md'}")
+    # 0: distilled (and measured); 1: a measurement failed; 2: refused before any work.
+    return 1 if result["status"] == "failed" else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

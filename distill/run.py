@@ -1,0 +1,250 @@
+"""`make distill`: check -> collect the target's continuations -> fine-tune the draft -> write the
+draft folder and a config using it -> measure acceptance and speedup before and after.
+
+Everything that can refuse does so before any work: the config (a draft-model drafter, folders
+that exist, a draft with the target's tokens: `deploy.preflight`), the data file, and whether
+training fits the machine (`distill.fit`). The measurement is one load test per temperature in
+which the original draft, the distilled one and no speculation take turns on held-out prompts
+(`loadtest.runner`, variants interleaved on the same machine minutes apart).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from deploy import free_port, load_config, plan_from_config, preflight, start_server
+from deploy.config import resolve_config_path
+from deploy.config_text import with_speculation
+from deploy.preflight import target_tokenizer
+from distill import fit
+from distill.collect import Example, collect
+from distill.data import DistillData, load_data, stdlib_test_prompts, write_prompts
+from distill.train import TrainSettings, evaluate, fine_tune, load_draft, save_draft
+from loadtest.files import bullet_sections, write_atomic, write_json, write_result
+from loadtest.report import summarize_speedups, write_report
+from loadtest.request_settings import RequestSettings, settings_record
+from loadtest.results import CREATED_FORMAT
+from loadtest.runner import Sweep, SweepSettings
+
+log = logging.getLogger("specdeploy.distill")
+STDLIB_TESTS = "stdlib-tests"
+CHARS_PER_TOKEN = 3.0  # to size the training set before tokenizing it (byte-level BPE on code: ~3)
+
+
+@dataclass
+class DistillSettings:
+    config: str
+    overrides: list[str] = field(default_factory=list)
+    data: str = STDLIB_TESTS
+    """Prompts of the user's domain (a workload file), or `stdlib-tests`: windows of the Python
+    standard library's tests, which the embedded pair never trained on."""
+    held_out: str | None = None
+    """Prompts to measure on (default: every fifth prompt of `data`, never trained on)."""
+    max_tokens: int = 128
+    """Tokens of the target's continuation collected per prompt."""
+    temperatures: list[float] = field(default_factory=lambda: [0.0, 1.0])
+    """One continuation per prompt at each: greedy and sampled text both occur in traffic."""
+    top_logprobs: int = 20
+    """The target's top log-probabilities per position (vLLM's `max_logprobs` allows 20 by default)."""
+    train: TrainSettings = field(default_factory=TrainSettings)
+    max_minutes: float = 60
+    """Refuse training estimated to take longer on this machine."""
+    measure: bool = True
+    batches: list[int] = field(default_factory=lambda: [1, 32])
+    measure_temperatures: list[float] = field(default_factory=lambda: [0.0, 1.0])
+    repeat: int = 1
+    requests: int | None = None
+    measure_max_tokens: int = 64
+    vllm_bench: bool = False
+    draft_out: Path | None = None
+    """The distilled draft's folder (default: `<out>/draft`)."""
+    output: Path | None = None
+    """The config using it (default: `<config>-distilled.yaml` beside the input)."""
+    out: Path | None = None
+
+
+@dataclass
+class Checked:
+    """What the checks found, for the work that follows."""
+
+    config_path: Path
+    draft_dir: Path
+    tokenizer: str
+    data: DistillData
+    out: Path
+    fit: fit.Needs
+
+
+def check(settings: DistillSettings) -> Checked:
+    """Refuse what cannot work, before any server starts or any model trains (ValueError/ConfigError)."""
+    config_path = resolve_config_path(settings.config)
+    config = load_config(settings.config, settings.overrides)
+    if config.speculation.drafter != "small_model":
+        raise ValueError(f"{config_path.name}: distillation fine-tunes a draft model, and speculation.drafter is "
+                         f"'{config.speculation.drafter}'; use a config with drafter: small_model")
+    resolved = preflight(config, config_path.parent)  # missing folders, a draft with other tokens
+    assert resolved.draft is not None
+    if not resolved.draft.local:
+        raise ValueError(f"the draft {resolved.draft.ref} is not a folder on this machine: download it "
+                         f"(huggingface-cli download {resolved.draft.ref}) and point speculation.model at it")
+    if not 1 <= settings.top_logprobs <= 20:
+        raise ValueError(f"--top-logprobs {settings.top_logprobs}: vLLM returns 1 to 20 by default")
+    stem = re.sub(r"[^A-Za-z0-9._-]", "_", config_path.stem)
+    out = settings.out or Path("reports") / f"distill-{stem}-{time.strftime('%Y%m%d-%H%M%S')}"
+    data_file = (stdlib_test_prompts(out / "data.jsonl") if settings.data == STDLIB_TESTS else settings.data)
+    data = load_data(data_file, settings.held_out)
+    chars = sum(map(len, data.train)) / len(data.train)
+    tokens = len(data.train) * len(settings.temperatures) * int(settings.max_tokens + chars / CHARS_PER_TOKEN)
+    need, problems = fit.fit_problems(resolved.draft.params or 0.0, tokens, settings.train.epochs, resolved.machine,
+                                      settings.max_minutes)
+    if problems:
+        raise ValueError("; ".join(problems))
+    return Checked(config_path, Path(resolved.draft.path), target_tokenizer(resolved), data, out, need)
+
+
+def collect_from_target(settings: DistillSettings, checked: Checked) -> tuple[list[Example], list[Example]]:
+    """The target (speculation off) served as configured; its continuations of the training
+    prompts at each temperature, and greedy ones of the held-out prompts (for the offline check)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(checked.tokenizer)
+    _, plan = plan_from_config(str(checked.config_path), [*settings.overrides, f"server.port={free_port()}"],
+                               no_speculation=True)
+    key_env = load_config(str(checked.config_path), settings.overrides).server.api_key_env or ""
+    log.info("starting the target to collect its continuations (log %s)", checked.out / "logs" / "target.log")
+    with start_server(plan, checked.out / "logs" / "target.log") as server:
+        train = collect(server.base_url, plan.served_name, tokenizer, checked.data.train, settings.max_tokens,
+                        settings.temperatures, settings.top_logprobs, key_env, desc="target continuations")
+        held = collect(server.base_url, plan.served_name, tokenizer, checked.data.held_out, settings.max_tokens,
+                       [0.0], settings.top_logprobs, key_env, desc="held-out continuations")
+    return train, held
+
+
+def distill(settings: DistillSettings) -> dict[str, Any]:
+    """The whole run; its result (also distill.json / distill.md in the report folder) has
+    `status`: `distilled` (not measured), `measured`, or `failed` (a measurement failed)."""
+    import torch
+
+    checked = check(settings)
+    out = checked.out
+    out.mkdir(parents=True, exist_ok=True)
+    result: dict[str, Any] = {"config": str(checked.config_path), "settings": settings_record(settings),
+                              "data": {"file": checked.data.source, "sha256": checked.data.sha256,
+                                       "train_prompts": len(checked.data.train),
+                                       "held_out_prompts": len(checked.data.held_out)},
+                              "needs": asdict(checked.fit), "out": str(out)}
+    held_file = write_prompts(checked.data.held_out, out / "held-out.jsonl")
+    train_examples, held_examples = collect_from_target(settings, checked)
+    result["collected"] = {"train_sequences": len(train_examples),
+                           "train_tokens": sum(len(e.completion_ids) for e in train_examples),
+                           "with_logprobs": all(e.top for e in train_examples)}
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    torch.set_num_threads(max(1, len(os.sched_getaffinity(0))))
+    model = load_draft(checked.draft_dir, device)
+    pad = model.config.pad_token_id if model.config.pad_token_id is not None else 0
+    before = evaluate(model, held_examples, pad, device)
+    result["training"] = fine_tune(model, train_examples, settings.train, pad, device)
+    after = evaluate(model, held_examples, pad, device)
+    result["offline"] = {"before": before, "after": after}
+    log.info("held-out greedy agreement (teacher-forced): %.1f%% -> %.1f%%", 100 * before["greedy_agreement"],
+             100 * after["greedy_agreement"])
+
+    draft_out = (settings.draft_out or out / "draft").resolve()
+    save_draft(model, checked.draft_dir, draft_out)
+    write_json(draft_out / "distill.json", {
+        "base_draft": str(checked.draft_dir), "target_config": str(checked.config_path),
+        "overrides": settings.overrides, "data": result["data"], "collected": result["collected"],
+        "collection": {"max_tokens": settings.max_tokens, "temperatures": settings.temperatures,
+                       "top_logprobs": settings.top_logprobs},
+        "training": {**asdict(settings.train), **result["training"], "device": device},
+        "offline": result["offline"], "created": time.strftime(CREATED_FORMAT),
+        "torch": torch.__version__})
+    result["draft"] = str(draft_out)
+    yaml_path = settings.output or checked.config_path.with_name(f"{checked.config_path.stem}-distilled.yaml")
+    comments = [f"distilled by `make distill` from {checked.data.source} ({len(checked.data.train)} prompts)",
+                f"held-out greedy agreement {100 * before['greedy_agreement']:.1f}% -> "
+                f"{100 * after['greedy_agreement']:.1f}% (teacher-forced); record: {draft_out / 'distill.json'}"]
+    write_atomic(yaml_path, with_speculation(checked.config_path.read_text(), {"model": str(draft_out)}, comments))
+    load_config(yaml_path)  # what was written must validate
+    result["yaml"] = str(yaml_path)
+
+    result["status"] = "distilled"
+    if settings.measure:
+        result["measured"] = measure(settings, checked, draft_out, held_file)
+        failed = [m for m in result["measured"]["reports"] if m["status"] == "failed"]
+        result["status"] = "failed" if failed else "measured"
+    return write_result(out, "distill", result, describe(result))
+
+
+def measure(settings: DistillSettings, checked: Checked, draft: Path, held_file: Path) -> dict[str, Any]:
+    """One load test per temperature on the held-out prompts: the original draft (`spec-k<K>`), the
+    distilled one and no speculation, taking turns at each batch size."""
+    rows, reports = [], []
+    for temperature in settings.measure_temperatures:
+        sweep_out = checked.out / f"measure-T{temperature:g}"
+        results = Sweep(SweepSettings(
+            str(checked.config_path), overrides=settings.overrides, alternatives=[("distilled", [f"speculation.model={draft}"])],
+            users=settings.batches, repeat=settings.repeat, requests=settings.requests,
+            request=RequestSettings(workload=str(held_file), temperature=temperature,
+                                    max_tokens=settings.measure_max_tokens),
+            vllm_bench=settings.vllm_bench, out=sweep_out)).run()
+        write_report(results, sweep_out)
+        reports.append({"temperature": temperature, "report": f"{sweep_out.name}/report.md",
+                        "status": results["status"], "problems": results["problems"]})
+        for entry in summarize_speedups(results):
+            rows.append({"temperature": temperature, "batch": entry["concurrency"],
+                         "draft": "distilled" if entry["variant"] == "distilled" else "original",
+                         "acceptance": entry["acceptance_rate"].get("mean"),
+                         "tokens_per_step": entry["mean_accepted_length"].get("mean"),
+                         "speedup": entry["speedup"].get("mean"), "speedup_interval": entry["speedup"],
+                         "vllm_bench_speedup": entry["vllm_bench_speedup"].get("mean"), "runs": entry["runs"]})
+    return {"rows": rows, "reports": reports}
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.1f}%"
+
+
+def _x(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}x"
+
+
+def describe(result: dict[str, Any]) -> str:
+    """distill.md: what was made, from what, and what it changed."""
+    off = result["offline"]
+    lines = [f"# Distilled draft for {Path(result['config']).name}", "",
+             f"Data `{result['data']['file']}`: {result['data']['train_prompts']} training prompts, "
+             f"{result['data']['held_out_prompts']} held out. The target's continuations: "
+             f"{result['collected']['train_sequences']} sequences, {result['collected']['train_tokens']:,} tokens"
+             f"{' with its top log-probabilities' if result['collected']['with_logprobs'] else ''}. "
+             f"Training: {result['training']['steps']} steps in {result['training']['seconds']} s, loss "
+             f"{result['training']['loss_first']} -> {result['training']['loss_last']}.", "",
+             f"Held-out greedy agreement (teacher-forced on the target's greedy continuations): "
+             f"{_pct(off['before']['greedy_agreement'])} -> {_pct(off['after']['greedy_agreement'])}.", "",
+             f"Draft: `{result['draft']}` (its record: distill.json). Config: `{result['yaml']}` "
+             f"(serve it: `make serve CONFIG={Path(result['yaml']).name}`)."]
+    measured = result.get("measured")
+    if measured:
+        by = {(r["temperature"], r["batch"], r["draft"]): r for r in measured["rows"]}
+        lines += ["", "Measured on the engine on the held-out prompts (one load test per temperature; the "
+                  "original draft, the distilled one and no speculation taking turns); speedup = output tokens/s "
+                  "over no speculation's:", "",
+                  "| T | batch | acceptance before | after | tokens/step before | after | speedup before | after |",
+                  "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        for t, b in sorted({(r["temperature"], r["batch"]) for r in measured["rows"]}):
+            o, d = by.get((t, b, "original"), {}), by.get((t, b, "distilled"), {})
+            tps = [f"{v:.2f}" if v is not None else "-" for v in (o.get("tokens_per_step"), d.get("tokens_per_step"))]
+            lines.append(f"| {t:g} | {b} | {_pct(o.get('acceptance'))} | {_pct(d.get('acceptance'))} | {tps[0]} | "
+                         f"{tps[1]} | {_x(o.get('speedup'))} | {_x(d.get('speedup'))} |")
+        lines += ["", "Reports: " + ", ".join(f"[{r['report']}]({r['report']}) ({r['status']})"
+                                              for r in measured["reports"])]
+        lines += bullet_sections({"problems": [p for r in measured["reports"] for p in r["problems"]]},
+                                 {"problems": "Problems:"})
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,116 @@
+"""`make distill`: refusals before any work, the training step on its own, and the whole run on the
+embedded pair (a real target server collecting, a real load test measuring before and after)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+from test_config import write_tokenizer
+
+from deploy import ConfigError, load_config
+from deploy.preflight import Machine
+from distill.collect import Example
+from distill.data import load_data, stdlib_test_prompts, write_prompts
+from distill.fit import fit_problems
+from distill.run import DistillSettings, check, distill
+from distill.train import TrainSettings, evaluate, fine_tune
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_a_data_file_that_cannot_be_used_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="does not exist"):
+        load_data(tmp_path / "missing.jsonl")
+    few = write_prompts([f"def f{i}():\n" for i in range(6)], tmp_path / "few.jsonl")
+    with pytest.raises(ValueError, match="5 distinct training and 1 held-out prompts"):
+        load_data(few)
+    repeated = write_prompts(["same prompt"] * 50, tmp_path / "repeated.jsonl")
+    with pytest.raises(ValueError, match="1 distinct training"):
+        load_data(repeated)
+    (tmp_path / "bad.jsonl").write_text('{"text": "no prompt"}\n')
+    with pytest.raises(ValueError, match="prompt"):
+        load_data(tmp_path / "bad.jsonl")
+    data = load_data(stdlib_test_prompts(tmp_path / "tests.jsonl", count=50))
+    assert (len(data.train), len(data.held_out)) == (40, 10) and not set(data.train) & set(data.held_out)
+
+
+def test_a_run_that_would_not_fit_is_refused_with_what_it_needs() -> None:
+    small = Machine(gpus=0, gpu_memory_gib=0, host_memory_gib=16, cpu_ids=(0, 1))
+    need, problems = fit_problems(7e9, 100_000, 3, small, max_minutes=60)
+    assert need.memory_gib > 100 and "needs about" in problems[0] and "a GPU of at least" in problems[0]
+    need, problems = fit_problems(1e8, 10_000_000, 3, small, max_minutes=60)
+    assert need.minutes > 60 and "would take about" in problems[0]
+    need, problems = fit_problems(3.4e5, 60_000, 3, small, max_minutes=60)  # the embedded draft: minutes at most
+    assert not problems and need.minutes < 5
+
+
+def test_check_refuses_a_draft_with_other_tokens_and_a_config_without_a_draft_model(tmp_path: Path,
+                                                                                     embedded_pair) -> None:
+    from tokenizers import Tokenizer
+
+    draft = tmp_path / "draft"
+    shutil.copytree(embedded_pair.draft, draft)
+    vocab = Tokenizer.from_file(str(draft / "tokenizer.json")).get_vocab()
+    write_tokenizer(draft, {token: (i + 1) % len(vocab) for token, i in vocab.items()})  # same size, other ids
+    config = yaml.safe_load((REPO / "configs" / "default.yaml").read_text())
+    config["speculation"]["model"] = str(draft)
+    (tmp_path / "other.yaml").write_text(yaml.safe_dump(config))
+    data = write_prompts([f"def f{i}():\n" for i in range(20)], tmp_path / "data.jsonl")
+    with pytest.raises(ConfigError, match="not the same ones"):
+        check(DistillSettings(str(tmp_path / "other.yaml"), data=str(data), out=tmp_path / "out"))
+    config["speculation"] = {"drafter": "ngram"}
+    (tmp_path / "ngram.yaml").write_text(yaml.safe_dump(config))
+    with pytest.raises(ValueError, match="fine-tunes a draft model"):
+        check(DistillSettings(str(tmp_path / "ngram.yaml"), data=str(data), out=tmp_path / "out"))
+    assert not (tmp_path / "out").exists()  # refused before any work
+
+
+def test_training_pulls_the_draft_toward_the_targets_distribution() -> None:
+    """A random draft and a 'target' that continues 1, 2, 3, ... (mod 50) with its probability
+    mass split 0.9 / 0.1: after fine-tuning the draft predicts the target's top token."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                         num_attention_heads=2, num_key_value_heads=2, pad_token_id=0))
+
+    def example(start: int) -> Example:
+        prompt = tuple(3 + (start + i) % 50 for i in range(5))
+        completion = tuple(3 + (start + 5 + i) % 50 for i in range(12))
+        top = tuple({t: -0.105, 3 + (t - 3 + 7) % 50: -2.303} for t in completion)  # 0.9 and 0.1
+        return Example(prompt, completion, top, 0.0)
+
+    train = [example(s) for s in range(0, 50, 2)]
+    held = [example(s) for s in range(1, 50, 10)]
+    before = evaluate(model, held, pad_id=0)
+    stats = fine_tune(model, train, TrainSettings(epochs=30, lr=3e-3, batch_size=8), pad_id=0)
+    after = evaluate(model, held, pad_id=0)
+    assert stats["loss_last"] < stats["loss_first"] and after["loss"] < before["loss"]
+    assert before["greedy_agreement"] < 0.2 < 0.9 < after["greedy_agreement"]
+
+
+@pytest.mark.engine
+def test_distill_on_the_embedded_pair(tmp_path: Path, embedded_pair) -> None:
+    data = stdlib_test_prompts(tmp_path / "tests.jsonl", count=40)
+    settings = DistillSettings("default.yaml", data=str(data), max_tokens=32, train=TrainSettings(epochs=2),
+                               batches=[1], measure_temperatures=[0.0], requests=8, measure_max_tokens=32,
+                               output=tmp_path / "default-distilled.yaml", out=tmp_path / "out")
+    result = distill(settings)
+    assert result["status"] == "measured", result
+    assert result["collected"]["train_sequences"] == 64 and result["collected"]["with_logprobs"]
+    record = json.loads((Path(result["draft"]) / "distill.json").read_text())
+    assert record["base_draft"] == str(embedded_pair.draft) and record["data"]["sha256"]
+    off = result["offline"]
+    assert off["after"]["loss"] < off["before"]["loss"]  # closer to the target on prompts it never saw
+    config = load_config(tmp_path / "default-distilled.yaml")
+    assert config.speculation.model == result["draft"] and config.speculation.draft_sampling == "probabilistic"
+    rows = {r["draft"]: r for r in result["measured"]["rows"]}
+    assert set(rows) == {"original", "distilled"}
+    assert all(r["acceptance"] is not None and r["acceptance"] > 0.1 and r["speedup"] for r in rows.values())
+    assert "| 0 | 1 |" in (tmp_path / "out" / "distill.md").read_text()
