@@ -74,8 +74,9 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     print((Path(result["out"]) / "distill.md").read_text())
     print(f"distillation: {Path(result['out']) / 'distill.md'}")
-    # 0: distilled (and measured); 1: a measurement failed; 2: refused before any work.
-    return 1 if result["status"] == "failed" else 0
+    # 0: distilled (and measured); 1: not better than the deployed draft, or a measurement failed;
+    # 2: refused before any work.
+    return 1 if result["status"] in ("failed", "not_better") else 0
 
 
 if __name__ == "__main__":

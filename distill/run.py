@@ -128,7 +128,8 @@ def collect_from_target(settings: DistillSettings, checked: Checked) -> tuple[li
 
 def distill(settings: DistillSettings) -> dict[str, Any]:
     """The whole run; its result (also distill.json / distill.md in the report folder) has
-    `status`: `distilled` (not measured), `measured`, or `failed` (a measurement failed)."""
+    `status`: `distilled` (not measured), `measured`, `not_better` (further from the target on
+    held-out prompts than the deployed draft: no config written) or `failed` (a measurement failed)."""
     import torch
 
     checked = check(settings)
@@ -167,6 +168,12 @@ def distill(settings: DistillSettings) -> dict[str, Any]:
         "offline": result["offline"], "created": time.strftime(CREATED_FORMAT),
         "torch": torch.__version__})
     result["draft"] = str(draft_out)
+    if after["loss"] >= before["loss"]:
+        # A draft further from the target than the one deployed: keep it to look at, deploy nothing.
+        log.error("the distilled draft is further from the target on held-out prompts (loss %.4f -> %.4f): no "
+                  "config written; give more prompts, fewer --epochs or a lower --lr", before["loss"], after["loss"])
+        result["status"] = "not_better"
+        return write_result(out, "distill", result, describe(result))
     yaml_path = settings.output or checked.config_path.with_name(f"{checked.config_path.stem}-distilled.yaml")
     comments = [f"distilled by `make distill` from {checked.data.source} ({len(checked.data.train)} prompts)",
                 f"held-out greedy agreement {100 * before['greedy_agreement']:.1f}% -> "
@@ -228,8 +235,10 @@ def describe(result: dict[str, Any]) -> str:
              f"{result['training']['loss_first']} -> {result['training']['loss_last']}.", "",
              f"Held-out greedy agreement (teacher-forced on the target's greedy continuations): "
              f"{_pct(off['before']['greedy_agreement'])} -> {_pct(off['after']['greedy_agreement'])}.", "",
-             f"Draft: `{result['draft']}` (its record: distill.json). Config: `{result['yaml']}` "
-             f"(serve it: `make serve CONFIG={Path(result['yaml']).name}`)."]
+             f"Draft: `{result['draft']}` (its record: distill.json). " + (
+                 f"Config: `{result['yaml']}` (serve it: `make serve CONFIG={Path(result['yaml']).name}`)."
+                 if result.get("yaml") else "**Not better than the deployed draft on held-out prompts: no config "
+                 "written.** Give more prompts, fewer --epochs or a lower --lr.")]
     measured = result.get("measured")
     if measured:
         by = {(r["temperature"], r["batch"], r["draft"]): r for r in measured["rows"]}

@@ -109,7 +109,9 @@ def fine_tune(model: Any, examples: Sequence[Example], settings: TrainSettings, 
 
     torch.manual_seed(settings.seed)
     steps = settings.epochs * math.ceil(len(examples) / settings.batch_size)
-    warmup = max(1, steps // 20)
+    # At least 10 steps of warm-up: AdamW's first steps move every weight by about the learning
+    # rate, and 8 steps at full rate made a small data set's draft worse (held-out agreement 79% -> 67%).
+    warmup = max(10, steps // 20)
     opt = torch.optim.AdamW(model.parameters(), lr=settings.lr, weight_decay=settings.weight_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: (s + 1) / warmup if s < warmup else
                                               0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (s - warmup) / max(1, steps - warmup))))

@@ -98,7 +98,7 @@ def test_training_pulls_the_draft_toward_the_targets_distribution() -> None:
 @pytest.mark.engine
 def test_distill_on_the_embedded_pair(tmp_path: Path, embedded_pair) -> None:
     data = stdlib_test_prompts(tmp_path / "tests.jsonl", count=40)
-    settings = DistillSettings("default.yaml", data=str(data), max_tokens=32, train=TrainSettings(epochs=2),
+    settings = DistillSettings("default.yaml", data=str(data), max_tokens=32, train=TrainSettings(epochs=4, lr=5e-4),
                                batches=[1], measure_temperatures=[0.0], requests=8, measure_max_tokens=32,
                                output=tmp_path / "default-distilled.yaml", out=tmp_path / "out")
     result = distill(settings)
