@@ -9,13 +9,14 @@ the draft should match whatever temperature users send.
 
 from __future__ import annotations
 
-import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 import requests
 from tqdm import tqdm
+
+from loadtest.client import auth_headers
 
 
 @dataclass(frozen=True)
@@ -27,8 +28,8 @@ class Example:
     temperature: float
 
 
-def _ids(tokens: list[str]) -> list[int]:
-    return [int(t.removeprefix("token_id:")) for t in tokens]
+def _token_id(token: str) -> int:
+    return int(token.removeprefix("token_id:"))  # `return_tokens_as_token_ids` spells a token so
 
 
 def complete(base_url: str, model: str, prompt_ids: list[int], max_tokens: int, temperature: float, seed: int,
@@ -41,12 +42,12 @@ def complete(base_url: str, model: str, prompt_ids: list[int], max_tokens: int, 
     if resp.status_code != 200:
         raise RuntimeError(f"the target server answered {resp.status_code}: {resp.text[:300]}")
     logprobs = resp.json()["choices"][0].get("logprobs") or {}
-    completion = _ids(logprobs.get("tokens") or [])
+    completion = [_token_id(t) for t in logprobs.get("tokens") or []]
     if not completion:
         raise RuntimeError("the target server returned no token ids (needs vLLM's return_tokens_as_token_ids)")
     top = None
     if top_logprobs and logprobs.get("top_logprobs"):
-        top = tuple({int(k.removeprefix("token_id:")): v for k, v in pos.items()}
+        top = tuple({_token_id(k): v for k, v in pos.items()}
                     for pos in logprobs["top_logprobs"])
     return Example(tuple(prompt_ids), tuple(completion), top, temperature)
 
@@ -56,8 +57,7 @@ def collect(base_url: str, model: str, tokenizer: Any, prompts: list[str] | tupl
             desc: str = "collect") -> list[Example]:
     """One continuation of every prompt at each temperature, `parallel` requests at a time (the
     server batches them), with a progress bar."""
-    key = os.environ.get(api_key_env, "") if api_key_env else ""
-    headers = {"Authorization": f"Bearer {key}"} if key else None
+    headers = auth_headers(api_key_env)
     jobs = [(tokenizer(p).input_ids, t, seed) for seed, p in enumerate(prompts) for t in temperatures]
     with ThreadPoolExecutor(parallel) as pool, tqdm(total=len(jobs), desc=desc, unit="req") as bar:
         futures = [pool.submit(complete, base_url, model, ids, max_tokens, t, seed, top_logprobs, headers)

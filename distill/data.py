@@ -47,7 +47,8 @@ def load_data(path: str | Path, held_out: str | Path | None = None) -> DistillDa
     prompts = list(dict.fromkeys(p for p in items if p.strip()))  # a repeated prompt teaches nothing new
     if held_out is not None:
         held = list(dict.fromkeys(prompt_text(i) for i in load_workload(str(held_out)).items))
-        train = [p for p in prompts if p not in set(held)]
+        measured = set(held)
+        train = [p for p in prompts if p not in measured]
     else:
         held = prompts[HELD_OUT_EVERY - 1::HELD_OUT_EVERY]
         train = [p for n, p in enumerate(prompts) if n % HELD_OUT_EVERY != HELD_OUT_EVERY - 1]

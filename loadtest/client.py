@@ -14,6 +14,7 @@ A request is a failure when it errors, times out, or its stream ends early (no u
 from __future__ import annotations
 
 import json
+import os
 import socket
 import time
 from collections.abc import Iterable, Iterator
@@ -219,3 +220,10 @@ def stream_request(session: requests.Session, base_url: str, path: str, body: di
             return parser.finish(now, f"timeout: no complete response within {timeout_s:g} s")
         return parser.finish(now, f"{type(exc).__name__}: {str(exc)[:300]}")
     return parser.finish(time.perf_counter())
+
+
+def auth_headers(api_key_env: str | None) -> dict[str, str] | None:
+    """The Authorization header for a server whose key is in the variable `api_key_env` (None:
+    no variable, or it is empty)."""
+    key = os.environ.get(api_key_env, "") if api_key_env else ""
+    return {"Authorization": f"Bearer {key}"} if key else None

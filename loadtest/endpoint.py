@@ -17,6 +17,7 @@ from urllib.parse import urlparse
 import requests
 
 from loadtest import prom
+from loadtest.client import auth_headers
 
 
 class EndpointError(Exception):
@@ -40,8 +41,7 @@ class RemoteServer:
     """Whether `/metrics` answered when the sweep looked; without it the engine's figures are missing."""
 
     def headers(self) -> dict[str, str] | None:
-        key = os.environ.get(self.api_key_env, "") if self.api_key_env else ""
-        return {"Authorization": f"Bearer {key}"} if key else None
+        return auth_headers(self.api_key_env)
 
     def alive(self) -> bool:
         try:

@@ -36,7 +36,7 @@ from locust.runners import WORKER_REPORT_INTERVAL, MasterRunner, WorkerRunner
 from locust.stats import CSV_STATS_INTERVAL_SEC
 
 from loadtest import request_settings
-from loadtest.client import RequestRecord, stream_request
+from loadtest.client import RequestRecord, auth_headers, stream_request
 from loadtest.request_settings import RequestSettings
 from loadtest.workloads import load_workload, request_for, share
 
@@ -180,8 +180,7 @@ class LLMUser(User):
         self.request = RequestSettings.from_options(opts)
         self.workload = _workload(self.request.workload)
         self.session = requests.Session()
-        key = os.environ.get(opts.api_key_env, "") if opts.api_key_env else ""
-        self.headers = {"Authorization": f"Bearer {key}"} if key else None
+        self.headers = auth_headers(opts.api_key_env)
         self.last_end: float | None = None
         # Distributed, worker w's n-th user is user n x workers + w of the whole run.
         index = next(_user_counter) * max(1, opts.worker_count) + getattr(self.environment.runner, "worker_index", 0)

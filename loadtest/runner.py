@@ -37,7 +37,7 @@ from tqdm import tqdm
 from deploy import ConfigError, Server, ServerStartError, free_port, load_config, plan_from_config
 from deploy.preflight import GIB
 from loadtest import prom, slo, stats, vllm_bench
-from loadtest.client import RequestRecord
+from loadtest.client import RequestRecord, auth_headers
 from loadtest.endpoint import EndpointError, RemoteServer, discover
 from loadtest.files import write_json
 from loadtest.locust_run import LocustJob, LocustOutcome, run_locust
@@ -211,8 +211,7 @@ class _LevelRun:
 
     @property
     def auth(self) -> dict[str, str] | None:
-        key = os.environ.get(self.state.api_key_env, "") if self.state.api_key_env else ""
-        return {"Authorization": f"Bearer {key}"} if key else None
+        return auth_headers(self.state.api_key_env)
 
     def server_gone(self) -> str | None:
         return None if self.server.alive() else self.server.exit_reason()
