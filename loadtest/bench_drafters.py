@@ -49,6 +49,9 @@ DRAFTERS: dict[str, list[str]] = {
     "ngram": ["speculation.drafter=ngram", "speculation.model=", "speculation.draft_sampling=greedy"],
 }
 COUNTERS = ("num_drafts", "num_draft_tokens", "num_accepted_tokens")
+REFERENCE = "ngram"
+"""vLLM's own drafter that, like the plugins, drafts on the CPU between steps: a plugin's per-step
+cost is held against it (issue 12's goal: within 5% at equal tokens per step)."""
 
 
 @dataclass
@@ -69,6 +72,12 @@ class DrafterResult:
     round: int = 0
     step_ms: dict[str, float] = dataclasses.field(default_factory=dict)
     """Per engine step: milliseconds in each phase (plugins.step_profile.per_step_ms)."""
+
+    @property
+    def step_total_ms(self) -> float | None:
+        """What one target step costs the engine: the step plus handing its drafts to the scheduler."""
+        step = self.step_ms.get("step")
+        return step + (self.step_ms.get("post_step") or 0.0) if step else None
 
 
 def code_prompts(count: int, chars: int) -> list[str]:
@@ -161,8 +170,12 @@ PHASE_COLUMNS = [("schedule", "schedule"), ("forward", "target forward"), ("samp
 
 
 def summarize(results: list[DrafterResult], names: list[str]) -> list[dict]:
-    """Per drafter over its rounds: medians, and min-max of tokens/s and of the speedup."""
+    """Per drafter over its rounds: medians, and min-max of tokens/s and of the speedup; and its
+    speed against `REFERENCE` at equal tokens per step: the reference's step time over the
+    drafter's in the same round (tokens/s = tokens per step / step time, so with the tokens per
+    step equal only the step times differ)."""
     rows = []
+    reference = {r.round: r.step_total_ms for r in results if r.drafter == REFERENCE}
     for name in names:
         mine = [r for r in results if r.drafter == name]
         if not mine:
@@ -173,6 +186,8 @@ def summarize(results: list[DrafterResult], names: list[str]) -> list[dict]:
             return statistics.median(values) if values else None
 
         speedups = [r.speedup for r in mine if r.speedup is not None]
+        at_equal = [reference[r.round] / r.step_total_ms for r in mine  # drafters only: `none` makes 1 a step
+                    if r.mean_acceptance_length and r.step_total_ms and reference.get(r.round)]
         phases = [p for p, _ in PHASE_COLUMNS] + ["step"]
         rows.append({
             "drafter": name, "rounds": len(mine),
@@ -182,6 +197,8 @@ def summarize(results: list[DrafterResult], names: list[str]) -> list[dict]:
             "tokens_per_s_range": [min(r.tokens_per_s for r in mine), max(r.tokens_per_s for r in mine)],
             "speedup": med(speedups), "speedup_range": [min(speedups), max(speedups)] if speedups else None,
             "step_ms": {p: med([r.step_ms.get(p) for r in mine]) for p in phases},
+            "vs_reference_at_equal_tokens": med(at_equal),
+            "vs_reference_at_equal_tokens_range": [min(at_equal), max(at_equal)] if at_equal else None,
         })
     return rows
 
@@ -189,6 +206,11 @@ def summarize(results: list[DrafterResult], names: list[str]) -> list[dict]:
 def markdown(summary: list[dict], cost: dict[str, float], meta: dict) -> str:
     def fmt(value: float | None, spec: str) -> str:
         return "n/a" if value is None else format(value, spec)
+
+    def equal_tokens(s: dict) -> str:
+        spread = s["vs_reference_at_equal_tokens_range"]
+        return "n/a" if spread is None else (f"{s['vs_reference_at_equal_tokens']:.3f}x "
+                                             f"[{spread[0]:.3f}-{spread[1]:.3f}]")
 
     lines = [
         "# Drafters on the embedded default", "",
@@ -215,10 +237,12 @@ def markdown(summary: list[dict], cost: dict[str, float], meta: dict) -> str:
               "synchronous scheduling, so nothing here is hidden behind the forward pass. Besides the "
               "forward = step + post-step - target forward: the verification forward does the same work for "
               "every drafter at equal K, so a drafter's cost to the engine is this column less the baseline's; "
-              "tokens per ms = tokens per target step / (step + post-step).", "",
+              "tokens per ms = tokens per target step / (step + post-step); vs " + REFERENCE + " at equal tokens per step = "
+              f"{REFERENCE}'s (step + post-step) over the drafter's in the same round, median [min-max]: the "
+              f"drafter's speedup over {REFERENCE}'s if both made the same tokens per step.", "",
               "| drafter | step | " + " | ".join(title for _, title in PHASE_COLUMNS)
-              + " | besides the forward | tokens per ms |",
-              "|---|" + "---:|" * (len(PHASE_COLUMNS) + 3)]
+              + f" | besides the forward | tokens per ms | vs {REFERENCE} at equal tokens per step |",
+              "|---|" + "---:|" * (len(PHASE_COLUMNS) + 4)]
     for s in summary:
         ms = s["step_ms"]
         per_step = s["mean_acceptance_length"] or 1.0
@@ -226,7 +250,7 @@ def markdown(summary: list[dict], cost: dict[str, float], meta: dict) -> str:
         lines.append(f"| {s['drafter']} | {fmt(ms.get('step'), '.2f')} | "
                      + " | ".join(fmt(ms.get(p), ".2f") for p, _ in PHASE_COLUMNS)
                      + f" | {fmt(total - (ms.get('forward') or 0) if total else None, '.2f')}"
-                     + f" | {fmt(per_step / total if total else None, '.3f')} |")
+                     + f" | {fmt(per_step / total if total else None, '.3f')} | {equal_tokens(s)} |")
     lines += ["", f"Bigram proposal cost, 256 running requests, K = 8: {cost['median_us']:.0f} us per propose "
               f"(median of {cost['steps']:.0f} steps; min {cost['min_us']:.0f} us, p90 {cost['p90_us']:.0f} us; "
               f"thread CPU time median {cost['cpu_median_us']:.0f} us), measured at a 1-minute load average of "

@@ -208,6 +208,7 @@ def tune(settings: TuneSettings) -> dict[str, Any]:
         tuned_name = "tuned" if result["written_schedule"] else f"spec-k{result['k']}"
         result["proof"] = prove(settings, output, k_max, out, tuned_name)
         result["status"] = "proven" if result["proof"]["passed"] else "not_proven"
+        result["notes"] = result.get("notes", []) + result["proof"]["notes"]
     return _finish(result, out)
 
 
@@ -260,7 +261,23 @@ def prove(settings: TuneSettings, tuned: Path, k_max: int, out: Path, tuned_name
             checks.append({"temperature": temperature, "batch": batch, "tuned_speedup": tuned_x,
                            "fixed_speedups": fixed, "best_fixed_k": best_k, "against": against,
                            "ratio": ratio, "passed": ratio is not None and ratio >= PROOF_RATIO})
-    return {"checks": checks, "reports": reports, "passed": bool(checks) and all(c["passed"] for c in checks)}
+    return {"checks": checks, "reports": reports, "passed": bool(checks) and all(c["passed"] for c in checks),
+            "notes": out_of_reach(checks, largest)}
+
+
+def out_of_reach(checks: list[dict[str, Any]], largest: int) -> list[str]:
+    """Why a proof cannot pass whatever the schedule: at the largest batch, no K of this drafter (the
+    tuned schedule included) reached the plain server."""
+    notes = []
+    for c in checks:
+        speeds = [v for v in (c["tuned_speedup"], *c["fixed_speedups"].values()) if v is not None]
+        if c["batch"] == largest and not c["passed"] and speeds and max(speeds) < PROOF_RATIO:
+            notes.append(
+                f"T={c['temperature']:g}, batch {largest}: no K of this drafter reached {PROOF_RATIO}x the plain "
+                f"server (the best made {max(speeds):.2f}x), so no schedule can. In vLLM 0.32 a schedule's K=0 "
+                "still runs a draft model's forward pass (to keep its KV cache in step): serve this load without "
+                "speculation, or use a drafter whose K=0 costs nothing (ngram, the plugin drafters).")
+    return notes
 
 
 def _x(value: Any) -> str:

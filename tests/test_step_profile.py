@@ -16,7 +16,7 @@ import requests
 from conftest import LOG_DIR, complete
 from deploy import free_port, plan_from_config, start_server
 from plugins import step_profile
-from loadtest.bench_drafters import DrafterResult, settled_profile, summarize
+from loadtest.bench_drafters import DrafterResult, markdown, settled_profile, summarize
 
 
 def figures(**seconds_and_calls: tuple[int, float]) -> dict[str, dict[str, float]]:
@@ -69,9 +69,10 @@ def test_install_wraps_each_method_once_and_names_what_it_cannot_find(tmp_path: 
 
 
 def result(name: str, round_: int, tok_s: float, speedup: float | None, accepted: float | None,
-           step: float) -> DrafterResult:
+           step: float, post_step: float = 0.0) -> DrafterResult:
     return DrafterResult(name, 100, 100 / tok_s, tok_s, 10, 40, 30, accepted, 4.0 if accepted else None,
-                         speedup=speedup, round=round_, step_ms={"step": step, "forward": step * 0.9})
+                         speedup=speedup, round=round_,
+                         step_ms={"step": step, "forward": step * 0.9, "post_step": post_step})
 
 
 def test_summary_gives_medians_over_rounds_and_the_spread() -> None:
@@ -84,6 +85,24 @@ def test_summary_gives_medians_over_rounds_and_the_spread() -> None:
     assert bigram["acceptance_rate"] == 0.8 and bigram["step_ms"]["step"] == 25
     assert none["acceptance_rate"] is None and none["step_ms"]["forward"] == pytest.approx(18.0)
     assert summarize(results, ["ngram"]) == []  # not run: no row
+    assert bigram["vs_reference_at_equal_tokens"] is None  # no ngram in the run: nothing to hold it against
+
+
+def test_each_drafter_is_held_against_ngram_at_equal_tokens_per_step() -> None:
+    """ngram's step time (with post-step) over the drafter's, round by round: a drafter 25% slower
+    per step in one round and 10% faster in the other has the median of 0.8 and 1.1."""
+    results = [result("ngram", 0, 100, 2.0, 0.8, 20), result("bigram", 0, 110, 2.2, 0.9, 24, post_step=1),
+               result("ngram", 1, 100, 2.0, 0.8, 21, post_step=1), result("bigram", 1, 110, 2.2, 0.9, 20),
+               result("bigram", 2, 110, 2.2, 0.9, 40),  # round 2 has no ngram run: not compared
+               result("none", 0, 50, 1.0, None, 18)]
+    none, ngram, bigram = summarize(results, ["none", "ngram", "bigram"])
+    assert none["vs_reference_at_equal_tokens"] is None  # one token a step: no draft to compare
+    assert bigram["vs_reference_at_equal_tokens"] == pytest.approx(0.95)
+    assert bigram["vs_reference_at_equal_tokens_range"] == pytest.approx([0.8, 1.1])
+    assert ngram["vs_reference_at_equal_tokens"] == 1.0
+    cost = {"median_us": 170, "steps": 80, "min_us": 160, "p90_us": 200, "cpu_median_us": 170, "load_average": 1}
+    meta = {"prompts": 8, "max_tokens": 256, "k": 4, "machine": "test", "rounds": 3}
+    assert "| 0.950x [0.800-1.100] |" in markdown([ngram, bigram], cost, meta)
 
 
 @pytest.mark.engine

@@ -15,7 +15,7 @@ import yaml
 
 from deploy import load_config
 from loadtest.runner import SweepSettings, plan_variants
-from loadtest.tune import choose, deployed_k, schedule_from, tuned_yaml
+from loadtest.tune import choose, deployed_k, out_of_reach, schedule_from, tuned_yaml
 from plugins import k_for_batch
 
 REPO = Path(__file__).resolve().parent.parent
@@ -99,6 +99,20 @@ def test_a_tuned_config_is_load_tested_against_each_fixed_k(tmp_path: Path) -> N
     for v in variants[1:-1]:  # a fixed K is the tuned config without its schedule
         config = load_config(path, list(v.overrides))
         assert config.speculation.schedule is None and config.speculation.num_speculative_tokens == v.k
+
+
+def test_a_proof_no_schedule_can_pass_says_so() -> None:
+    """At the largest batch, when every K (the tuned schedule too) is below 0.97x the plain server,
+    the proof says that no schedule can pass; one K at 0.98x, or a smaller batch, says nothing."""
+    def check(batch: int, tuned: float, fixed: dict[int, float], t: float = 1.0) -> dict:
+        return {"temperature": t, "batch": batch, "tuned_speedup": tuned, "fixed_speedups": fixed,
+                "passed": tuned >= 0.97}
+
+    hopeless = check(32, 0.93, {1: 0.94, 2: 0.91})
+    notes = out_of_reach([check(1, 2.5, {1: 1.5, 4: 2.6}), check(16, 0.90, {1: 0.92}), hopeless], 32)
+    assert len(notes) == 1 and notes[0].startswith("T=1, batch 32: no K") and "0.94x" in notes[0]
+    assert out_of_reach([check(32, 0.93, {1: 0.98, 2: 0.91})], 32) == []  # K=1 would pass: the tuning is at fault
+    assert out_of_reach([check(32, 0.99, {1: 0.94})], 32) == []  # passed
 
 
 def test_plugins_read_the_schedule_as_vllms_scheduler_does() -> None:
