@@ -29,7 +29,7 @@ class Example:
 
 
 def _token_id(token: str) -> int:
-    return int(token.removeprefix("token_id:"))  # `return_tokens_as_token_ids` spells a token so
+    return int(token.removeprefix("token_id:"))  # how `return_tokens_as_token_ids` spells a token
 
 
 def complete(base_url: str, model: str, prompt_ids: list[int], max_tokens: int, temperature: float, seed: int,

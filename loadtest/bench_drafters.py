@@ -237,7 +237,7 @@ def markdown(summary: list[dict], cost: dict[str, float], meta: dict) -> str:
               "synchronous scheduling, so nothing here is hidden behind the forward pass. Besides the "
               "forward = step + post-step - target forward: the verification forward does the same work for "
               "every drafter at equal K, so a drafter's cost to the engine is this column less the baseline's; "
-              "tokens per ms = tokens per target step / (step + post-step); vs " + REFERENCE + " at equal tokens per step = "
+              f"tokens per ms = tokens per target step / (step + post-step); vs {REFERENCE} at equal tokens per step = "
               f"{REFERENCE}'s (step + post-step) over the drafter's in the same round, median [min-max]: the "
               f"drafter's speedup over {REFERENCE}'s if both made the same tokens per step.", "",
               "| drafter | step | " + " | ".join(title for _, title in PHASE_COLUMNS)
