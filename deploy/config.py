@@ -49,7 +49,8 @@ class TargetConfig(Section):
     tokenizer: str | None = None
     """Tokenizer folder or hub id when it differs from `model`."""
     dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
-    """Weight and activation dtype."""
+    """Weight and activation dtype. `auto` on a GPU: the checkpoint's (vLLM's rule); on a CPU:
+    bfloat16 where the CPU has bf16 arithmetic (AVX-512 BF16, AMX), float32 elsewhere."""
     max_model_len: int | None = Field(default=None, ge=16)
     """Longest prompt + output in tokens; smaller values need less KV cache."""
     quantization: str | None = None

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from deploy.cpu_dtype import resolve_cpu_dtype, slow_dtype_warning
 from deploy.config import ConfigError, DeploymentConfig
 from plugins.drafters import DRAFTERS
 
@@ -237,10 +238,10 @@ def kv_bytes_per_token(hf_config: dict[str, Any] | None, dtype_bytes: float) -> 
     return 2 * hf_config["num_hidden_layers"] * kv_heads * head_dim * dtype_bytes
 
 
-def _weight_bytes(info: ModelInfo, config: DeploymentConfig) -> float | None:
+def _weight_bytes(info: ModelInfo, config: DeploymentConfig, dtype: str) -> float | None:
     if info.params is None:
         return None
-    per_param = QUANT_BYTES.get(config.target.quantization or "", DTYPE_BYTES[config.target.dtype])
+    per_param = QUANT_BYTES.get(config.target.quantization or "", DTYPE_BYTES[dtype])
     return info.params * per_param
 
 
@@ -279,11 +280,12 @@ def check_fit(resolved: ResolvedDeployment) -> list[str]:
     models = [resolved.target]
     if resolved.draft and (resolved.draft.hf_config or config.speculation.drafter == "small_model"):
         models.append(resolved.draft)
-    weights = sum(w for w in (_weight_bytes(m, config) for m in models) if w)
+    dtype = resolve_cpu_dtype(config.target.dtype) if resolved.device == "cpu" else config.target.dtype
+    weights = sum(w for w in (_weight_bytes(m, config, dtype) for m in models) if w)
     if not weights:
         resolved.notes.append("memory check skipped: model size unknown (no local config.json, no size in name)")
         return problems
-    dtype_bytes = DTYPE_BYTES[config.target.dtype]
+    dtype_bytes = DTYPE_BYTES[dtype]
     kv_token = kv_bytes_per_token(resolved.target.hf_config, dtype_bytes)
     max_len = config.target.max_model_len or (resolved.target.hf_config or {}).get("max_position_embeddings") or 4096
     kv_min = (kv_token or 0) * max_len  # room for one full-length sequence at least
@@ -495,6 +497,8 @@ def preflight(config: DeploymentConfig, config_dir: Path | None = None, machine:
     problems += check_parallelism(config, target, draft, device, notes)
     if advice := spec.sampling_advice():
         notes.append(advice)
+    if device == "cpu" and (slow := slow_dtype_warning(config.target.dtype)):
+        notes.append(slow)
     api_key = os.environ.get(config.server.api_key_env, "") if config.server.api_key_env else ""
     resolved = ResolvedDeployment(config, machine, device, target, draft, notes, api_key=api_key,
                                   ld_preload=ld_preload(config, device))

@@ -532,3 +532,31 @@ def test_every_registered_drafter_translates_to_a_vllm_method_or_a_plugin() -> N
         spec = engine_arguments(resolved)["speculative_config"]
         assert spec["method"] == (drafter.vllm_method or "custom_class"), name
         assert spec.get("model") == (drafter.plugin() or model.get("model")), name  # native unless told
+
+
+@pytest.mark.parametrize("bf16", [True, False])
+def test_a_cpu_serves_auto_as_the_type_it_computes_and_warns_of_a_slow_one(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, bf16: bool) -> None:
+    """On a CPU without bf16 arithmetic (AVX2 only) vLLM's bf16 matmuls are emulated, ~45x slower."""
+    import deploy.cpu_dtype
+
+    monkeypatch.setattr(deploy.cpu_dtype, "native_bf16", lambda: bf16)
+    folder = tmp_path / "m"
+    fake_model(folder, vocab=32000, hidden=2048, layers=16)  # ~1B parameters
+
+    def weights_gib(resolved) -> float:
+        note = next(n for n in resolved.notes if n.startswith("memory estimate"))
+        return float(note.split("weights ")[1].split(" GiB")[0])
+
+    auto = preflight(parse_config(minimal(target={"model": str(folder)})), machine=CPU_BOX)
+    assert engine_arguments(auto)["dtype"] == ("bfloat16" if bf16 else "float32")
+    explicit = preflight(parse_config(minimal(target={"model": str(folder), "dtype": "bfloat16"})), machine=CPU_BOX)
+    assert engine_arguments(explicit)["dtype"] == "bfloat16"  # an explicit type is the user's to keep
+    # The memory check counts the bytes the served type takes: 4 a weight in float32.
+    assert weights_gib(auto) == pytest.approx(weights_gib(explicit) * (1 if bf16 else 2), rel=0.01)
+    slow = [n for n in explicit.notes if "without bfloat16 arithmetic" in n]
+    assert bool(slow) == (not bf16) and all("target.dtype: auto" in n for n in slow)
+    # On a GPU `auto` stays vLLM's (the checkpoint's type).
+    monkeypatch.setenv("SPECDEPLOY_API_KEY", "sk-test")
+    gpu = preflight(parse_config(minimal(target={"model": str(folder)})), machine=GPU_NODE)
+    assert engine_arguments(gpu)["dtype"] == "auto"

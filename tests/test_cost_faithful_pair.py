@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from deploy import plan_from_config
+from deploy.cpu_dtype import native_bf16
 from deploy.embedded_pair import GOALS, check_goals
 from deploy.engine_args import engine_arguments
 from deploy.widen import widen_llama
@@ -82,7 +83,8 @@ def test_cost_variants_are_built_from_the_served_config(embedded_pair) -> None:
     # Everything else is what `make serve` gives the server: same model, dtype, lengths.
     for name in ("verify", "draft"):
         assert {k: v for k, v in args[name].items() if k != "speculative_config"} == args["plain"]
-    assert args["plain"]["dtype"] == "bfloat16"
+    # The embedded configs say `auto`: bf16 where this CPU computes it, float32 elsewhere.
+    assert args["plain"]["dtype"] == ("bfloat16" if native_bf16() else "float32")
 
 
 def test_goals_are_checked_against_measured_costs(embedded_pair) -> None:

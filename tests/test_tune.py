@@ -191,9 +191,9 @@ def test_tune_on_the_embedded_default(tmp_path: Path, embedded_pair) -> None:
     # K capped in the worker takes effect: told K=0 the speculative engine makes one token a step,
     # and K=1 at most two.
     for batch in ("1", "8"):
-        # One token a step; a single run may count one more engine step than tokens (64 tokens in
-        # 65 steps, once in CI), still far from K=1's ~2.
-        assert figures[batch]["k0"]["tokens_per_step"] == pytest.approx(1.0, abs=1 / 64)
+        # One token a step; a single run may count one engine step more or fewer than tokens (64
+        # tokens in 65 steps once in CI, in 63 another time), still far from K=1's ~2.
+        assert 64 / 65 <= figures[batch]["k0"]["tokens_per_step"] <= 64 / 63
         assert 1.0 < figures[batch]["k1"]["tokens_per_step"] <= 2.0
         assert figures[batch]["k2"]["tokens_per_step"] > figures[batch]["k1"]["tokens_per_step"]
     for t in ("0", "0.7", "1"):  # the config's temperatures; probabilistic drafts keep acceptance at T > 0
