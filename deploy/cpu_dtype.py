@@ -40,7 +40,7 @@ def resolve_cpu_dtype(dtype: str) -> str:
 def slow_dtype_warning(dtype: str) -> str | None:
     """A line a person can act on when the config asks a CPU for a type it has no arithmetic for."""
     if dtype in ("bfloat16", "float16") and not native_bf16():
-        return (f"target.dtype {dtype} on a CPU without {dtype} arithmetic (no AVX-512 BF16/AMX): vLLM falls back "
+        return (f"target.dtype {dtype} on a CPU without bf16 arithmetic (no AVX-512 BF16 or AMX): vLLM falls back "
                 f"to torch's emulated matmuls, ~45x slower than float32 here; set target.dtype: auto (float32 on "
                 f"this CPU) or float32")
     return None

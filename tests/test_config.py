@@ -554,7 +554,7 @@ def test_a_cpu_serves_auto_as_the_type_it_computes_and_warns_of_a_slow_one(
     assert engine_arguments(explicit)["dtype"] == "bfloat16"  # an explicit type is the user's to keep
     # The memory check counts the bytes the served type takes: 4 a weight in float32.
     assert weights_gib(auto) == pytest.approx(weights_gib(explicit) * (1 if bf16 else 2), rel=0.01)
-    slow = [n for n in explicit.notes if "without bfloat16 arithmetic" in n]
+    slow = [n for n in explicit.notes if "without bf16 arithmetic" in n]
     assert bool(slow) == (not bf16) and all("target.dtype: auto" in n for n in slow)
     # On a GPU `auto` stays vLLM's (the checkpoint's type).
     monkeypatch.setenv("SPECDEPLOY_API_KEY", "sk-test")
