@@ -29,10 +29,11 @@ def native_bf16() -> bool:
     return any(capabilities.get(name, False) for name in ("avx512_bf16", "amx_bf16", "bf16"))
 
 
-def resolve_cpu_dtype(dtype: str) -> str:
-    """The dtype a CPU server runs for the config's `dtype`: `auto` becomes bfloat16 where the CPU
-    computes it and float32 elsewhere; an explicit dtype is kept (preflight warns when it is slow)."""
-    if dtype != "auto":
+def served_dtype(dtype: str, device: str) -> str:
+    """The dtype a server on `device` runs for the config's `dtype`: on a CPU, `auto` becomes
+    bfloat16 where the CPU computes it and float32 elsewhere; on a GPU `auto` stays vLLM's (the
+    checkpoint's). An explicit dtype is kept (preflight warns when a CPU is slow at it)."""
+    if dtype != "auto" or device != "cpu":
         return dtype
     return "bfloat16" if native_bf16() else "float32"
 

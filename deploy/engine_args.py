@@ -17,7 +17,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-from deploy.cpu_dtype import resolve_cpu_dtype
+from deploy.cpu_dtype import served_dtype
 from deploy.config import SPECULATIVE_FIELDS_AS_IS, DeploymentConfig
 from plugins.drafters import DRAFTERS, OPTIONS_KEY
 from deploy.preflight import ResolvedDeployment, cpu_binding
@@ -148,7 +148,7 @@ def engine_arguments(resolved: ResolvedDeployment, node_rank: int = 0) -> dict[s
         "port": c.server.port,
         # On a CPU, `auto` is the type this CPU computes fast (vLLM's own `auto` takes the
         # checkpoint's bf16 even where bf16 is emulated, ~45x slower).
-        "dtype": resolve_cpu_dtype(c.target.dtype) if resolved.device == "cpu" else c.target.dtype,
+        "dtype": served_dtype(c.target.dtype, resolved.device),
     }
     optional = {
         "tokenizer": c.target.tokenizer, "max_model_len": c.target.max_model_len,

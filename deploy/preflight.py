@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from deploy.cpu_dtype import resolve_cpu_dtype, slow_dtype_warning
+from deploy.cpu_dtype import served_dtype, slow_dtype_warning
 from deploy.config import ConfigError, DeploymentConfig
 from plugins.drafters import DRAFTERS
 
@@ -280,7 +280,7 @@ def check_fit(resolved: ResolvedDeployment) -> list[str]:
     models = [resolved.target]
     if resolved.draft and (resolved.draft.hf_config or config.speculation.drafter == "small_model"):
         models.append(resolved.draft)
-    dtype = resolve_cpu_dtype(config.target.dtype) if resolved.device == "cpu" else config.target.dtype
+    dtype = served_dtype(config.target.dtype, resolved.device)
     weights = sum(w for w in (_weight_bytes(m, config, dtype) for m in models) if w)
     if not weights:
         resolved.notes.append("memory check skipped: model size unknown (no local config.json, no size in name)")
