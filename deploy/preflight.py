@@ -114,6 +114,8 @@ class ResolvedDeployment:
     """The value of `server.api_key_env` here; empty when unset (only a plan gets that far)."""
     ld_preload: str | None = None
     """LD_PRELOAD for a CPU server: Intel OpenMP ahead of the caller's own (`resources.cpu_preload_iomp`)."""
+    weight_bytes: float | None = None
+    """Target + draft weights as served (`check_fit`'s estimate); None when the size is unknown."""
 
 
 def resolve_model_ref(ref: str, config_dir: Path | None = None) -> str:
@@ -282,6 +284,7 @@ def check_fit(resolved: ResolvedDeployment) -> list[str]:
         models.append(resolved.draft)
     dtype = served_dtype(config.target.dtype, resolved.device)
     weights = sum(w for w in (_weight_bytes(m, config, dtype) for m in models) if w)
+    resolved.weight_bytes = weights or None
     if not weights:
         resolved.notes.append("memory check skipped: model size unknown (no local config.json, no size in name)")
         return problems

@@ -47,6 +47,11 @@ from loadtest.workloads import Workload, load_workload
 
 log = logging.getLogger("specdeploy.loadtest")
 RESULTS_SCHEMA = 2
+SERVER_PROCESSES_GIB = 2.0
+"""Memory of one CPU server besides its KV cache and weights, measured (PSS of the embedded
+default's API server 0.54 GiB, engine core 0.52, worker 0.90 beyond its KV cache)."""
+UNKNOWN_WEIGHTS_GIB = 1.0
+"""Weights assumed for a server whose model size preflight could not estimate."""
 
 
 @dataclass
@@ -185,6 +190,8 @@ class _Running:
     """Why this variant runs no more levels (failed start, server died)."""
     died: bool = False
     """Its server died after starting: the levels it misses are recorded as skipped."""
+    weight_bytes: float | None = None
+    """Its weights as served (preflight's estimate), for whether the servers fit in memory together."""
 
 
 @dataclass
@@ -314,6 +321,7 @@ class Sweep:
             state.broken = entry["error"]
             return state
         state.plan = plan
+        state.weight_bytes = resolved.weight_bytes
         state.served_name = plan.served_name
         state.tokenizer = resolved.config.target.tokenizer or resolved.target.path
         state.api_key_env = resolved.config.server.api_key_env or ""
@@ -366,12 +374,13 @@ class Sweep:
 
     @staticmethod
     def _servers_fit_together(planned: list[_Running]) -> bool:
-        """On a CPU, when every server's KV cache and weights fit in memory with room to spare."""
+        """On a CPU, when every server's KV cache, weights and processes fit in memory with room to spare."""
         if len(planned) < 2 or any(s.plan.device != "cpu" for s in planned):
             return len(planned) < 2
-        kv_gib = sum(int(s.plan.env.get("VLLM_CPU_KVCACHE_SPACE", "4")) for s in planned)
+        need_gib = sum(int(s.plan.env.get("VLLM_CPU_KVCACHE_SPACE", "4")) + SERVER_PROCESSES_GIB
+                       + (s.weight_bytes / GIB if s.weight_bytes is not None else UNKNOWN_WEIGHTS_GIB) for s in planned)
         host_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / GIB
-        return kv_gib + 3 * len(planned) <= 0.7 * host_gib  # ~3 GiB of processes and weights a server
+        return need_gib <= 0.8 * host_gib  # the rest: the load test, the OS, a load's growth
 
     def _start(self, state: _Running, variant: Variant, position: str) -> bool:
         server_log = self.out / state.entry["server_log"]
