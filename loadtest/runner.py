@@ -35,7 +35,7 @@ from typing import Any
 from tqdm import tqdm
 
 from deploy import ConfigError, Server, ServerStartError, free_port, load_config, plan_from_config
-from deploy.preflight import GIB
+from deploy.preflight import GIB, ResolvedDeployment
 from loadtest import prom, slo, stats, vllm_bench
 from loadtest.client import RequestRecord, auth_headers
 from loadtest.endpoint import EndpointError, RemoteServer, discover
@@ -190,8 +190,8 @@ class _Running:
     """Why this variant runs no more levels (failed start, server died)."""
     died: bool = False
     """Its server died after starting: the levels it misses are recorded as skipped."""
-    weight_bytes: float | None = None
-    """Its weights as served (preflight's estimate), for whether the servers fit in memory together."""
+    resolved: ResolvedDeployment | None = None
+    """Its config bound to this machine, set with `plan` (preflight's weight estimate, the host's memory)."""
 
 
 @dataclass
@@ -321,7 +321,7 @@ class Sweep:
             state.broken = entry["error"]
             return state
         state.plan = plan
-        state.weight_bytes = resolved.weight_bytes
+        state.resolved = resolved
         state.served_name = plan.served_name
         state.tokenizer = resolved.config.target.tokenizer or resolved.target.path
         state.api_key_env = resolved.config.server.api_key_env or ""
@@ -378,9 +378,9 @@ class Sweep:
         if len(planned) < 2 or any(s.plan.device != "cpu" for s in planned):
             return len(planned) < 2
         need_gib = sum(int(s.plan.env.get("VLLM_CPU_KVCACHE_SPACE", "4")) + SERVER_PROCESSES_GIB
-                       + (s.weight_bytes / GIB if s.weight_bytes is not None else UNKNOWN_WEIGHTS_GIB) for s in planned)
-        host_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / GIB
-        return need_gib <= 0.8 * host_gib  # the rest: the load test, the OS, a load's growth
+                       + (s.resolved.weight_bytes / GIB if s.resolved.weight_bytes is not None else UNKNOWN_WEIGHTS_GIB)
+                       for s in planned)
+        return need_gib <= 0.8 * planned[0].resolved.machine.host_memory_gib  # the rest: the load test, the OS, a load's growth
 
     def _start(self, state: _Running, variant: Variant, position: str) -> bool:
         server_log = self.out / state.entry["server_log"]

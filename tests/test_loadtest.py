@@ -345,6 +345,27 @@ def test_requests_per_user_and_variants():
     assert [v.name for v in plan_variants(SweepSettings("default", baseline=False))] == ["spec-k4"]
 
 
+def test_servers_run_together_only_where_kv_weights_and_processes_fit(tmp_path):
+    # Real plans of the embedded default (preflight reads the built pair; no engine starts), on a
+    # machine whose memory is set: 6 servers x (KV + 2.0 GiB of processes + ~0.1 GiB of weights).
+    from deploy.preflight import Machine
+
+    def fits(kv_gib: int, host_gib: float) -> bool:
+        settings = SweepSettings("default", extra_k=[1, 2, 3, 5], out=tmp_path,
+                                 overrides=[f"resources.cpu_kvcache_space_gib={kv_gib}"])
+        sweep = Sweep(settings)
+        planned = [sweep._prepare(v) for v in plan_variants(settings)]
+        assert len(planned) == 6 and all(s.plan.device == "cpu" for s in planned)
+        assert all(0.05 * 2**30 < s.resolved.weight_bytes < 0.5 * 2**30 for s in planned)
+        for s in planned:
+            s.resolved = replace(s.resolved, machine=Machine(0, 0.0, host_gib))
+        return Sweep._servers_fit_together(planned)
+
+    assert fits(1, 24)        # ~18.6 GiB <= 19.2: the tune proof's six servers
+    assert not fits(2, 24)    # ~24.6 GiB: the KV caches count
+    assert not fits(1, 22)    # ~18.6 GiB > 17.6: the processes and weights count
+
+
 def test_request_settings_reach_every_command_line_unchanged():
     # Declared once (loadtest.request_settings): the options they write are the options read back,
     # by the sweep's CLI and by each Locust process.
