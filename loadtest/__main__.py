@@ -116,7 +116,9 @@ def build_parser() -> argparse.ArgumentParser:
     adv.add_argument("--out", type=Path, default=None, help="folder for advice.md (default: reports/advise-<config>-<time>)")
     tun = sub.add_parser("tune", help="choose K for each batch size on the engine, write <config>-tuned.yaml with "
                                       "speculation.schedule, and prove it with load tests")
-    tun.add_argument("config", nargs="?", default=DEFAULT_CONFIG, help="config with a native drafter (default: %(default)s)")
+    tun.add_argument("config", nargs="?", default=DEFAULT_CONFIG,
+                     help="config to tune: vLLM's drafters take the schedule, the plugin drafters read it "
+                          "themselves (default: %(default)s)")
     tun.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
                      help="override a config field (repeatable)")
     tun.add_argument("--batches", type=int_list, default=[1, 4, 16, 32], metavar="B,B",
