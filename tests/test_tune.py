@@ -111,6 +111,7 @@ def test_a_proof_no_schedule_can_pass_says_so() -> None:
     hopeless = check(32, 0.93, {1: 0.94, 2: 0.91})
     notes = out_of_reach([check(1, 2.5, {1: 1.5, 4: 2.6}), check(16, 0.90, {1: 0.92}), hopeless], 32)
     assert len(notes) == 1 and notes[0].startswith("T=1, batch 32: no K") and "0.94x" in notes[0]
+    assert "K=0 step took 1.08 plain steps at batch 32" in out_of_reach([hopeless], 32, k0_cost=1.08)[0]
     assert out_of_reach([check(32, 0.93, {1: 0.98, 2: 0.91})], 32) == []  # K=1 would pass: the tuning is at fault
     assert out_of_reach([check(32, 0.99, {1: 0.94})], 32) == []  # passed
 
