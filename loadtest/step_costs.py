@@ -36,8 +36,9 @@ Engines of different variants run one after another, and on a shared machine one
 are compared with each other to choose (K for each batch size, `make tune`), they come from one
 engine instead: a `k_sweep` job builds the speculative engine with a schedule of K (so vLLM takes
 its per-batch-size path, as a tuned server does) and, between measurements, caps in the worker
-the K its drafter drafts (`_set_worker_k`), K=0..K in a rotating order each round. The K's then
-differ by what K costs, not by which engine happened to be faster.
+the K its drafter drafts (`_set_worker_k`; the engine core gets the same cap, so K=0 steps skip
+the draft hand-off as a tuned server's do: plugins/k0_handoff.py), K=0..K in a rotating order
+each round. The K's then differ by what K costs, not by which engine happened to be faster.
 `python -m loadtest costs CONFIG` prints them; `make models` keeps them beside the embedded pair.
 """
 
@@ -201,6 +202,12 @@ def _set_k(llm: Any, k: int) -> None:
     """From the next step on, the engine drafts K tokens at every batch size."""
     if not all(llm.collective_rpc(_set_worker_k, args=(k,))):
         raise RuntimeError("a K sweep needs a speculative engine")
+    # The engine core's copy (plugins/k0_handoff.py): K=0 steps skip the draft hand-off, as a tuned server's do.
+    try:
+        llm.llm_engine.engine_core.call_utility("specdeploy_cap_k", k)
+    except Exception as exc:
+        raise RuntimeError(f"the engine core has no specdeploy_cap_k ({exc}): specdeploy's vLLM general plugin "
+                           "plugins.k0_handoff is not installed; run `pip install -e .` (make venv)") from exc
 
 
 def _engine_main(job_path: str, out_path: str) -> None:

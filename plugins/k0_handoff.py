@@ -1,0 +1,117 @@
+"""Steps that draft nothing skip the hand-off of drafts: a K = 0 step costs what a plain step costs.
+
+With synchronous scheduling (vLLM 0.32's default on CPUs), after every step of a speculative
+server the engine core asks the worker for the drafts it just made (`EngineCore.post_step` ->
+`take_draft_token_ids`, an RPC to the worker process) and hands them to the scheduler's requests.
+Under a schedule whose K is 0 at the running batch size, every draft is empty, yet the round trip
+and the walk over the batch still run. Measured on the embedded float32 pair at batch 32
+(`plugins.step_profile`, the small-model plugin at K = 0): post_step 1.9 ms per step, on a plain
+step of about 70-120 ms; a plain server has no such phase.
+
+`register()`, a vLLM general plugin run in every process, wraps two methods:
+
+- `Scheduler.schedule` notes the step's K: vLLM's own (`num_spec_tokens_to_schedule`, set from
+  `num_speculative_tokens_per_batch_size` for native drafters) and, for specdeploy's plugin
+  drafters (vLLM gives custom proposers no schedule), the plugin's K at the step's batch size from
+  the same lookup the plugin reads (`plugins.k_by_batch_size`);
+- `EngineCore.post_step` returns at once when that K was 0.
+
+It also gives the engine core a utility, `specdeploy_cap_k` (`call_utility("specdeploy_cap_k", k)`
+from an `LLM`'s client): `make tune`'s K sweep caps K in the worker between measurements and
+here too, so its K=0 steps skip the hand-off as a tuned server's do and cost what they will cost.
+
+Skipping changes nothing else: the scheduler has already emptied the drafts of every request it
+scheduled (`request.spec_token_ids = []`), and the hand-off would have set them to the same empty
+lists. Only the plain synchronous loop is touched: async scheduling and the batch queue (pipeline
+parallelism) take drafts elsewhere. Without a schedule K is never 0 and nothing is skipped.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from typing import Any, Callable
+
+log = logging.getLogger("vllm.specdeploy.k0_handoff")
+_WRAPPED = "__specdeploy_k0_handoff__"
+_skipped = False  # one log line per process on the first skip
+
+
+def plugin_k_lookup(vllm_config: Any) -> list[int] | None:
+    """K per batch size that a specdeploy plugin drafter reads from the config; None for native
+    drafters, plugins without a schedule, or no speculation."""
+    from plugins import OPTIONS_KEY, k_by_batch_size
+
+    spec = getattr(vllm_config, "speculative_config", None)
+    extra = getattr(vllm_config, "additional_config", None) or {}
+    options = extra.get(OPTIONS_KEY) if isinstance(extra, dict) else None
+    if spec is None or getattr(spec, "method", None) != "custom_class" or not isinstance(options, dict):
+        return None
+    return k_by_batch_size(vllm_config, options)
+
+
+def step_k(scheduler: Any, output: Any) -> int:
+    """The number of draft tokens the proposer makes after this scheduled step."""
+    k = int(getattr(output, "num_spec_tokens_to_schedule", 0) or 0)
+    lookup = scheduler.__dict__.get("_specdeploy_plugin_k")
+    if lookup is None:
+        lookup = scheduler._specdeploy_plugin_k = plugin_k_lookup(scheduler.vllm_config) or []
+    batch = len(output.num_scheduled_tokens)
+    if lookup and batch:
+        k = min(k, lookup[min(batch, len(lookup) - 1)])
+    cap = scheduler.__dict__.get("_specdeploy_k_cap")
+    return k if cap is None else min(k, cap)
+
+
+def cap_k(core: Any, k: int | None) -> bool:
+    """Engine-core utility: from the next step on, at most K drafts a step (None: no cap), as the
+    K sweep's cap in the worker; True once set."""
+    core.scheduler._specdeploy_k_cap = None if k is None else int(k)
+    return True
+
+
+def _noting_k(schedule: Callable) -> Callable:
+    @functools.wraps(schedule)
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+        output = schedule(self, *args, **kwargs)
+        try:
+            self._specdeploy_step_k = step_k(self, output)
+        except Exception:  # noqa: BLE001 - unknown shapes: never skip, never break scheduling
+            self._specdeploy_step_k = None
+        return output
+
+    setattr(wrapper, _WRAPPED, True)
+    return wrapper
+
+
+def _skipping_k0(post_step: Callable) -> Callable:
+    @functools.wraps(post_step)
+    def wrapper(self: Any, model_executed: bool) -> None:
+        if (self.batch_queue is None and not self.async_scheduling
+                and getattr(self.scheduler, "_specdeploy_step_k", None) == 0):
+            global _skipped
+            if not _skipped:
+                log.info("specdeploy: a K=0 step of the schedule: its draft hand-off to the scheduler is "
+                         "skipped (said once)")
+                _skipped = True
+            return None  # every draft of this step is empty; the scheduler already holds none
+        return post_step(self, model_executed)
+
+    setattr(wrapper, _WRAPPED, True)
+    return wrapper
+
+
+def register() -> None:
+    """vLLM general-plugin hook: install both wrappers (once per process)."""
+    try:
+        from vllm.v1.core.sched.scheduler import Scheduler
+        from vllm.v1.engine.core import EngineCore
+
+        for owner, name, wrap in ((Scheduler, "schedule", _noting_k), (EngineCore, "post_step", _skipping_k0)):
+            method = owner.__dict__[name]
+            if not getattr(method, _WRAPPED, False):
+                setattr(owner, name, wrap(method))
+        EngineCore.specdeploy_cap_k = cap_k  # type: ignore[attr-defined]
+    except Exception as exc:  # a later vLLM may have moved things: serve as before, say so
+        log.warning("specdeploy: could not install the K=0 hand-off skip (%s); K=0 steps of a schedule "
+                    "keep vLLM's draft hand-off", exc)
