@@ -22,12 +22,18 @@ from typing import Any
 from plugins.drafters import DRAFTERS, OPTIONS_KEY
 
 
+def specdeploy_options(vllm_config: Any) -> dict[str, Any] | None:
+    """The options specdeploy put in vLLM's `additional_config`, as passed (None: there are none)."""
+    extra = getattr(vllm_config, "additional_config", None) or {}
+    options = extra.get(OPTIONS_KEY) if isinstance(extra, dict) else None
+    return options if isinstance(options, dict) else None
+
+
 def plugin_options(vllm_config: Any, drafter: str) -> dict[str, Any]:
     """The options specdeploy put in `additional_config` for this drafter, over the registry's
     defaults; a clear error when there are none."""
-    extra = getattr(vllm_config, "additional_config", None) or {}
-    options = extra.get(OPTIONS_KEY) if isinstance(extra, dict) else None
-    if not isinstance(options, dict) or options.get("drafter") != drafter:
+    options = specdeploy_options(vllm_config)
+    if options is None or options.get("drafter") != drafter:
         raise ValueError(
             f"specdeploy's {drafter} proposer found no options in vLLM's additional_config['{OPTIONS_KEY}']; "
             f"start the server through specdeploy (`make serve`, deploy.plan_from_config) with "

@@ -40,12 +40,11 @@ _skipped = False  # one log line per process on the first skip
 def plugin_k_lookup(vllm_config: Any) -> list[int] | None:
     """K per batch size that a specdeploy plugin drafter reads from the config; None for native
     drafters, plugins without a schedule, or no speculation."""
-    from plugins import OPTIONS_KEY, k_by_batch_size
+    from plugins import k_by_batch_size, specdeploy_options
 
     spec = getattr(vllm_config, "speculative_config", None)
-    extra = getattr(vllm_config, "additional_config", None) or {}
-    options = extra.get(OPTIONS_KEY) if isinstance(extra, dict) else None
-    if spec is None or getattr(spec, "method", None) != "custom_class" or not isinstance(options, dict):
+    options = specdeploy_options(vllm_config)
+    if spec is None or getattr(spec, "method", None) != "custom_class" or options is None:
         return None
     return k_by_batch_size(vllm_config, options)
 
