@@ -59,6 +59,8 @@ def derive(results: dict[str, Any]) -> list[dict[str, Any]]:
             base_tpot = _tpot_s(base, client_side=True) if base else None
         row: dict[str, Any] = {"variant": variant["name"], "concurrency": c, "repeat": repeat,
                                "per_token_source": source}
+        if base and level.get("sequence") and base.get("sequence"):
+            row["went_first"] = level["sequence"] < base["sequence"]
         row.update(stats.speculation_analysis(
             server.get("acceptance_rate"), server.get("mean_accepted_length"), variant["k"], tpot, base_tpot))
         if base_client.get("output_tokens_per_s"):
@@ -87,6 +89,12 @@ def summarize_speedups(results: dict[str, Any]) -> list[dict[str, Any]]:
             entry[key] = stats.mean_interval([r[key] for r in rows if r.get(key) is not None])
         for key in ("acceptance_rate", "mean_accepted_length"):
             entry[key] = stats.mean_interval([r[key] for r in rows if r.get(key) is not None])
+        by_order = {o: [r["speedup"] for r in rows if r.get("went_first") is first and r.get("speedup")]
+                    for o, first in (("first", True), ("second", False))}
+        if all(by_order.values()):
+            # Runs where the variant went before its baseline run against those where it went after:
+            # a gap between the two is drift or an order effect, which the alternating order cancels.
+            entry["speedup_by_order"] = {o: sum(v) / len(v) for o, v in by_order.items()}
         entry["verdict"] = verdict(entry)
         out.append(entry)
     return out
@@ -125,8 +133,11 @@ def headline(results: dict[str, Any]) -> list[str]:
             spread = f" (95% interval {m['low']:.2f}-{m['high']:.2f})" if m.get("low") is not None else ""
             parts.append(f"{m['mean']:.2f}x {name}{spread}")
         accept = (e.get("acceptance_rate") or {}).get("mean")
+        order = e.get("speedup_by_order")
         lines.append(f"batch {e['concurrency']}, {e['variant']}: speculation {e['verdict']}: " + "; ".join(parts)
                      + (f"; acceptance {accept:.0%}" if accept is not None else "")
+                     + (f"; Locust {order['first']:.2f}x in runs before the baseline's, {order['second']:.2f}x "
+                        "in runs after it" if order else "")
                      + f" ({e['runs']} run{'s' if e['runs'] != 1 else ''}, each beside a baseline run)")
     return lines + [vllm_bench.describe_systematic(e) for e in vllm_bench.systematic_by_level(results)] \
         + slo_lines(results)

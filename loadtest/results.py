@@ -19,6 +19,8 @@ class LevelResult(TypedDict, total=False):
 
     concurrency: int
     repeat: int
+    sequence: int
+    """The run's place in the sweep (1 = first): says which of a pair of runs went first."""
     requests: int | None
     """Measured requests (None: the run lasted `duration_target_s`)."""
     duration_target_s: float | None

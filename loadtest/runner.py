@@ -10,7 +10,9 @@ concurrency and request count. `--repeat N` makes N runs of every (variant, conc
 
 Order: on a CPU every variant's server stays up (an idle vLLM server costs no CPU) and the
 variants take turns at each run, so spec and baseline of the same repeat are measured minutes
-apart and share the machine's mood; each speedup is paired within its repeat. Where servers
+apart and share the machine's mood; each speedup is paired within its repeat. Who goes first
+alternates from one repeat to the next (`run_order`), so an even number of repeats cancels a
+steady drift and any advantage of going first. Where servers
 cannot share the device (GPUs), one server runs at a time, each repeat restarting them.
 Results go to `results.json` (its shape: `loadtest.results`) after every run, so a crash or a dead
 server keeps what was done.
@@ -148,9 +150,13 @@ def _alternatives(settings: SweepSettings, spec: Any) -> list[Variant]:
 def run_order(variants: list[Variant], users: list[int], repeat: int,
               together: bool) -> list[tuple[int, int, Variant]]:
     """(repeat, concurrency, variant) in the order they run: variants take turns at each run when
-    their servers are up together; otherwise each variant's levels run in a row, per repeat."""
+    their servers are up together, in the listed order on odd repeats and reversed on even ones
+    (A B, B A, ...): a machine that drifts steadily over a pair's minutes, or a run that gains from
+    going first or second, then favours each variant equally over two repeats instead of always the
+    same one. Otherwise each variant's levels run in a row, per repeat."""
     if together:
-        return [(r, c, v) for c in users for r in range(1, repeat + 1) for v in variants]
+        return [(r, c, v) for c in users for r in range(1, repeat + 1)
+                for v in (variants if r % 2 else variants[::-1])]
     return [(r, c, v) for r in range(1, repeat + 1) for v in variants for c in users]
 
 
@@ -288,7 +294,7 @@ class Sweep:
                 if state.server is None and not self._start(state, variant, f"{n}/{len(order)}"):
                     continue
                 title = f"[{n}/{len(order)}] {variant.name} c={users} run {repeat}/{self.settings.repeat}"
-                state.entry["levels"].append(self._run_level(state, variant, users, repeat, title))
+                state.entry["levels"].append({**self._run_level(state, variant, users, repeat, title), "sequence": n})
                 self.save()
         except KeyboardInterrupt:
             self.results["problems"].append("interrupted")

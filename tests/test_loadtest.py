@@ -35,7 +35,7 @@ from loadtest.__main__ import build_parser
 from loadtest.locust_run import LocustJob, commands, run_locust
 from loadtest.request_settings import RequestSettings, settings_record
 from loadtest.report import write_report
-from loadtest.runner import Sweep, SweepSettings, load_records, plan_variants, requests_for
+from loadtest.runner import Sweep, SweepSettings, load_records, plan_variants, requests_for, run_order
 from loadtest.workloads import BUILTIN, load_workload, request_for
 
 REPO = Path(__file__).resolve().parent.parent
@@ -343,6 +343,17 @@ def test_requests_per_user_and_variants():
     assert names == ["spec-k4", "spec-k2", "spec-k8", "baseline"]
     assert [v.name for v in plan_variants(SweepSettings("default", no_spec=True))] == ["baseline"]
     assert [v.name for v in plan_variants(SweepSettings("default", baseline=False))] == ["spec-k4"]
+
+
+def test_variants_take_turns_and_who_goes_first_alternates():
+    names = [v.name for v in plan_variants(SweepSettings("default", extra_k=[2]))]
+    order = [(r, c, v) for r, c, v in run_order(names, [1, 32], 3, together=True)]
+    assert order[:6] == [(1, 1, "spec-k4"), (1, 1, "spec-k2"), (1, 1, "baseline"),
+                         (2, 1, "baseline"), (2, 1, "spec-k2"), (2, 1, "spec-k4")]
+    assert order[6:9] == [(3, 1, "spec-k4"), (3, 1, "spec-k2"), (3, 1, "baseline")]
+    assert [c for _, c, _ in order] == [1] * 9 + [32] * 9 and order[9] == (1, 32, "spec-k4")
+    # One server at a time (GPUs): each variant's levels in a row, every repeat restarting them.
+    assert run_order(names, [1, 32], 1, together=False)[:3] == [(1, 1, "spec-k4"), (1, 32, "spec-k4"), (1, 1, "spec-k2")]
 
 
 def test_servers_run_together_only_where_kv_weights_and_processes_fit(tmp_path):

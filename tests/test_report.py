@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from loadtest.__main__ import main
-from loadtest.report import compare_table, derive, newest_report, report_markdown, write_report
+from loadtest.report import compare_table, derive, headline, newest_report, report_markdown, summarize_speedups, write_report
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -59,6 +59,25 @@ def test_report_files_speedup_and_compare_table(tmp_path):
     assert "2.00x" in table and "0.90x" in table and "70%" in table
     assert json.loads(files["json"].read_text())["comparisons"]
     assert "comparisons" not in results  # the sweep's own results are not rewritten behind its back
+
+
+def test_speedup_is_split_by_which_run_of_the_pair_went_first():
+    # Two repeats in the runner's alternating order: spec before baseline, then after it.
+    def run(c: int, tps: float, repeat: int, sequence: int) -> dict:
+        return {**_level(c, tps, 10.0, 0.5, 2.0), "repeat": repeat, "sequence": sequence}
+
+    results = {"config": "default", "status": "ok", "settings": {"users": [32]}, "machine": {}, "problems": [],
+               "variants": [{"name": "spec-k2", "label": "K=2", "k": 2, "status": "ok",
+                             "levels": [run(32, 90, 1, 1), run(32, 110, 2, 4)]},
+                            {"name": "baseline", "label": "off", "k": None, "status": "ok",
+                             "levels": [run(32, 100, 1, 2), run(32, 100, 2, 3)]}]}
+    assert [r["went_first"] for r in derive(results)] == [True, False]
+    [entry] = summarize_speedups(results)
+    assert entry["speedup_by_order"] == pytest.approx({"first": 0.9, "second": 1.1})
+    assert "Locust 0.90x in runs before the baseline's, 1.10x in runs after it" in headline(results)[0]
+    # One order only (a single repeat, or results from before the order was recorded): no split.
+    results["variants"][0]["levels"].pop()
+    assert "speedup_by_order" not in summarize_speedups(results)[0]
 
 
 def test_a_full_disk_never_truncates_results_json(tmp_path):
