@@ -131,8 +131,9 @@ def build_parser() -> argparse.ArgumentParser:
     tun.add_argument("--no-prove", action="store_true", help="write the tuned config without the proving load tests")
     tun.add_argument("--proof-temperature", type=temperature_list, default=[0.0, 1.0], metavar="T,T",
                      help="temperatures of the proving load tests (default: 0,1)")
-    tun.add_argument("--proof-repeats", type=positive_int, default=1,
-                     help="runs of each proof level, each beside a baseline run; their mean is judged (default: 1)")
+    tun.add_argument("--proof-repeats", type=positive_int, default=2,
+                     help="runs of each proof level, each beside a baseline run; their mean is judged (default: 2, "
+                          "one in each order)")
     tun.add_argument("--requests", type=int, default=None, help="measured requests per proof run "
                                                                 "(default: max(32, 8 x batch))")
     tun.add_argument("--output", type=Path, default=None, help="the tuned YAML (default: <config>-tuned.yaml beside it)")

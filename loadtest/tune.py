@@ -74,9 +74,11 @@ class TuneSettings:
     """The tuned YAML (default: `<config>-tuned.yaml` beside the input)."""
     out: Path | None = None
     """The report folder."""
-    proof_repeats: int = 1
+    proof_repeats: int = 2
     """Runs of each proof level (each beside its own baseline run); the proof judges their mean.
-    One run on a shared 2-core machine varies by ~5%, as much as the proof's 3% margin."""
+    One run on a shared 2-core machine varies by ~5%, as much as the proof's 3% margin. Two,
+    because the variants' order flips from one repeat to the next (`runner.run_order`): with one
+    run the tuned server always goes first."""
 
 
 def would_measure(settings: TuneSettings, k: int) -> list[str]:
