@@ -347,7 +347,7 @@ def test_requests_per_user_and_variants():
 
 def test_variants_take_turns_and_who_goes_first_alternates():
     names = [v.name for v in plan_variants(SweepSettings("default", extra_k=[2]))]
-    order = [(r, c, v) for r, c, v in run_order(names, [1, 32], 3, together=True)]
+    order = run_order(names, [1, 32], 3, together=True)
     assert order[:6] == [(1, 1, "spec-k4"), (1, 1, "spec-k2"), (1, 1, "baseline"),
                          (2, 1, "baseline"), (2, 1, "spec-k2"), (2, 1, "spec-k4")]
     assert order[6:9] == [(3, 1, "spec-k4"), (3, 1, "spec-k2"), (3, 1, "baseline")]
