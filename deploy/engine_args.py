@@ -111,15 +111,18 @@ def speculative_config(resolved: ResolvedDeployment) -> dict[str, Any] | None:
 def plugin_options(resolved: ResolvedDeployment) -> dict[str, Any] | None:
     """Options for specdeploy's proposer plugin (read in the worker from additional_config)."""
     spec = resolved.config.speculation
-    # vLLM hands custom proposers no per-batch-size K: the plugin reads the schedule and cuts its drafts.
-    schedule = {"schedule": [list(r) for r in spec.schedule]} if spec.schedule else {}
+    # vLLM hands custom proposers no per-batch-size K and no temperatures: the plugin reads the
+    # schedule and the temperature gate and cuts its drafts itself.
+    common: dict[str, Any] = {"schedule": [list(r) for r in spec.schedule]} if spec.schedule else {}
+    if spec.draft_max_temperature is not None:
+        common["draft_max_temperature"] = spec.draft_max_temperature
     if spec.drafter == "bigram":
         assert resolved.bigram_table is not None, "preflight(environment=True) resolves the bigram table"
         return {"drafter": "bigram", "table": str(resolved.bigram_table),
-                **spec.bigram.model_dump(exclude={"table"}), **schedule}
+                **spec.bigram.model_dump(exclude={"table"}), **common}
     if spec.drafter == "small_model" and spec.plugin_class:
         assert resolved.draft is not None
-        return {"drafter": "small_model", "draft_model": resolved.draft.path, **schedule}
+        return {"drafter": "small_model", "draft_model": resolved.draft.path, **common}
     return None
 
 

@@ -126,11 +126,14 @@ def plan_variants(settings: SweepSettings) -> list[Variant]:
     if settings.no_spec or not spec.enabled:
         return [baseline]
     if spec.schedule:
-        # A tuned config: its schedule against each fixed K it chose from (schedule removed).
+        # A tuned config: its schedule against each fixed K it chose from (schedule removed, and
+        # the temperature gate a tuned plugin config carries too: a fixed K drafts for every request).
         schedule = ", ".join(f"{a}-{b}: {k}" for a, b, k in spec.schedule)
-        tuned = Variant("tuned", f"{spec.drafter} K by batch size ({schedule})", (), False,
+        gate = "" if spec.draft_max_temperature is None else f", drafts at T <= {spec.draft_max_temperature:g}"
+        tuned = Variant("tuned", f"{spec.drafter} K by batch size ({schedule}{gate})", (), False,
                         spec.num_speculative_tokens, spec.drafter)
         fixed = [Variant(f"spec-k{k}", f"{spec.drafter} K={k}", ("speculation.schedule=null",
+                                                                 "speculation.draft_max_temperature=null",
                                                                  f"speculation.num_speculative_tokens={k}"),
                          False, k, spec.drafter) for k in dict.fromkeys(settings.extra_k)]
         return [tuned, *fixed, *_alternatives(settings, spec)] + ([baseline] if settings.baseline else [])

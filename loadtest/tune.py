@@ -14,7 +14,9 @@
    within 1% go to the shorter draft, which wastes less when acceptance dips).
 3. Write `<config>-tuned.yaml` beside the input: the input's text with `speculation.schedule`
    (vLLM's `num_speculative_tokens_per_batch_size`) inserted and the measurements that chose it
-   as comments. Range boundaries sit at the geometric middle between measured batch sizes.
+   as comments. Range boundaries sit at the geometric middle between measured batch sizes. A
+   plugin drafter (greedy drafts) also gets `draft_max_temperature`, the largest temperature
+   measured: hotter requests, whose greedy drafts would mostly be rejected, draft nothing.
 4. Prove it (unless `--no-prove`): a load test per temperature of the tuned config, every fixed
    K and the baseline at each batch size; the tuned config must reach 0.97x the baseline at the
    largest batch and 0.97x the best fixed K at every other.
@@ -92,10 +94,11 @@ def would_measure(settings: TuneSettings, k: int) -> list[str]:
 
 def cost_variants(k: int, max_batch: int) -> dict[str, tuple[list[str], bool]]:
     """The engines step 1 measures: name -> (config overrides, no speculation). The speculative one
-    carries a schedule so that vLLM (or the plugin) takes the per-batch-size path a tuned server takes."""
+    carries a schedule so that vLLM (or the plugin) takes the per-batch-size path a tuned server takes,
+    and no temperature gate, so that acceptance is measured at every temperature asked for."""
     return {"plain": ([], True),
-            "spec": ([f"speculation.num_speculative_tokens={k}", f"speculation.schedule=[[1, {max_batch}, {k}]]"],
-                     False)}
+            "spec": ([f"speculation.num_speculative_tokens={k}", f"speculation.schedule=[[1, {max_batch}, {k}]]",
+                      "speculation.draft_max_temperature=null"], False)}
 
 
 def tokens_per_step(per_position: list[float], k: int) -> float:
@@ -135,12 +138,15 @@ def schedule_from(rows: list[dict[str, Any]], max_batch: int) -> list[list[int]]
     return ranges
 
 
-def tuned_yaml(source: str, k: int, schedule: list[list[int]] | None, comments: list[str]) -> str:
-    """The input's text (its comments kept) with `num_speculative_tokens: k` and the schedule (or
-    none) set under `speculation:`, the comments above them."""
+def tuned_yaml(source: str, k: int, schedule: list[list[int]] | None, comments: list[str],
+               draft_max_temperature: float | None = None) -> str:
+    """The input's text (its comments kept) with `num_speculative_tokens: k`, the schedule (or
+    none) and the temperature gate (or none) set under `speculation:`, the comments above them."""
     return with_speculation(source, {
         "num_speculative_tokens": str(k),
-        "schedule": f"[{', '.join(f'[{a}, {b}, {kk}]' for a, b, kk in schedule)}]" if schedule else None}, comments)
+        "schedule": f"[{', '.join(f'[{a}, {b}, {kk}]' for a, b, kk in schedule)}]" if schedule else None,
+        "draft_max_temperature": None if draft_max_temperature is None else f"{draft_max_temperature:g}"},
+        comments)
 
 
 def deployed_k(schedule: list[list[int]]) -> tuple[int, list[list[int]] | None]:
@@ -195,7 +201,10 @@ def tune(settings: TuneSettings) -> dict[str, Any]:
     result["rows"] = rows = choose(costs, per_position, k_max)
     result["schedule"] = schedule_from(rows, max_batch)
     result["k"], result["written_schedule"] = deployed_k(result["schedule"])
-    text = tuned_yaml(path.read_text(), result["k"], result["written_schedule"], comments(result))
+    # Plugin drafts are greedy: requests hotter than the tuning measured keep off them (plugins.temperature_gate).
+    result["draft_max_temperature"] = max(temperatures) if spec.plugin_class else None
+    text = tuned_yaml(path.read_text(), result["k"], result["written_schedule"], comments(result),
+                      result["draft_max_temperature"])
     write_atomic(output, text)
     try:
         load_config(output, settings.overrides)
@@ -228,6 +237,9 @@ def comments(result: dict[str, Any]) -> list[str]:
         lines.append(f"{row['batch']:>5}  {row['plain_step_ms']:>8.2f}  "
                      + "  ".join(f"{o['rate']:>9.2f}" for o in row["options"]) + f"  K={row['k']}")
     lines.append("tok/t: tokens per plain-step time (tokens per step / the step's time in plain steps).")
+    if result.get("draft_max_temperature") is not None:
+        lines.append(f"The plugin drafts greedily: requests above T={result['draft_max_temperature']:g}, where this "
+                     "was not measured, get no drafts.")
     if result["settings"]["overrides"]:
         lines.append("Measured with --set " + " ".join(result["settings"]["overrides"]) + " (not written here).")
     return lines

@@ -8,7 +8,9 @@
 `plugins.vllm_fixes` repairs a vLLM 0.32 CPU bug that skews sampling with speculation at
 temperature > 0 (both proposers apply it; as a vLLM general plugin it reaches native drafters).
 `plugins.k0_handoff`, another general plugin, lets a schedule's K=0 steps skip the engine's draft
-hand-off, so drafting nothing costs what a plain step costs.
+hand-off, so drafting nothing costs what a plain step costs. `plugins.temperature_gate`, a third,
+hands the proposers each step's request temperatures, so a config's `draft_max_temperature` can keep
+sampled requests (where greedy drafts are rarely accepted) from drafting.
 
 Configs never name these classes: `speculation.drafter: bigram` or `drafter: small_model` with
 `implementation: plugin` select them (the registry `plugins/drafters.py`), and their options reach

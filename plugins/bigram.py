@@ -37,6 +37,7 @@ import numpy as np
 from plugins.drafters import DRAFTERS
 from plugins import k_by_batch_size, k_for_batch, num_speculative_tokens, plugin_options, vllm_fixes
 from plugins.bigram_table import BigramTable, BigramTableError, load_table, tokenizer_fingerprint
+from plugins.temperature_gate import TemperatureGate
 
 # Inside vLLM's worker processes: a child of vLLM's logger, so these lines reach the server log.
 log = logging.getLogger("vllm.specdeploy.bigram")
@@ -322,7 +323,8 @@ class BigramProposer:
 
     Options (from `additional_config["specdeploy"]`, declared in deploy.config.BigramOptions, defaults
     in plugins/drafters.py):
-    `table`, `context_weight`, `min_probability`, `max_batch_size`. K is
+    `table`, `context_weight`, `min_probability`, `max_batch_size`, and from the config's
+    speculation section `schedule` and `draft_max_temperature` (plugins.temperature_gate). K is
     `speculative_config.num_speculative_tokens`.
     """
 
@@ -341,6 +343,7 @@ class BigramProposer:
             # Refuse to start: a table of another tokenizer would draft meaningless ids.
             raise BigramTableError(f"specdeploy bigram drafter refuses to start: {exc}") from None
         get_vocab = getattr(model_config, "get_vocab_size", None)
+        self.gate = TemperatureGate(options.get("draft_max_temperature"))
         self.drafter = BigramDrafter(
             table, num_speculative_tokens(vllm_config), options["context_weight"],
             options["min_probability"], options["max_batch_size"], model_config.max_model_len,
@@ -355,9 +358,13 @@ class BigramProposer:
     def load_model(self, target_model: Any) -> None:
         """Nothing to load (the CPU runner calls it for every drafter)."""
 
+    def note_temperatures(self, temperatures: np.ndarray) -> None:
+        """This step's temperature per row (plugins.temperature_gate)."""
+        self.gate.note(temperatures)
+
     def propose(self, sampled_token_ids: list[list[int]], num_tokens_no_spec: np.ndarray, token_ids_cpu: np.ndarray,
                 slot_mappings: Any = None) -> list[list[int]]:
-        return self.drafter.propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu)
+        return self.drafter.propose(self.gate.rows(sampled_token_ids), num_tokens_no_spec, token_ids_cpu)
 
 
 def benchmark_propose(table: BigramTable, batch: int = 256, k: int = 8, steps: int = 80, history: int = 256,

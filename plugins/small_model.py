@@ -16,7 +16,8 @@ that shares the target's vocabulary, with its own KV cache per request:
 
 Options (`additional_config["specdeploy"]`): `draft_model`, the draft's local folder, and
 `max_cache_mib` (default 1024, in `plugins/drafters.py`), the memory its per-request KV caches may
-hold: requests past it get no draft until others finish. A step that fails (out of memory, a
+hold: requests past it get no draft until others finish. The config's `schedule` and
+`draft_max_temperature` (plugins.temperature_gate) arrive there too. A step that fails (out of memory, a
 bad token) gives that request an empty draft and a warning in the server log; the engine goes
 on. K is `speculative_config.num_speculative_tokens`; the draft runs on the worker's device in
 the target's dtype.
@@ -34,6 +35,7 @@ import torch
 
 from plugins.drafters import DRAFTERS
 from plugins import k_by_batch_size, k_for_batch, num_speculative_tokens, plugin_options, vllm_fixes
+from plugins.temperature_gate import TemperatureGate
 
 # Inside vLLM's worker processes: a child of vLLM's logger, so these lines reach the server log.
 log = logging.getLogger("vllm.specdeploy.small_model")
@@ -192,6 +194,7 @@ class SmallModelProposer:
         """Memory for the per-request draft KV caches (requests past it get no draft)."""
         self.k = num_speculative_tokens(vllm_config)
         self.k_by_batch = k_by_batch_size(vllm_config, options)
+        self.gate = TemperatureGate(options.get("draft_max_temperature"))
         self.model_config = vllm_config.model_config
         self.device = torch.device(str(vllm_config.device_config.device))
         self.drafter: SmallModelDrafter | None = None
@@ -215,8 +218,12 @@ class SmallModelProposer:
         log.info("specdeploy small-model drafter: %s (%.2fM parameters, %s) on %s, K=%d", self.path, params / 1e6,
                  dtype, self.device, self.k)
 
+    def note_temperatures(self, temperatures: np.ndarray) -> None:
+        """This step's temperature per row (plugins.temperature_gate)."""
+        self.gate.note(temperatures)
+
     def propose(self, sampled_token_ids: list[list[int]], num_tokens_no_spec: np.ndarray, token_ids_cpu: np.ndarray,
                 slot_mappings: Any = None) -> list[list[int]]:
         if self.drafter is None:
             raise RuntimeError("SmallModelProposer.propose called before load_model")
-        return self.drafter.propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu)
+        return self.drafter.propose(self.gate.rows(sampled_token_ids), num_tokens_no_spec, token_ids_cpu)

@@ -74,6 +74,16 @@ def test_drafter_consistency() -> None:
     assert "overlaps" in problems(minimal(speculation={"drafter": "ngram", "schedule": [[1, 8, 4], [8, 16, 2]]}))[0]
     assert "did you mean 'prompt_lookup_max'" in problems(
         minimal(speculation={"drafter": "ngram", "extra": {"prompt_lookup_mx": 3}}))[0]
+    # Only specdeploy's plugins can keep sampled requests from drafting; vLLM drafts for all of its own.
+    assert "applies to specdeploy's plugin drafters" in problems(
+        minimal(speculation={"drafter": "ngram", "draft_max_temperature": 0}))[0]
+    assert "greater than or equal to 0" in problems(
+        minimal(speculation={"drafter": "bigram", "draft_max_temperature": -1}))[0]
+    plugin = {"drafter": "small_model", "implementation": "plugin", "model": "x/y", "temperatures": [0, 1]}
+    assert "drafts greedily" in parse_config(minimal(speculation=plugin)).speculation.sampling_advice()
+    gated = parse_config(minimal(speculation={**plugin, "draft_max_temperature": 0.5})).speculation
+    assert gated.draft_max_temperature == 0.5
+    assert gated.sampling_advice() is None  # T=1 requests draft nothing: nothing to warn about
 
 
 def test_draft_sampling_and_the_temperatures_a_config_is_tuned_for() -> None:

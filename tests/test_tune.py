@@ -77,6 +77,24 @@ def test_the_tuned_yaml_keeps_the_input_and_validates(tmp_path: Path) -> None:
         tuned_yaml("speculation: {drafter: ngram}\n", 2, [[1, 64, 2]], [])
 
 
+def test_a_tuned_plugin_config_drafts_only_at_the_temperatures_it_was_tuned_for(tmp_path: Path) -> None:
+    source = (REPO / "configs" / "embedded-small-plugin.yaml").read_text()
+    text = tuned_yaml(source, 2, [[1, 5, 2], [6, 64, 0]], [], draft_max_temperature=0.0)
+    assert "  draft_max_temperature: 0\n" in text
+    assert load_config_text(tmp_path, text).speculation.draft_max_temperature == 0
+    # Tuned again at T=0 and 1: the gate moves to 1 instead of appearing twice.
+    again = tuned_yaml(text, 2, [[1, 64, 2]], [], draft_max_temperature=1.0)
+    assert again.count("draft_max_temperature:") == 1
+    assert load_config_text(tmp_path, again).speculation.draft_max_temperature == 1
+    # Its fixed-K rivals in the proof draft for every request, as an untuned config does.
+    path = tmp_path / "tuned.yaml"
+    path.write_text(text)
+    variants = plan_variants(SweepSettings(str(path), extra_k=[1, 2]))
+    assert "drafts at T <= 0" in variants[0].label
+    for v in variants[1:-1]:
+        assert load_config(path, list(v.overrides)).speculation.draft_max_temperature is None
+
+
 def test_the_written_k_is_the_schedules_largest_and_one_k_needs_no_schedule() -> None:
     assert deployed_k([[1, 64, 2]]) == (2, None)
     assert deployed_k([[1, 8, 3], [9, 64, 1]]) == (3, [[1, 8, 3], [9, 64, 1]])
@@ -143,6 +161,9 @@ def test_a_schedule_reaches_vllm_for_native_drafters_and_the_plugin_for_plugins(
     plugin = engine_arguments(plan_from_config("embedded-bigram", [schedule])[0])
     assert "num_speculative_tokens_per_batch_size" not in plugin["speculative_config"]
     assert plugin["additional_config"]["specdeploy"]["schedule"] == [[1, 4, 4], [5, 64, 0]]
+    gated = engine_arguments(plan_from_config("embedded-bigram", ["speculation.draft_max_temperature=0.5"])[0])
+    assert gated["additional_config"]["specdeploy"]["draft_max_temperature"] == 0.5
+    assert "draft_max_temperature" not in plugin["additional_config"]["specdeploy"]
 
 
 def test_the_bigram_drafter_cuts_its_drafts_to_the_schedule(tmp_path: Path) -> None:
@@ -206,6 +227,7 @@ def test_tune_on_the_embedded_default(tmp_path: Path, embedded_pair) -> None:
     k, written = deployed_k(schedule)
     assert f"num_speculative_tokens: {k}" in text and "# Tuned by `make tune`" in text
     assert ("schedule: [[1, " in text) == (written is not None)
+    assert "draft_max_temperature" not in text  # vLLM's native drafter drafts for every request
     checks = result["proof"]["checks"]
     assert {(c["temperature"], c["batch"]) for c in checks} == {(1.0, 1), (1.0, 8)}
     assert all(c["ratio"] is not None and set(map(int, c["fixed_speedups"])) == {1, 2} for c in checks)
