@@ -220,7 +220,8 @@ class SpeculationConfig(Section):
         if self.drafter == "small_model":
             return (f"speculation.temperatures: {at} the small-model plugin drafts greedily (vLLM 0.32 gives custom "
                     f"proposers no sampling parameters, so they cannot return draft probabilities); use "
-                    f"implementation: native with draft_sampling: probabilistic")
+                    f"implementation: native with draft_sampling: probabilistic, or set draft_max_temperature: 0 "
+                    f"so sampled requests decode without drafts")
         return None
 
 

@@ -120,7 +120,7 @@ def advise(settings: AdviceSettings) -> dict[str, Any]:
         advice.update(status="failed", verdict="not measured: the load test produced no speedup ("
                       + "; ".join(results["problems"] or [results["status"]]) + ")")
     else:
-        advice.update(status="advised", verdict=verdict(rows, spec.num_speculative_tokens))
+        advice.update(status="advised", verdict=verdict(rows, spec.num_speculative_tokens, sampled_remedy(spec)))
     return _finish(advice, out)
 
 
@@ -162,9 +162,19 @@ def advice_rows(costs: dict[str, Any], results: dict[str, Any]) -> list[dict[str
     return rows
 
 
-def verdict(rows: list[dict[str, Any]], k: int) -> str:
+def sampled_remedy(spec: Any) -> str:
+    """What this drafter can do about drafts rarely accepted at a temperature > 0."""
+    if spec.samples_drafts:
+        return "draft_sampling: probabilistic"
+    if spec.plugin_class:  # greedy drafts, and vLLM takes no draft probabilities from a plugin
+        return "draft_max_temperature below it, so these requests decode without drafts"
+    return ""
+
+
+def verdict(rows: list[dict[str, Any]], k: int, remedy: str = "") -> str:
     """One sentence a person can act on, from the measured speedup at each batch size (the
-    prediction explains it: which cost ate the gain)."""
+    prediction explains it: which cost ate the gain). `remedy`: what the drafter can change where
+    drafts are rarely accepted at this temperature (`sampled_remedy`)."""
     rows = sorted((r for r in rows if r.get("measured_speedup") is not None), key=lambda r: r["batch"])
     if not rows:
         return "not measured"
@@ -180,16 +190,16 @@ def verdict(rows: list[dict[str, Any]], k: int) -> str:
         last, first_loss = rows[paying - 1], rows[paying]
         return (f"use it at batch <= {last['batch']} ({last['measured_speedup']:.2f}x there); at batch "
                 f"{first_loss['batch']} it makes {first_loss['measured_speedup']:.2f}x: "
-                f"{why_not(first_loss, k)}; set speculation.schedule to turn it off above {last['batch']}")
+                f"{why_not(first_loss, k, remedy)}; set speculation.schedule to turn it off above {last['batch']}")
     return f"do not speculate with this drafter: {rows[0]['measured_speedup']:.2f}x at batch {rows[0]['batch']}, " \
-           f"{why_not(rows[0], k)}"
+           f"{why_not(rows[0], k, remedy)}"
 
 
 LOW_ACCEPTANCE = 0.3
 """Below this share of drafted tokens accepted, the draft is the problem whatever it costs."""
 
 
-def why_not(row: dict[str, Any], k: int) -> str:
+def why_not(row: dict[str, Any], k: int, remedy: str = "") -> str:
     """Which cost outweighs the tokens a step makes at this batch size."""
     tokens, cost, acceptance = row.get("tokens_per_step"), row["step_cost"], row.get("acceptance_rate")
     if tokens is None:
@@ -198,7 +208,7 @@ def why_not(row: dict[str, Any], k: int) -> str:
     drafting, verifying = k * row["draft_step"], row["verify_ratio"] - 1
     if acceptance is not None and acceptance < LOW_ACCEPTANCE:
         return (f"too rarely accepted: {head}, with {acceptance:.0%} of draft tokens accepted; a draft closer to "
-                f"the target on this traffic (or at this temperature, draft_sampling: probabilistic) would help")
+                f"the target on this traffic{f' (or at this temperature, {remedy})' if remedy else ''} would help")
     if drafting >= verifying:
         return (f"too slow a draft: {head}, of which drafting is {drafting:.2f} "
                 f"({row['draft_step']:.1%} of a target step per draft token)")

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from loadtest.advise import verdict
+from deploy import load_config
+from loadtest.advise import sampled_remedy, verdict
 from test_config import fake_model, write_tokenizer
 
 REPO = Path(__file__).resolve().parent.parent
@@ -36,6 +37,12 @@ def test_verdicts_say_what_to_do_and_which_cost_is_to_blame() -> None:
     assert slow.startswith("do not speculate") and "too slow a draft" in slow and "30.0% of a target step" in slow
     rare = verdict([row(1, 0.9, tokens=1.2, acceptance=0.05)], k=4)
     assert "too rarely accepted" in rare and "5% of draft tokens accepted" in rare
+    # What to change at a temperature > 0 depends on how the drafter drafts.
+    plugin = load_config("embedded-small-plugin").speculation
+    rare_plugin = verdict([row(1, 0.9, tokens=1.2, acceptance=0.05)], k=4, remedy=sampled_remedy(plugin))
+    assert "draft_max_temperature below it" in rare_plugin and "probabilistic" not in rare_plugin
+    assert "draft_sampling: probabilistic" in verdict([row(1, 0.9, tokens=1.2, acceptance=0.05)], k=4,
+                                                      remedy=sampled_remedy(load_config("default").speculation))
     assert verdict([], k=4) == "not measured"
 
 
