@@ -13,7 +13,8 @@ step of about 70-120 ms; a plain server has no such phase.
 - `Scheduler.schedule` notes the step's K: vLLM's own (`num_spec_tokens_to_schedule`, set from
   `num_speculative_tokens_per_batch_size` for native drafters) and, for specdeploy's plugin
   drafters (vLLM gives custom proposers no schedule), the plugin's K at the step's batch size from
-  the same lookup the plugin reads (`plugins.k_by_batch_size`);
+  the same lookup the plugin reads (`plugins.k_by_batch_size`); 0 too when every scheduled request
+  is sampled above the plugin's `draft_max_temperature` (plugins.temperature_gate drafts for none);
 - `EngineCore.post_step` returns at once when that K was 0.
 
 It also gives the engine core a utility, `specdeploy_cap_k` (`call_utility("specdeploy_cap_k", k)`
@@ -49,15 +50,42 @@ def plugin_k_lookup(vllm_config: Any) -> list[int] | None:
     return k_by_batch_size(vllm_config, options)
 
 
+def plugin_gate(vllm_config: Any) -> float | None:
+    """The plugin drafter's `draft_max_temperature` (plugins.temperature_gate); None: no gate."""
+    from plugins import specdeploy_options
+
+    spec = getattr(vllm_config, "speculative_config", None)
+    options = specdeploy_options(vllm_config)
+    if spec is None or getattr(spec, "method", None) != "custom_class" or options is None:
+        return None
+    return options.get("draft_max_temperature")
+
+
+def all_above_gate(scheduler: Any, req_ids: Any, gate: float) -> bool:
+    """Whether every scheduled request is sampled above the gate, so the plugin drafts for none.
+    Greedy requests count as 0, as the worker's input batch records them."""
+    from vllm.sampling_params import SamplingType
+
+    for req_id in req_ids:
+        params = scheduler.requests[req_id].sampling_params
+        if params.sampling_type == SamplingType.GREEDY or params.temperature <= gate:
+            return False
+    return True
+
+
 def step_k(scheduler: Any, output: Any) -> int:
     """The number of draft tokens the proposer makes after this scheduled step."""
     k = int(getattr(output, "num_spec_tokens_to_schedule", 0) or 0)
     lookup = scheduler.__dict__.get("_specdeploy_plugin_k")
     if lookup is None:
         lookup = scheduler._specdeploy_plugin_k = plugin_k_lookup(scheduler.vllm_config) or []
+        scheduler._specdeploy_gate = plugin_gate(scheduler.vllm_config)
     batch = len(output.num_scheduled_tokens)
     if lookup and batch:
         k = min(k, lookup[min(batch, len(lookup) - 1)])
+    gate = scheduler.__dict__.get("_specdeploy_gate")
+    if k and gate is not None and batch and all_above_gate(scheduler, output.num_scheduled_tokens, gate):
+        k = 0
     cap = scheduler.__dict__.get("_specdeploy_k_cap")
     return k if cap is None else min(k, cap)
 
