@@ -38,27 +38,29 @@ _WRAPPED = "__specdeploy_k0_handoff__"
 _skipped = False  # one log line per process on the first skip
 
 
+def _plugin_options(vllm_config: Any) -> dict[str, Any] | None:
+    """specdeploy's options when a specdeploy plugin drafts; None for native drafters or no speculation."""
+    from plugins import specdeploy_options
+
+    spec = getattr(vllm_config, "speculative_config", None)
+    if spec is None or getattr(spec, "method", None) != "custom_class":
+        return None
+    return specdeploy_options(vllm_config)
+
+
 def plugin_k_lookup(vllm_config: Any) -> list[int] | None:
     """K per batch size that a specdeploy plugin drafter reads from the config; None for native
     drafters, plugins without a schedule, or no speculation."""
-    from plugins import k_by_batch_size, specdeploy_options
+    from plugins import k_by_batch_size
 
-    spec = getattr(vllm_config, "speculative_config", None)
-    options = specdeploy_options(vllm_config)
-    if spec is None or getattr(spec, "method", None) != "custom_class" or options is None:
-        return None
-    return k_by_batch_size(vllm_config, options)
+    options = _plugin_options(vllm_config)
+    return None if options is None else k_by_batch_size(vllm_config, options)
 
 
 def plugin_gate(vllm_config: Any) -> float | None:
     """The plugin drafter's `draft_max_temperature` (plugins.temperature_gate); None: no gate."""
-    from plugins import specdeploy_options
-
-    spec = getattr(vllm_config, "speculative_config", None)
-    options = specdeploy_options(vllm_config)
-    if spec is None or getattr(spec, "method", None) != "custom_class" or options is None:
-        return None
-    return options.get("draft_max_temperature")
+    options = _plugin_options(vllm_config)
+    return None if options is None else options.get("draft_max_temperature")
 
 
 def all_above_gate(scheduler: Any, req_ids: Any, gate: float) -> bool:
