@@ -11,14 +11,15 @@ STAMP   := .venv/.specdeploy-installed
 # CONFIG plus the shared command-line switches: SET="a.b=1 c.d=2", NO_SPEC=1.
 CONFIG_ARGS = $(CONFIG) $(foreach s,$(SET),--set $(s)) $(if $(NO_SPEC),--no-spec)
 
-.PHONY: help venv models serve check observability test bench-drafters loadtest compare advise tune distill clean
+.PHONY: help venv models serve check observability test test-full bench-drafters loadtest compare advise tune distill clean
 
 help:
 	@echo "make serve [CONFIG=default.yaml] [SET='field=value ...'] [NO_SPEC=1] [DRY_RUN=1] [NODE_RANK=r]"
 	@echo "make check CONFIG=...     validate a config against this machine, print the vLLM command"
 	@echo "make observability CONFIG=...   Prometheus scrape config + Grafana dashboard (observability/<config>/)"
-	@echo "make models               build the embedded default model pair (cached)"
-	@echo "make test                 run the test suite (real vLLM engines on CPU)"
+	@echo "make models [REBUILD=1]   build the embedded pair from the shipped weights (cached); REBUILD=1 retrains them"
+	@echo "make test                 behaviour on real vLLM engines (CPU, the plumbing pair): before every commit"
+	@echo "make test-full            make test, then the measurement tests (advise, tune, distill, speedups): before resolving measurement work"
 	@echo "make bench-drafters       compare drafters on the embedded default"
 	@echo "make loadtest CONFIG=... USERS=1,32 [WORKERS=N] [SLO=ttft_p95=500ms,tpot_p95=50ms] [LOADTEST_ARGS='--k 2,8']"
 	@echo "make loadtest URL=http://host:port [BASELINE_URL=http://host:port] [CONFIG=...]   servers already running"
@@ -35,7 +36,7 @@ venv: $(STAMP)
 
 # Build the embedded pair, then measure its step costs on the engine (kept beside it).
 models: $(STAMP)
-	$(PY) -m deploy models
+	$(PY) -m deploy models $(if $(REBUILD),--retrain)
 	$(PY) -m loadtest costs default.yaml --pair
 
 serve: $(STAMP)
@@ -49,7 +50,13 @@ observability: $(STAMP)
 	$(PY) -m deploy observability $(CONFIG_ARGS) --out observability/$(basename $(notdir $(CONFIG)))
 
 # The model pair is built (or found cached) first, so its progress bar shows outside pytest.
+# make test: behaviour, on the plumbing pair. make test-full: that, then the measurements (marker
+# `full`), each on the cost-faithful pair with no idle server beside it.
 test: $(STAMP)
+	$(PY) -m deploy models
+	$(PY) -m pytest -m "not full" $(PYTEST_ARGS)
+
+test-full: $(STAMP)
 	$(PY) -m deploy models
 	$(PY) -m pytest $(PYTEST_ARGS)
 

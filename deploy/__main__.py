@@ -155,7 +155,7 @@ def cmd_observability(opts: argparse.Namespace) -> int:
 def cmd_models(opts: argparse.Namespace) -> int:
     from deploy.embedded_pair import main as build_main
 
-    return build_main(["--force"] if opts.force else []) or 0
+    return build_main((["--force"] if opts.force else []) + (["--retrain"] if opts.retrain else [])) or 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -171,7 +171,9 @@ def main(argv: list[str] | None = None) -> int:
     check = sub.add_parser("check", help="validate a config against this machine and print the vLLM command")
     _add_config_args(check)
     models = sub.add_parser("models", help="build the embedded default model pair")
-    models.add_argument("--force", action="store_true", help="rebuild even if cached")
+    models.add_argument("--force", action="store_true", help="rebuild the served pair even if cached")
+    models.add_argument("--retrain", action="store_true",
+                        help="train the shipped weights anew with the recipe (10-15 min), then build the served pair")
     k8s = sub.add_parser("k8s", help="print Kubernetes manifests (Deployment + Service) for a config")
     _add_config_args(k8s)
     k8s.add_argument("--image", default="vllm/vllm-openai:v0.32.0", help="container image (default: %(default)s)")

@@ -324,12 +324,17 @@ class ResourcesConfig(Section):
     """`auto` uses NVIDIA GPUs when present, else the CPU."""
     gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
     """Fraction of each GPU's memory vLLM may use (weights + KV cache)."""
-    cpu_kvcache_space_gib: int = Field(default=2, ge=1)
-    """KV cache size on CPU in GiB (VLLM_CPU_KVCACHE_SPACE)."""
+    cpu_kvcache_space_gib: float = Field(default=2, gt=0)
+    """KV cache size on CPU in GiB (vLLM's `--kv-cache-memory-bytes`; fractions allowed: 0.25 holds
+    20,000 tokens of the embedded pair)."""
     max_num_seqs: int | None = Field(default=None, ge=1)
     """Most requests decoded together (the largest batch)."""
     cpu_preload_iomp: bool = True
     """On CPU, preload Intel OpenMP (vLLM recommends it, and warns without it with speculation)."""
+    cpu_start: Literal["fork", "spawn"] = "fork"
+    """On CPU, how vLLM starts its engine-core and worker processes. `fork`: as copies of the API
+    server, as vLLM does on GPUs (plugins/cpu_start.py); `spawn`: vLLM's CPU default, where each
+    imports vLLM and torch anew (about 37 s more per start on a 2-core AVX2 machine)."""
 
 
 class DeploymentConfig(Section):

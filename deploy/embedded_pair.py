@@ -1,33 +1,44 @@
-"""The embedded default model pair: a Llama target and a distilled draft, built locally.
+"""The embedded default model pair: a Llama target and a distilled draft, no hub and no GPU needed.
 
-No model hub and no GPU are needed: a byte-level BPE tokenizer and two `LlamaForCausalLM` models
-are trained on the Python standard library's own sources in a few minutes on 2 CPU cores, then
-cached under `$SPECDEPLOY_CACHE` (default `$XDG_CACHE_HOME/specdeploy` or `~/.cache/specdeploy`)
-in a folder keyed by a hash of the recipe and of the corpus file list.
+Two steps, so that a first `make serve` takes minutes, not the quarter of an hour training takes:
 
-Costs like a real deployment's. A model 2 cores can train in minutes (2M parameters) costs
-framework overhead per step, not weights or arithmetic, so speculation behaves unlike it does
-on a GPU. The served target is therefore the trained 2M-parameter model widened 8 times
-without changing its function (`deploy.widen`): a dense 102M-parameter bf16 model whose decode
-step reads 204 MB of weights. At batch 1 a step is bound by memory bandwidth, so verifying
-K + 1 = 5 tokens costs about one plain step; at batch 32 it is bound by arithmetic, so verifying
-32 x 5 tokens costs about 4 plain steps (6 times wide, 59M, cost 3.6-4.0 and made speculation
-break even at batch 32, where a real 70B/7B pair loses ~10%); the 0.34M-parameter draft costs under a tenth of a
-target step. `make models` measures these ratios on the engine (`loadtest.step_costs`) and
-keeps them beside the pair (`engine_costs.json`), with the goals they must meet (`GOALS`).
-On a CPU without bf16 arithmetic (AVX2 only) the pair is trained and served in float32 and the
-target is widened 4 times (28M parameters), which meets the same goals there (`Recipe`).
+1. **Training** (`make models REBUILD=1`, 10-15 min on 2 cores): a byte-level BPE tokenizer, a
+   2M-parameter target and a 0.34M-parameter draft distilled from it, trained in float32 on the
+   Python standard library's own sources by `Recipe`. The result is small (about 10 MB) and is
+   shipped in the repository (`deploy/embedded_weights/`, with `training.json`: the recipe, its
+   losses and the held-out agreement it reached); a test retrains and checks that the recipe
+   still reproduces that agreement.
+2. **Building the served pair** (every machine, on first use, well under a minute): the shipped
+   target is widened without changing its function (`deploy.widen`) into what is served, saved in
+   the serving dtype, and evaluated on held-out code. Cached under `$SPECDEPLOY_CACHE` (default
+   `$XDG_CACHE_HOME/specdeploy` or `~/.cache/specdeploy`) in a folder keyed by the shipped weights
+   and `Serving`.
+
+Costs like a real deployment's. A 2M-parameter model costs framework overhead per step, not
+weights or arithmetic, so speculation would behave unlike it does on a GPU. The served target is
+therefore the trained one widened 8 times: a dense 102M-parameter bf16 model whose decode step
+reads 204 MB of weights. At batch 1 a step is bound by memory bandwidth, so verifying K + 1 = 5
+tokens costs about one plain step; at batch 32 it is bound by arithmetic, so verifying 32 x 5
+tokens costs about 4 plain steps; the draft costs under a tenth of a target step. On a CPU without
+bf16 arithmetic (AVX2 only) the target is served in float32 and widened 4 times (28M parameters),
+which meets the same goals there. `make models` measures these ratios on the engine
+(`loadtest.step_costs`) and keeps them beside the pair (`engine_costs.json`), with the goals they
+must meet (`GOALS`).
+
+A second, **plumbing** target is built beside it from the same weights: widened only twice (6
+heads, so tensor parallelism over 2 ranks works), same predictions, a fraction of the cost. The
+test suite serves it (`SPECDEPLOY_PAIR=plumbing`) where it checks behaviour, not cost; `make
+serve` and every measurement use the cost-faithful one (the default, `SPECDEPLOY_PAIR=cost`).
 
     pair = ensure_pair()        # builds on first use (under a file lock), else loads the report
     pair.target, pair.draft     # folders vLLM loads (`--model`, speculative_config["model"])
 
-CLI: `python -m deploy.embedded_pair [--force] [--json]`.
+CLI: `python -m deploy.embedded_pair [--force] [--retrain] [--json]`.
 """
 
 from __future__ import annotations
 
 import argparse
-import copy
 import functools
 import hashlib
 import json
@@ -47,17 +58,23 @@ from deploy.widen import widen_llama
 
 log = logging.getLogger("specdeploy")
 
-# Bump when the build code changes in a way that changes its output (the recipe hash covers knobs).
-BUILD_VERSION = 2
+# Bump when the code changes in a way that changes its output (the hashes cover the knobs).
+TRAIN_VERSION = 1  # the training (make models REBUILD=1)
+BUILD_VERSION = 3  # the served pair built from the shipped weights
 SPECIALS = ("<s>", "</s>", "<pad>")  # ids 0, 1, 2: bos, eos, pad
 BOS, EOS, PAD = 0, 1, 2
 # Never train on tests (they are mostly fixtures) nor on third-party packages.
 SKIP_DIRS = frozenset({"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__"})
+WEIGHTS = Path(__file__).parent / "embedded_weights"
+"""The trained pair shipped in the repository: tokenizer/, target/, draft/ and training.json."""
+PAIR_ENV = "SPECDEPLOY_PAIR"
+"""Which target `embedded:target` serves: `cost` (default, the cost-faithful one) or `plumbing`."""
 
 
 @dataclass(frozen=True)
 class Recipe:
-    """Every knob of the build. Changing any value changes the cache folder (a rebuild)."""
+    """Every knob of the training (`make models REBUILD=1`). Float32 on every CPU, so that one
+    set of shipped weights is what the recipe gives everywhere (up to BLAS rounding)."""
 
     seed: int = 1234  # torch.manual_seed before each model's init and batch sampling
     threads: int = 2  # torch intra-op threads: fixed and recorded, as BLAS reductions may depend on it
@@ -66,10 +83,6 @@ class Recipe:
     vocab_size: int = 1024  # byte-level BPE incl. 3 specials + 256 bytes; small keeps the LM head cheap
     seq_len: int = 256  # training window; 128 made agreement fall from 62% to 44% past position 512
     batch_size: int = 16  # windows per step (4096 tokens)
-    bf16: bool = field(default_factory=native_bf16)
-    """bf16 autocast for training matmuls where the CPU has bf16 arithmetic (AVX-512 BF16: the
-    build takes ~6 min); float32 elsewhere (torch's bf16 is ~45x slower than float32 there). Weights
-    stay fp32 either way; the two modes build different pairs, so each has its own cache folder."""
     lr: float = 6e-3  # AdamW peak learning rate (tiny models tolerate a high one)
     betas: tuple[float, float] = (0.9, 0.95)  # AdamW betas
     weight_decay: float = 0.1  # AdamW decoupled weight decay on matrices (not norms)
@@ -82,20 +95,29 @@ class Recipe:
     target_width: int = 192  # target hidden size (3 heads of 64)
     target_ffn: int = 512  # target SwiGLU inner size
     target_steps: int = 600  # fixed step count (not a time budget) so builds are reproducible
+    draft_layers: int = 1  # draft depth
+    draft_width: int = 128  # draft hidden size (2 heads of 64)
+    draft_ffn: int = 384  # draft SwiGLU inner size
+    draft_steps: int = 900  # distillation steps (KL to the target's logits); 300: 65%, 600: 71%, 900: 74% agreement
+    draft_lr: float = 6e-3  # peak learning rate of the distillation (1e-2: 49% agreement, 3e-3: same)
+    eval_windows: int = 256  # held-out windows of seq_len tokens for the trained models
+
+
+@dataclass(frozen=True)
+class Serving:
+    """How the shipped weights become the served pair (every machine, on first use)."""
+
     target_copies: int = field(default_factory=lambda: 8 if native_bf16() else 4)
     """Served target = trained target widened this many times: 8x, 102M parameters, in bf16 (6x, 59M,
     broke even at batch 32). In float32 on an AVX2 CPU 8x made a plain step 37 ms at batch 1 and 213
     ms at batch 32 (bf16 on AVX-512: 16 and 41 ms) and missed the batch-1 goal (1.58x); 4x, 28M
     parameters in float32, made 17 and 72 ms and met every cost goal (1.27x, 3.80x, 7.0%)."""
     target_kv_copies: int = 2  # key/value heads copied this many times: 24 query over 6 key/value heads
-    serve_dtype: str = "bfloat16"  # saved weights; bf16 halves the bytes a decode step reads
-    draft_layers: int = 1  # draft depth
-    draft_width: int = 128  # draft hidden size (2 heads of 64)
-    draft_ffn: int = 384  # draft SwiGLU inner size
-    draft_steps: int = 900  # distillation steps (KL to the target's logits); 300: 65%, 600: 71%, 900: 74% agreement
-    draft_lr: float = 6e-3  # peak learning rate of the distillation (1e-2: 49% agreement, 3e-3: same)
-    eval_windows: int = 256  # held-out windows of seq_len tokens for the trained models (fp32)
-    served_eval_windows: int = 64  # fewer for the served models: the widened target is 30x slower
+    plumbing_copies: int = 2  # the plumbing target: 6 heads (tensor parallel over 2), a fraction of the cost
+    serve_dtype: str = field(default_factory=lambda: "bfloat16" if native_bf16() else "float32")
+    """Saved weights: bf16 halves the bytes a decode step reads where the CPU computes bf16; float32
+    elsewhere, which is what such a CPU computes in (`dtype: auto`, deploy.cpu_dtype)."""
+    eval_windows: int = 64  # held-out windows for the served models: the widened target is 30x slower
 
 
 RECIPE = Recipe()
@@ -106,7 +128,7 @@ GOALS = {
     "verify_batch_32": 3.0,  # verifying 32 x (K+1) tokens, in plain batch-32 steps (at least)
     "draft_step_batch_1": 0.15,  # one draft step, in target steps (at most)
     "greedy_agreement": 0.70,  # draft argmax = target argmax on held-out code (at least)
-    "build_seconds": 600,  # on 2 cores (at most)
+    "build_seconds": 240 if native_bf16() else 300,  # building the served pair on 2 cores (at most)
 }
 
 
@@ -114,8 +136,22 @@ GOALS = {
 class EmbeddedPair:
     root: Path
     target: Path
+    """The cost-faithful target (widened `Serving.target_copies` times)."""
+    plumbing_target: Path
+    """Same predictions, widened `Serving.plumbing_copies` times: for tests of behaviour."""
     draft: Path
     report: dict
+
+    def served_target(self) -> Path:
+        """The target `embedded:target` means here: `$SPECDEPLOY_PAIR` picks cost (default) or plumbing."""
+        return self.plumbing_target if pair_kind() == "plumbing" else self.target
+
+
+def pair_kind() -> str:
+    kind = os.environ.get(PAIR_ENV, "cost") or "cost"
+    if kind not in ("cost", "plumbing"):
+        raise ValueError(f"{PAIR_ENV}={kind!r}: use cost (the default) or plumbing")
+    return kind
 
 
 # ----------------------------------------------------------------------------- corpus & cache
@@ -152,11 +188,34 @@ def corpus_files(split: str = "train") -> list[Path]:
     return list(_corpus(RECIPE)[split])
 
 
-def _recipe_hash(recipe: Recipe) -> str:
+def _corpus_listing(recipe: Recipe, splits: tuple[str, ...]) -> list[tuple[str, int]]:
     root = _stdlib()
-    corpus = [(p.relative_to(root).as_posix(), p.stat().st_size) for split in ("train", "heldout")
-              for p in _corpus(recipe)[split]]
-    blob = json.dumps({"version": BUILD_VERSION, "recipe": asdict(recipe), "corpus": corpus}, sort_keys=True)
+    return [(p.relative_to(root).as_posix(), p.stat().st_size) for split in splits for p in _corpus(recipe)[split]]
+
+
+def recipe_hash(recipe: Recipe) -> str:
+    """The training recipe (`training.json` records the one its weights came from)."""
+    blob = json.dumps({"version": TRAIN_VERSION, "recipe": asdict(recipe)}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+def corpus_hash(recipe: Recipe) -> str:
+    """The files the recipe reads here: this machine's stdlib (another Python 3.11 release differs a little)."""
+    blob = json.dumps(_corpus_listing(recipe, ("train", "heldout")))
+    return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+def _weights_digest(weights: Path) -> str:
+    digest = hashlib.sha256()
+    for path in sorted(p for p in weights.rglob("*") if p.is_file()):
+        digest.update(path.relative_to(weights).as_posix().encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def _build_hash(serving: Serving, weights: Path) -> str:
+    blob = json.dumps({"version": BUILD_VERSION, "serving": asdict(serving), "weights": _weights_digest(weights),
+                       "heldout": _corpus_listing(RECIPE, ("heldout",))}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
@@ -167,45 +226,53 @@ def _cache_root() -> Path:
     return (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "specdeploy"
 
 
+@functools.lru_cache(maxsize=None)
 def pair_dir() -> Path:
-    """Where the pair for the current recipe lives (it may not be built yet)."""
-    return _cache_root() / f"embedded-pair-{_recipe_hash(RECIPE)}"
+    """Where the pair for the shipped weights and this machine's `Serving` lives (it may not be built yet)."""
+    return _cache_root() / f"embedded-pair-{_build_hash(Serving(), WEIGHTS)}"
 
 
 def is_built() -> bool:
     # The folder only ever appears by an atomic rename of a finished build, so these suffice.
     root = pair_dir()
-    return all((root / name).is_file() for name in ("report.json", "target/config.json", "draft/config.json"))
+    return all((root / name).is_file() for name in ("report.json", "target/config.json", "draft/config.json",
+                                                    "plumbing-target/config.json"))
 
 
 def _load(root: Path) -> EmbeddedPair:
     report = json.loads((root / "report.json").read_text())
-    return EmbeddedPair(root=root, target=root / "target", draft=root / "draft", report=report)
+    return EmbeddedPair(root=root, target=root / "target", plumbing_target=root / "plumbing-target",
+                        draft=root / "draft", report=report)
 
 
-def ensure_pair(force: bool = False) -> EmbeddedPair:
-    """The built pair; builds it first if missing (or if `force`), one process at a time."""
+def _shipped_training() -> dict:
+    path = WEIGHTS / "training.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing: the embedded pair's trained weights are part of the repository "
+                                f"(git checkout deploy/embedded_weights), or train them with `make models REBUILD=1`")
+    return json.loads(path.read_text())
+
+
+def _build_locked(root: Path, done: Callable[[], bool], build: Callable[[Path], Any], what: str) -> None:
+    """Run `build(tmp)` under a file lock beside `root`, then move tmp into place atomically (unless
+    `done()` says another process finished it while this one waited for the lock)."""
     from filelock import FileLock, Timeout
 
-    root = pair_dir()
-    if not force and is_built():
-        return _load(root)
     root.parent.mkdir(parents=True, exist_ok=True)
     lock = FileLock(str(root) + ".lock")
     try:
         lock.acquire(timeout=0)
     except Timeout:
-        log.info("another process is building the embedded pair; waiting for it (lock %s.lock)", root)
+        log.info("another process is building %s; waiting for it (lock %s.lock)", what, root)
         lock.acquire()
     try:
-        if not force and is_built():  # the other process finished it while we waited
-            return _load(root)
+        if done():
+            return
         for stale in root.parent.glob(f".{root.name}.*"):  # left by a killed build; we hold the lock
             shutil.rmtree(stale, ignore_errors=True)
         tmp = root.parent / f".{root.name}.tmp-{os.getpid()}"
-        log.info("building the embedded model pair into %s (about 6 min on 2 cores; "
-                 "set SPECDEPLOY_CACHE to build elsewhere)", root)
-        _build(RECIPE, tmp, _recipe_hash(RECIPE))
+        shutil.rmtree(tmp, ignore_errors=True)
+        build(tmp)
         if root.exists():  # --force: swap the old build out, then drop it
             old = root.parent / f".{root.name}.old-{os.getpid()}"
             root.rename(old)
@@ -213,10 +280,27 @@ def ensure_pair(force: bool = False) -> EmbeddedPair:
             shutil.rmtree(old, ignore_errors=True)
         else:
             tmp.rename(root)
-        log.info("embedded pair ready: %s", root)
-        return _load(root)
     finally:
         lock.release()
+
+
+def ensure_pair(force: bool = False) -> EmbeddedPair:
+    """The built pair; builds it first from the shipped weights if missing (or if `force`), one
+    process at a time."""
+    root = pair_dir()
+    if not force and is_built():
+        return _load(root)
+    training = _shipped_training()
+    if training.get("recipe_hash") != recipe_hash(RECIPE):
+        log.warning("the shipped weights were trained with recipe %s, the code's recipe is %s: "
+                    "`make models REBUILD=1` retrains them (10-15 min on 2 cores)",
+                    training.get("recipe_hash"), recipe_hash(RECIPE))
+    log.info("building the embedded model pair from %s into %s (under a minute; set SPECDEPLOY_CACHE to build "
+             "elsewhere)", WEIGHTS, root)
+    _build_locked(root, lambda: not force and is_built(),
+                  lambda tmp: _build_served(Serving(), WEIGHTS, tmp, root.name), "the embedded pair")
+    log.info("embedded pair ready: %s", root)
+    return _load(root)
 
 
 # ----------------------------------------------------------------------------- build
@@ -304,8 +388,7 @@ def _optimize(recipe: Recipe, model: Any, lr: float, steps: int, loss_fn: Callab
     batches, losses, start = _batches(recipe, stream), [], time.perf_counter()
     bar = _progress(range(steps), desc=desc, unit="step")
     for step in bar:
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=recipe.bf16):
-            loss = loss_fn(next(batches))
+        loss = loss_fn(next(batches))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), recipe.grad_clip)
@@ -325,18 +408,19 @@ def _optimize(recipe: Recipe, model: Any, lr: float, steps: int, loss_fn: Callab
             "tokens_per_s": round(steps * recipe.batch_size * recipe.seq_len / seconds)}
 
 
-def _evaluate(recipe: Recipe, target: Any, draft: Any, stream: Any, windows: int, desc: str) -> dict:
+def _evaluate(seq_len: int, target: Any, draft: Any, stream: Any, windows: int, desc: str,
+              batch_size: int = 16) -> dict:
     """Held-out perplexity of each and greedy agreement, teacher-forced, in the models' own dtype."""
     import torch
     import torch.nn.functional as F
 
-    t0, n = time.perf_counter(), min(windows, (len(stream) - 1) // recipe.seq_len)
+    t0, n = time.perf_counter(), min(windows, (len(stream) - 1) // seq_len)
     # Evenly spread over the held-out stream, not its first files only (they sort alphabetically).
-    starts = torch.linspace(0, len(stream) - recipe.seq_len - 1, n).long()
-    batches = torch.stack([stream[i: i + recipe.seq_len + 1] for i in starts.tolist()]).long()
+    starts = torch.linspace(0, len(stream) - seq_len - 1, n).long()
+    batches = torch.stack([stream[i: i + seq_len + 1] for i in starts.tolist()]).long()
     nll_t = nll_d = agree = t_correct = 0.0
     with torch.inference_mode():
-        for batch in _progress(batches.split(recipe.batch_size), desc=desc, unit="batch"):
+        for batch in _progress(batches.split(batch_size), desc=desc, unit="batch"):
             x, y = batch[:, :-1], batch[:, 1:].reshape(-1)
             lt = target(input_ids=x).logits.float().reshape(y.numel(), -1)
             ld = draft(input_ids=x).logits.float().reshape(y.numel(), -1)
@@ -344,26 +428,27 @@ def _evaluate(recipe: Recipe, target: Any, draft: Any, stream: Any, windows: int
             nll_d += F.cross_entropy(ld, y, reduction="sum").item()
             agree += (lt.argmax(-1) == ld.argmax(-1)).sum().item()
             t_correct += (lt.argmax(-1) == y).sum().item()
-    tokens = n * recipe.seq_len
+    tokens = n * seq_len
     return {"tokens": tokens, "target_ppl": round(math.exp(nll_t / tokens), 3),
             "draft_ppl": round(math.exp(nll_d / tokens), 3), "greedy_agreement": round(agree / tokens, 4),
             "target_top1_accuracy": round(t_correct / tokens, 4), "seconds": round(time.perf_counter() - t0, 1)}
 
 
-def _build(recipe: Recipe, out: Path, recipe_hash: str) -> dict:
-    """Builds into `out` on the recipe's thread count, then gives the caller its own back."""
+
+def train(recipe: Recipe, out: Path) -> dict:
+    """Tokenizer -> target (next-token loss) -> draft (KL to the target) -> held-out evaluation,
+    saved in float32 into `out` (tokenizer/, target/, draft/, training.json)."""
     import torch
 
     caller_threads = torch.get_num_threads()
     torch.set_num_threads(recipe.threads)
     try:
-        return _build_pair(recipe, out, recipe_hash)
+        return _train(recipe, out)
     finally:
-        torch.set_num_threads(caller_threads)  # ensure_pair may run inside a test process
+        torch.set_num_threads(caller_threads)  # may run inside a test process
 
 
-def _build_pair(recipe: Recipe, out: Path, recipe_hash: str) -> dict:
-    """Tokenizer -> target (next-token loss) -> draft (KL to the target) -> evaluation, into `out`."""
+def _train(recipe: Recipe, out: Path) -> dict:
     import tokenizers
     import torch
     import torch.nn.functional as F
@@ -371,24 +456,20 @@ def _build_pair(recipe: Recipe, out: Path, recipe_hash: str) -> dict:
     from transformers import PreTrainedTokenizerFast
 
     t0 = time.perf_counter()
-    shutil.rmtree(out, ignore_errors=True)
     split = _corpus(recipe)
     log.info("corpus: %d train + %d held-out files from %s", len(split["train"]), len(split["heldout"]), _stdlib())
-
     tok = _train_tokenizer(recipe, split["train"])
-    hf_tok = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
-                                     model_max_length=recipe.max_position_embeddings)
-    train, heldout = _encode(tok, split["train"], "tokenize train"), _encode(tok, split["heldout"], "tokenize held-out")
-    t_tok = time.perf_counter() - t0
-    log.info("tokenizer: %d tokens, %.2fM train / %.2fM held-out tokens (%.0f s)",
-             tok.get_vocab_size(), len(train) / 1e6, len(heldout) / 1e6, t_tok)
+    train_stream = _encode(tok, split["train"], "tokenize train")
+    heldout = _encode(tok, split["heldout"], "tokenize held-out")
+    log.info("tokenizer: %d tokens, %.2fM train / %.2fM held-out tokens (%.0f s)", tok.get_vocab_size(),
+             len(train_stream) / 1e6, len(heldout) / 1e6, time.perf_counter() - t0)
 
     def next_token_loss(model: Any) -> Callable[[Any], Any]:
         return lambda b: F.cross_entropy(model(input_ids=b[:, :-1]).logits.float().flatten(0, 1),
                                          b[:, 1:].flatten())
 
     target = _llama(recipe, recipe.target_layers, recipe.target_width, recipe.target_ffn)
-    target_train = _optimize(recipe, target, recipe.lr, recipe.target_steps, next_token_loss(target), train,
+    target_train = _optimize(recipe, target, recipe.lr, recipe.target_steps, next_token_loss(target), train_stream,
                              "train target")
     log.info("target: loss %.3f, %s tokens/s", target_train["final_loss"], f"{target_train['tokens_per_s']:,}")
     target.requires_grad_(False)
@@ -401,36 +482,69 @@ def _build_pair(recipe: Recipe, out: Path, recipe_hash: str) -> dict:
         return F.kl_div(student, teacher, log_target=True, reduction="batchmean")  # KL(target || draft)
 
     draft = _llama(recipe, recipe.draft_layers, recipe.draft_width, recipe.draft_ffn)
-    draft_train = _optimize(recipe, draft, recipe.draft_lr, recipe.draft_steps, distill_loss, train,
+    draft_train = _optimize(recipe, draft, recipe.draft_lr, recipe.draft_steps, distill_loss, train_stream,
                             "distill draft")
     log.info("draft: KL to target %.3f, %s tokens/s", draft_train["final_loss"], f"{draft_train['tokens_per_s']:,}")
+    evaluation = _evaluate(recipe.seq_len, target, draft, heldout, recipe.eval_windows, "evaluate trained")
 
-    trained = _evaluate(recipe, target, draft, heldout, recipe.eval_windows, "evaluate trained (fp32)")
-    # What the engine will run: the widened target and the draft, in the serving dtype.
-    dtype = getattr(torch, recipe.serve_dtype)
-    served = {"target": widen_llama(target, recipe.target_copies, recipe.target_kv_copies).to(dtype),
-              "draft": draft.to(dtype)}
-    # Evaluated as a server on this CPU runs them: the saved weights, computed in float32 where
-    # the CPU has no bf16 arithmetic (`dtype: auto`, deploy.cpu_dtype).
-    compute = served if recipe.bf16 else {name: copy.deepcopy(m).float() for name, m in served.items()}
-    evaluation = _evaluate(recipe, compute["target"], compute["draft"], heldout, recipe.served_eval_windows,
-                           f"evaluate served ({recipe.serve_dtype}{'' if recipe.bf16 else ', computed in fp32'})")
-    for name, model in served.items():
-        model.save_pretrained(out / name)
-        hf_tok.save_pretrained(out / name)  # each folder loads on its own (vLLM, AutoTokenizer)
-    report = {
-        "recipe_hash": recipe_hash, "build_version": BUILD_VERSION, "recipe": asdict(recipe),
-        "params": {"target": sum(p.numel() for p in served["target"].parameters()),
-                   "trained_target": sum(p.numel() for p in target.parameters()),
+    out.mkdir(parents=True, exist_ok=True)
+    PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
+                            model_max_length=recipe.max_position_embeddings).save_pretrained(out / "tokenizer")
+    target.save_pretrained(out / "target")
+    draft.save_pretrained(out / "draft")
+    training = {
+        "recipe_hash": recipe_hash(recipe), "recipe": asdict(recipe), "corpus_hash": corpus_hash(recipe),
+        "params": {"target": sum(p.numel() for p in target.parameters()),
                    "draft": sum(p.numel() for p in draft.parameters())},
-        "heldout": evaluation, "heldout_trained_fp32": trained,
-        "train": {"target": target_train, "draft": draft_train},
+        "heldout": evaluation, "train": {"target": target_train, "draft": draft_train},
         "corpus": {"stdlib": str(_stdlib()), "train_files": len(split["train"]),
-                   "heldout_files": len(split["heldout"]), "train_tokens": len(train),
+                   "heldout_files": len(split["heldout"]), "train_tokens": len(train_stream),
                    "heldout_tokens": len(heldout)},
-        "tokenizer_seconds": round(t_tok, 1), "build_seconds": round(time.perf_counter() - t0, 1),
-        "threads": recipe.threads, "torch": torch.__version__, "transformers": transformers.__version__,
-        "tokenizers": tokenizers.__version__, "python": sys.version.split()[0],
+        "seconds": round(time.perf_counter() - t0, 1), "threads": recipe.threads, "torch": torch.__version__,
+        "transformers": transformers.__version__, "tokenizers": tokenizers.__version__,
+        "python": sys.version.split()[0], "cpu_bf16": native_bf16(),
+    }
+    (out / "training.json").write_text(json.dumps(training, indent=2) + "\n")  # written last: marks it complete
+    return training
+
+
+def retrain() -> dict:
+    """`make models REBUILD=1`: train the recipe and replace the shipped weights (then commit them)."""
+    log.info("training the embedded pair with the recipe into %s (10-15 min on 2 cores)", WEIGHTS)
+    _build_locked(WEIGHTS, lambda: False, lambda tmp: train(RECIPE, tmp), "the embedded weights")
+    pair_dir.cache_clear()
+    return _shipped_training()
+
+
+def _build_served(serving: Serving, weights: Path, out: Path, build_hash: str) -> dict:
+    """Shipped weights -> widened target, plumbing target and draft in the serving dtype, evaluated."""
+    import torch
+    from transformers import AutoTokenizer, LlamaForCausalLM
+
+    t0 = time.perf_counter()
+    training = _shipped_training()
+    tok = AutoTokenizer.from_pretrained(weights / "tokenizer")
+    trained = {name: LlamaForCausalLM.from_pretrained(weights / name, torch_dtype=torch.float32).eval()
+               for name in ("target", "draft")}
+    dtype = getattr(torch, serving.serve_dtype)
+    served = {"target": widen_llama(trained["target"], serving.target_copies, serving.target_kv_copies),
+              "plumbing-target": widen_llama(trained["target"], serving.plumbing_copies, serving.plumbing_copies),
+              "draft": trained["draft"]}
+    for name, model in _progress(served.items(), desc="save served models", unit="model"):
+        model.to(dtype).save_pretrained(out / name)
+        tok.save_pretrained(out / name)  # each folder loads on its own (vLLM, AutoTokenizer)
+    # Evaluated as a server on this CPU runs them: the saved weights, in float32 where the CPU has
+    # no bf16 arithmetic (then the saved weights are float32 already).
+    heldout = _encode(tok.backend_tokenizer, _corpus(RECIPE)["heldout"], "tokenize held-out")
+    evaluation = _evaluate(training["recipe"]["seq_len"], served["target"], served["draft"], heldout,
+                           serving.eval_windows, f"evaluate served ({serving.serve_dtype})")
+    report = {
+        "build_hash": build_hash, "build_version": BUILD_VERSION, "serving": asdict(serving),
+        "params": {"target": sum(p.numel() for p in served["target"].parameters()),
+                   "plumbing_target": sum(p.numel() for p in served["plumbing-target"].parameters()),
+                   "trained_target": training["params"]["target"], "draft": training["params"]["draft"]},
+        "heldout": evaluation, "training": training, "build_seconds": round(time.perf_counter() - t0, 1),
+        "torch": torch.__version__,
     }
     (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")  # written last: marks it complete
     return report
@@ -451,8 +565,8 @@ def check_goals(pair: EmbeddedPair, costs: dict | None) -> list[tuple[str, bool 
     agreement = r["heldout"]["greedy_agreement"]
     out.append((f"greedy agreement on held-out code {agreement:.1%} (goal >= {GOALS['greedy_agreement']:.0%})",
                 agreement >= GOALS["greedy_agreement"]))
-    fp32 = "" if r["recipe"].get("bf16", True) else ", trained in float32: this CPU has no bf16 arithmetic"
-    out.append((f"build {r['build_seconds']:.0f} s (goal <= {GOALS['build_seconds']} s{fp32})",
+    out.append((f"served pair built in {r['build_seconds']:.0f} s (goal <= {GOALS['build_seconds']} s; "
+                f"training the shipped weights took {r['training']['seconds']:.0f} s)",
                 r["build_seconds"] <= GOALS["build_seconds"]))
     ratios = (costs or {}).get("ratios", {})
     checks = [("1", "verify_ratio", "verifying {k1} tokens at batch 1: {v:.2f}x a plain step (goal <= {g}x)",
@@ -478,7 +592,7 @@ def goal_lines(pair: EmbeddedPair, costs: dict | None) -> list[str]:
 
 def _table(pair: EmbeddedPair) -> str:
     r = pair.report
-    ev, tr = r["heldout"], r["train"]
+    ev, tr = r["heldout"], r["training"]["train"]
     rows = [
         ("", "target", "draft"),
         ("parameters served", f"{r['params']['target']:,}", f"{r['params']['draft']:,}"),
@@ -488,11 +602,13 @@ def _table(pair: EmbeddedPair) -> str:
         ("train seconds", f"{tr['target']['seconds']:.0f}", f"{tr['draft']['seconds']:.0f}"),
     ]
     lines = [f"{a:<22}{b:>12}{c:>12}" for a, b, c in rows]
-    recipe = r["recipe"]
-    lines += [f"served in {recipe['serve_dtype']}; the target is the trained one widened {recipe['target_copies']}x "
-              f"(same predictions, realistic costs)",
-              f"build {r['build_seconds']:.0f} s on {r['threads']} threads, torch {r['torch']}, recipe {r['recipe_hash']}",
-              f"target: {pair.target}", f"draft:  {pair.draft}", "goals:"]
+    serving = r["serving"]
+    lines += [f"served in {serving['serve_dtype']}; the target is the trained one widened {serving['target_copies']}x "
+              f"(same predictions, realistic costs); the plumbing target {serving['plumbing_copies']}x "
+              f"({r['params']['plumbing_target']:,} parameters, for tests of behaviour)",
+              f"served pair built in {r['build_seconds']:.0f} s, torch {r['torch']}; weights trained by recipe "
+              f"{r['training']['recipe_hash']} in {r['training']['seconds']:.0f} s",
+              f"target: {pair.target}", f"plumbing target: {pair.plumbing_target}", f"draft:  {pair.draft}", "goals:"]
     lines += goal_lines(pair, engine_costs(pair))
     return "\n".join(lines)
 
@@ -500,14 +616,20 @@ def _table(pair: EmbeddedPair) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m deploy.embedded_pair",
                                      description="Build (or show the cached) embedded target/draft pair.")
-    parser.add_argument("--force", action="store_true", help="rebuild even if a cached pair exists")
+    parser.add_argument("--force", action="store_true", help="rebuild the served pair even if it is cached")
+    parser.add_argument("--retrain", action="store_true",
+                        help=f"train the recipe anew and replace the shipped weights in {WEIGHTS} (10-15 min)")
     parser.add_argument("--json", action="store_true", help="print report.json instead of a table")
     opts = parser.parse_args(argv)
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s specdeploy %(levelname)s %(message)s",
                             datefmt="%H:%M:%S")
-    cached = not opts.force and is_built()
-    pair = ensure_pair(force=opts.force)
+    if opts.retrain:
+        training = retrain()
+        print(f"trained in {training['seconds']:.0f} s: held-out agreement "
+              f"{training['heldout']['greedy_agreement']:.1%}; commit {WEIGHTS} to ship it")
+    cached = not opts.force and not opts.retrain and is_built()
+    pair = ensure_pair(force=opts.force or opts.retrain)
     if opts.json:
         print(json.dumps(pair.report, indent=2))
     else:

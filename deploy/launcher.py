@@ -9,6 +9,7 @@ engine's own error line and the tail of its log.
 from __future__ import annotations
 
 import collections
+import json
 import logging
 import os
 import re
@@ -28,6 +29,7 @@ from deploy.engine_args import LaunchPlan
 from deploy.processes import die_with_parent, signal_group, stop_group
 
 log = logging.getLogger("specdeploy")
+START_LOG_ENV = "SPECDEPLOY_START_LOG"
 
 # Lines that carry the reason a vLLM start-up failed, most specific first.
 _ERROR_LINE = re.compile(r"(\w+(Error|Exception)\b.*|.*\bERROR\b.*|.*error: .*)")
@@ -183,6 +185,7 @@ class Server:
             elapsed = time.monotonic() - started
             if self.process.poll() is not None:
                 self.stop()  # the API process is gone; an engine core it started may not be
+                self._record_start(elapsed, "failed")
                 lines = list(self.tail)
                 reason = engine_error_line(lines) or (lines[-1] if lines else "no output")
                 if tty:
@@ -193,10 +196,12 @@ class Server:
                 if tty:
                     sys.stderr.write("\n")
                 log.info("server healthy at %s after %.0f s", self.base_url, elapsed)
+                self._record_start(elapsed, "ready")
                 return elapsed
             if elapsed > timeout_s:
                 lines = list(self.tail)
                 self.stop()
+                self._record_start(elapsed, "timed out")
                 raise ServerStartError(f"vLLM did not become healthy within {timeout_s:.0f} s; last line: "
                                        f"{lines[-1] if lines else 'none'}", lines[-40:], self.log_path)
             if progress:
@@ -209,6 +214,20 @@ class Server:
                     print(status, file=sys.stderr, flush=True)
                     last_report = elapsed
             time.sleep(0.5)
+
+    def _record_start(self, seconds: float, outcome: str) -> None:
+        """One line per engine start in `$SPECDEPLOY_START_LOG`, if set (the test suite counts its
+        engine starts with it, those of command-line subprocesses included)."""
+        path = os.environ.get(START_LOG_ENV)
+        if not path:
+            return
+        line = {"name": self.plan.served_name, "url": self.base_url, "log": str(self.log_path or ""),
+                "seconds": round(seconds, 1), "outcome": outcome, "pid": os.getpid()}
+        try:
+            with open(path, "a", encoding="utf-8") as sink:
+                sink.write(json.dumps(line) + "\n")
+        except OSError as exc:
+            log.warning("cannot record the engine start in %s: %s", path, exc)
 
     def stop(self, timeout_s: float = 30) -> int | None:
         """SIGTERM the process group, then SIGKILL after `timeout_s` (at once if this wait is

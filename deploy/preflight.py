@@ -116,6 +116,9 @@ class ResolvedDeployment:
     """LD_PRELOAD for a CPU server: Intel OpenMP ahead of the caller's own (`resources.cpu_preload_iomp`)."""
     weight_bytes: float | None = None
     """Target + draft weights as served (`check_fit`'s estimate); None when the size is unknown."""
+    plumbing: bool = False
+    """The target is the embedded pair's plumbing target (`SPECDEPLOY_PAIR=plumbing`, the test suite's):
+    served eager, as its costs mean nothing and compiling each configuration took 40-80 s a start."""
 
 
 def resolve_model_ref(ref: str, config_dir: Path | None = None) -> str:
@@ -127,7 +130,7 @@ def resolve_model_ref(ref: str, config_dir: Path | None = None) -> str:
         from deploy.embedded_pair import ensure_pair
 
         pair = ensure_pair()
-        return str(pair.target if which == "target" else pair.draft)
+        return str(pair.served_target() if which == "target" else pair.draft)
     if looks_like_path(ref):
         path = Path(ref).expanduser()
         if not path.is_absolute() and config_dir is not None and not path.exists():
@@ -498,13 +501,19 @@ def preflight(config: DeploymentConfig, config_dir: Path | None = None, machine:
     if spec.plugin_class and DRAFTERS[spec.drafter].takes_model and not (target.local and draft and draft.local):
         problems.append("speculation.implementation: the small-model plugin loads the draft from a local folder")
     problems += check_parallelism(config, target, draft, device, notes)
+    from deploy.embedded_pair import pair_kind
+
+    plumbing = config.target.model == f"{EMBEDDED_PREFIX}target" and pair_kind() == "plumbing"
+    if plumbing:
+        notes.append("embedded:target is the plumbing target (SPECDEPLOY_PAIR=plumbing), served eager: same "
+                     "predictions at a fraction of the cost and start-up; for tests of behaviour, never for measurements")
     if advice := spec.sampling_advice():
         notes.append(advice)
     if device == "cpu" and (slow := slow_dtype_warning(config.target.dtype)):
         notes.append(slow)
     api_key = os.environ.get(config.server.api_key_env, "") if config.server.api_key_env else ""
     resolved = ResolvedDeployment(config, machine, device, target, draft, notes, api_key=api_key,
-                                  ld_preload=ld_preload(config, device))
+                                  ld_preload=ld_preload(config, device), plumbing=plumbing)
     if check_memory:
         machine_problems += check_fit(resolved)
     if environment:

@@ -112,6 +112,8 @@ def build_parser() -> argparse.ArgumentParser:
     adv.add_argument("--requests", type=int, default=None, help="measured requests per batch size "
                                                                 "(default: max(32, 8 x batch))")
     adv.add_argument("--cost-repeats", type=positive_int, default=3, help="measurements per step cost (default: 3)")
+    adv.add_argument("--repeat", type=positive_int, default=1,
+                     help="load-test runs per batch size; the measured speedup is their mean (default: 1)")
     adv.add_argument("--vllm-bench", action="store_true", help="also run vLLM's serving benchmark after each run")
     adv.add_argument("--out", type=Path, default=None, help="folder for advice.md (default: reports/advise-<config>-<time>)")
     tun = sub.add_parser("tune", help="choose K for each batch size on the engine, write <config>-tuned.yaml with "
@@ -156,7 +158,7 @@ def cmd_advise(opts: argparse.Namespace) -> int:
     from loadtest.advise import AdviceSettings, advise, describe
 
     settings = AdviceSettings(opts.config, opts.overrides, sorted(set(opts.batches)), RequestSettings.from_options(opts),
-                              opts.requests, opts.cost_repeats, opts.vllm_bench, opts.out)
+                              opts.requests, opts.cost_repeats, opts.repeat, opts.vllm_bench, opts.out)
     try:
         advice = advise(settings)
     except (ConfigError, ValueError, OSError) as exc:

@@ -55,6 +55,8 @@ class AdviceSettings:
     """Measured requests per batch size (default: the load test's, max(32, 8 x batch))."""
     cost_repeats: int = 3
     """Measurements per step cost; the median is kept."""
+    repeat: int = 1
+    """Load-test runs per batch size (the measured speedup is their mean, with an interval from 2)."""
     vllm_bench: bool = False
     """Also run vLLM's serving benchmark after each run, as the load test does (slower)."""
     out: Path | None = None
@@ -109,7 +111,7 @@ def advise(settings: AdviceSettings) -> dict[str, Any]:
     log.info("advise %s: load test at batch %s", settings.config, settings.batches)
     sweep_out = out / "load-test"
     results = Sweep(SweepSettings(
-        settings.config, overrides=list(settings.overrides), users=settings.batches, repeat=1,
+        settings.config, overrides=list(settings.overrides), users=settings.batches, repeat=settings.repeat,
         requests=settings.requests, request=settings.request, vllm_bench=settings.vllm_bench, out=sweep_out)).run()
     write_report(results, sweep_out)
     advice["load_test"] = {"report": "load-test/report.md", "status": results["status"],

@@ -46,6 +46,11 @@ class RequestRecord:
     per_token_latency_s: float | None = None
     send_lag_s: float | None = None
     """How late the request left: its user's previous response ended this long before (closed loop)."""
+    user: int | None = None
+    """Which Locust user sent it: 0, 1, ... over the whole run (workers included)."""
+    planned_start: float | None = None
+    """For a user's first request: when the ramp meant it to leave (epoch seconds); users start one
+    arrival gap apart, so user n's is n gaps after user 0's."""
     spec_decode: dict[str, Any] | None = None
     """The server's own per-request acceptance (`metrics.speculative_decoding`), when it sends it."""
 

@@ -183,9 +183,10 @@ class LLMUser(User):
         self.headers = auth_headers(opts.api_key_env)
         self.last_end: float | None = None
         # Distributed, worker w's n-th user is user n x workers + w of the whole run.
-        index = next(_user_counter) * max(1, opts.worker_count) + getattr(self.environment.runner, "worker_index", 0)
+        self.index = next(_user_counter) * max(1, opts.worker_count) + getattr(self.environment.runner, "worker_index", 0)
         start_at = opts.start_at or time.time() + opts.start_delay
-        gevent.sleep(max(0.0, start_at + index * self.request.arrival_gap_s - time.time()))
+        self.planned_start: float | None = start_at + self.index * self.request.arrival_gap_s
+        gevent.sleep(max(0.0, self.planned_start - time.time()))
 
     @task
     def generate(self) -> None:
@@ -205,6 +206,7 @@ class LLMUser(User):
                                 expected, self.headers)
         self.last_end = time.perf_counter()  # reporting the record below counts as the next request's lag
         record.send_lag_s = lag
+        record.user, record.planned_start, self.planned_start = self.index, self.planned_start, None
         self._report(record)
         _write_record(self.environment, record)
 

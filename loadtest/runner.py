@@ -386,7 +386,7 @@ class Sweep:
         """On a CPU, when every server's KV cache, weights and processes fit in memory with room to spare."""
         if len(planned) < 2 or any(s.plan.device != "cpu" for s in planned):
             return len(planned) < 2
-        need_gib = sum(int(s.plan.env.get("VLLM_CPU_KVCACHE_SPACE", "4")) + SERVER_PROCESSES_GIB
+        need_gib = sum(s.resolved.config.resources.cpu_kvcache_space_gib + SERVER_PROCESSES_GIB
                        + (s.resolved.weight_bytes / GIB if s.resolved.weight_bytes is not None else UNKNOWN_WEIGHTS_GIB)
                        for s in planned)
         return need_gib <= 0.8 * planned[0].resolved.machine.host_memory_gib  # the rest: the load test, the OS, a load's growth

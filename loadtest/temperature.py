@@ -172,7 +172,10 @@ def write_summary(runs: list[dict[str, Any]], out: Path) -> dict[str, Path]:
     rows = summary_rows(runs)
     first = runs[0] if runs else {}
     draft = next((v.get("speculative_config") for v in first.get("variants", []) if v.get("speculative_config")), None)
-    sampling = (draft or {}).get("draft_sample_method", "greedy") if draft else "-"
+    # A server the sweep started has the kit's whole speculative_config (greedy unless it says); a
+    # running one tells only its K.
+    sampling = ("-" if not draft else draft.get("draft_sample_method", "greedy") if "method" in draft
+                else "not known (a running server does not say)")
     settings = first.get("settings", {})
     write_json(out / "temperature.json", {"config": first.get("config"), "draft_sample_method": sampling,
                                           "settings": settings, "rows": rows,

@@ -45,6 +45,31 @@ def _cpu_overrides_in_use() -> bool:
     return current_platform.is_cpu() and not HAS_TRITON
 
 
+def _tolerate_plain_compiled_functions() -> None:
+    """Let vLLM load its own compile cache on CPU (a second start skips the recompilation).
+
+    vLLM 0.32 saves each model's compiled forward (`VLLM_USE_AOT_COMPILE`, on by default) and on the
+    next start calls `finalize_loading` on what it loads back; on CPU that is inductor's plain
+    function, which has none, so every start logged "Compiling model again due to a load failure"
+    and compiled from scratch (24-61 s of a start on 2 cores). The missing step has nothing to do
+    there: give such functions a no-op one."""
+    import torch.compiler
+
+    original = torch.compiler.load_compiled_function
+    if getattr(original, "_specdeploy", False):
+        return
+
+    def load_compiled_function(*args: object, **kwargs: object) -> object:
+        loaded = original(*args, **kwargs)
+        compiled = getattr(getattr(loaded, "_artifacts", None), "compiled_fn", None)
+        if compiled is not None and not hasattr(compiled, "finalize_loading"):
+            compiled.finalize_loading = lambda *_args, **_kwargs: None
+        return loaded
+
+    load_compiled_function._specdeploy = True  # type: ignore[attr-defined]
+    torch.compiler.load_compiled_function = load_compiled_function
+
+
 def register() -> None:
     """vLLM general-plugin hook: patch the CPU kernel table before vLLM registers it."""
     try:
@@ -56,6 +81,11 @@ def register() -> None:
     except Exception as exc:  # a later vLLM may have moved things: keep serving, say so
         log.warning("specdeploy: could not patch vLLM's CPU expand kernel (%s); sampling with speculation "
                     "at temperature > 0 may be wrong on CPU", exc)
+    try:
+        if _cpu_overrides_in_use():
+            _tolerate_plain_compiled_functions()
+    except Exception as exc:
+        log.warning("specdeploy: could not let vLLM load its CPU compile cache (%s); each start compiles anew", exc)
 
 
 def apply() -> bool:

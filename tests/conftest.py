@@ -1,27 +1,42 @@
-"""Shared fixtures: real vLLM servers on the embedded default, started once per configuration.
+"""Shared fixtures: real vLLM servers on the embedded pair, each configuration started once a session.
 
-A vLLM start takes about a minute on this CPU, so tests never start their own: they ask the
-session's `servers` pool for a configuration (`servers.get("default", ["speculation.drafter=none"])`)
-and get the same running server as every other test that asked for it. The pool keeps at most
-`MAX_ALIVE` servers up (2 cores, 24 GiB) and stops the least recently used one beyond that.
+Two tiers (`make test`, `make test-full`):
+- Tests of behaviour serve the *plumbing* target (`SPECDEPLOY_PAIR=plumbing`: the trained model
+  widened twice instead of 4-8 times; same predictions, a fraction of the cost and start-up).
+  They ask the session's `servers` pool for a configuration
+  (`servers.get("default", ["speculation.drafter=none"])`) and get the same running server as
+  every other test that asked for it: a configuration starts once, and stays up until the end.
+- Tests marked `full` measure costs or speed. They run last, on the cost-faithful pair, after the
+  pool has stopped every idle server (fixture `measurement`), so that nothing else competes for
+  the 2 cores while they time.
+
+Every engine start of the session (the pool's, the tests' own and those of command-line
+subprocesses) is recorded by the launcher in `logs/tests/engine-starts.jsonl`; the session ends
+with a count and the start times.
 """
 
 from __future__ import annotations
 
-import collections
+import json
 import logging
 import os
+import threading
+import time
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 import requests
 
 from deploy import Server, free_port, plan_from_config, start_server
+from deploy.embedded_pair import PAIR_ENV
+from deploy.launcher import START_LOG_ENV
 
-MAX_ALIVE = int(os.environ.get("SPECDEPLOY_TEST_MAX_SERVERS", "2"))
 LOG_DIR = Path(os.environ.get("SPECDEPLOY_TEST_LOGS", "logs/tests"))
+START_LOG = LOG_DIR / "engine-starts.jsonl"
+# Small KV caches, so that every configuration's server fits in memory for the whole session.
+POOL_KV_GIB = 0.25
 CODE_PROMPTS = [
     "def __init__(self, *args, **kwargs):\n",
     "import os\nimport sys\n\n\ndef main():\n",
@@ -29,42 +44,153 @@ CODE_PROMPTS = [
     "    for i in range(len(",
 ]
 
+os.environ.setdefault(PAIR_ENV, "plumbing")  # subprocesses (the CLI tests) inherit it
+os.environ[START_LOG_ENV] = str(START_LOG.resolve())
+# One baseline server (no speculation) for every test that needs one; it wants an API key, so the
+# key tests need no second one. The helpers below send the key.
+TEST_KEY_ENV, TEST_KEY = "SPECDEPLOY_TEST_KEY", "sk-test-running"
+os.environ[TEST_KEY_ENV] = TEST_KEY
+BASELINE = ("default", ("speculation.drafter=none", f"server.api_key_env={TEST_KEY_ENV}"))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    LOG_DIR.mkdir(parents=True, exist_ok=True)
+    START_LOG.write_text("")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Measurements last: once they stop the pool's servers, no behaviour test starts them again."""
+    items.sort(key=lambda item: item.get_closest_marker("full") is not None)
+
+
+Key = tuple[str, tuple[str, ...]]
+# The configurations the behaviour tests share, in the order they first need them: the pool starts
+# them in the background, one at a time, while the tests before them run (the 2 cores both work).
+PRESTART: list[Key] = [BASELINE, ("embedded-bigram", ()), ("default", ()),
+                       ("default", ("speculation.draft_sampling=greedy",)), ("embedded-small-plugin", ())]
+
 
 class ServerPool:
     def __init__(self) -> None:
-        self.alive: collections.OrderedDict[tuple[str, tuple[str, ...]], Server] = collections.OrderedDict()
+        self.alive: dict[Key, Server] = {}
+        self.pending: dict[Key, Future[Server]] = {}
+        self.starts: list[tuple[str, float]] = []
+        self._background = ThreadPoolExecutor(1, thread_name_prefix="prestart")
+        self._lock = threading.Lock()
+
+    def prestart(self, keys: list[Key]) -> None:
+        with self._lock:
+            for key in keys:
+                if key not in self.alive and key not in self.pending:
+                    self.pending[key] = self._background.submit(self._start, key)
 
     def get(self, config: str = "default", overrides: list[str] | tuple[str, ...] = ()) -> Server:
         key = (config, tuple(overrides))
-        if key in self.alive:
-            self.alive.move_to_end(key)
-            server = self.alive[key]
+        with self._lock:
+            future = self.pending.pop(key, None)
+        if future is not None:
+            self.alive[key] = future.result()  # a failed start raises here, in the test that needs it
+        server = self.alive.get(key)
+        if server is not None:
             if server.alive():
                 return server
-            del self.alive[key]
-        while len(self.alive) >= MAX_ALIVE:
-            _, oldest = self.alive.popitem(last=False)
-            oldest.stop()
-        port = free_port()
-        _, plan = plan_from_config(config, [*overrides, f"server.port={port}"])
-        name = "-".join([config.removesuffix(".yaml"), *[o.replace("=", "_").replace("/", "_") for o in overrides]])
-        logging.getLogger("specdeploy").info("starting test server %s", name)
-        server = start_server(plan, LOG_DIR / f"{name[:120]}.log", progress=False)
-        self.alive[key] = server
+            logging.getLogger("specdeploy").warning("test server %s died; starting it again", _name(key))
+        self.alive[key] = self._start(key)
+        return self.alive[key]
+
+    def _start(self, key: Key) -> Server:
+        config, overrides = key
+        extra = [] if any(o.startswith("resources.cpu_kvcache_space_gib=") for o in overrides) else \
+            [f"resources.cpu_kvcache_space_gib={POOL_KV_GIB}"]
+        _, plan = plan_from_config(config, [*overrides, *extra, f"server.port={free_port()}"])
+        logging.getLogger("specdeploy").info("starting test server %s", _name(key))
+        started = time.monotonic()
+        server = start_server(plan, LOG_DIR / f"{_name(key)[:120]}.log", progress=False)
+        self.starts.append((_name(key), time.monotonic() - started))
         return server
 
     def close(self) -> None:
-        while self.alive:
-            self.alive.popitem()[1].stop()
+        """Stop every server, those still starting included."""
+        with self._lock:
+            pending, self.pending = list(self.pending.values()), {}
+        running = list(self.alive.values())
+        self.alive.clear()
+        for future in pending:
+            if not future.cancel():
+                try:
+                    running.append(future.result())
+                except Exception:  # noqa: BLE001 - a start that failed left nothing running
+                    pass
+        for server in running:
+            server.stop()
+
+
+def _name(key: Key) -> str:
+    config, overrides = key
+    return "-".join([config.removesuffix(".yaml"), *[o.replace("=", "_").replace("/", "_") for o in overrides]])
+
+
+POOL = ServerPool()
 
 
 @pytest.fixture(scope="session")
 def servers() -> Iterator[ServerPool]:
-    pool = ServerPool()
     try:
-        yield pool
+        yield POOL
     finally:
-        pool.close()
+        POOL.close()
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Start the shared servers early, when the session will run any test that serves."""
+    if any("servers" in getattr(item, "fixturenames", ()) and item.get_closest_marker("full") is None
+           for item in session.items):
+        POOL.prestart(PRESTART)
+
+
+@pytest.fixture()
+def measurement(monkeypatch: pytest.MonkeyPatch) -> None:
+    """For tests marked `full`: the cost-faithful pair, and no idle server beside the measurement."""
+    POOL.close()
+    monkeypatch.setenv(PAIR_ENV, "cost")
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
+    """How many engines the session started, and how long each took to answer."""
+    lines = [json.loads(line) for line in START_LOG.read_text().splitlines() if line.strip()] \
+        if START_LOG.is_file() else []
+    if not lines:
+        return
+    write = terminalreporter.write_line
+    terminalreporter.section("engine starts")
+    ready = [s["seconds"] for s in lines if s["outcome"] == "ready"]
+    write(f"{len(lines)} engine starts ({len(ready)} ready, {len(lines) - len(ready)} failed as some tests intend), "
+          f"{sum(s['seconds'] for s in lines):.0f} s in all; the pool started {len(POOL.starts)} "
+          f"({sum(t for _, t in POOL.starts):.0f} s)")
+    if ready:
+        ready.sort()
+        write(f"ready after: min {ready[0]:.1f} s, median {ready[len(ready) // 2]:.1f} s, max {ready[-1]:.1f} s")
+    for s in lines:
+        write(f"  {s['seconds']:6.1f} s  {s['outcome']:<9} {s['name']:<28} {Path(s['log']).name if s['log'] else ''}")
+
+
+@pytest.fixture(scope="session")
+def running_sweep(servers, tmp_path_factory) -> tuple[dict, dict, Path]:
+    """One load test of the session's speculative and baseline servers (already running: the sweep
+    starts none), as `make loadtest URL=... BASELINE_URL=...` runs it: both APIs (the mixed
+    workload), vLLM's benchmark after Locust, service targets, the baseline's API key. Several
+    tests read its results, report files and folder."""
+    from loadtest.report import write_report
+    from loadtest.request_settings import RequestSettings
+    from loadtest.runner import Sweep, SweepSettings
+
+    spec, baseline = servers.get("default"), servers.get(*BASELINE)
+    settings = SweepSettings("", url=spec.base_url, baseline_url=baseline.base_url, api_key_env=TEST_KEY_ENV,
+                             users=[2], repeat=1, requests=4, slo="ttft_p95=30s,tpot_p50=1ms", warmup=1,
+                             request=RequestSettings(workload="mixed", max_tokens=32, request_timeout_s=120),
+                             level_timeout_s=600, out=tmp_path_factory.mktemp("running-sweep") / "report")
+    results = Sweep(settings).run()
+    return results, write_report(results, settings.out), settings.out
 
 
 @pytest.fixture(scope="session")
@@ -74,11 +200,18 @@ def embedded_pair():
     return ensure_pair()
 
 
+def auth_headers(server: Server) -> dict[str, str]:
+    """The API key a keyed server wants (its plan holds the value), else nothing."""
+    key = server.plan.env.get("VLLM_API_KEY")
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
 def complete(server: Server, prompt: str, max_tokens: int = 48, **params) -> dict:
     """One non-streaming completion; returns the choice with token ids."""
     body = {"model": server.plan.served_name, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
             "return_token_ids": True, **params}
-    response = requests.post(f"{server.base_url}/v1/completions", json=body, timeout=300)
+    response = requests.post(f"{server.base_url}/v1/completions", json=body, headers=auth_headers(server),
+                             timeout=300)
     response.raise_for_status()
     return response.json()["choices"][0]
 
@@ -93,5 +226,6 @@ def metric_total(server: Server, name: str) -> float:
     """Sum of a Prometheus counter over all its label sets, read from /metrics."""
     from loadtest.prom import parse_metrics
 
-    samples = parse_metrics(requests.get(f"{server.base_url}/metrics", timeout=30).text)
+    samples = parse_metrics(requests.get(f"{server.base_url}/metrics", headers=auth_headers(server),
+                                         timeout=30).text)
     return sum(value for _, value in samples.get(name, []))

@@ -83,12 +83,13 @@ def test_a_gpu_preset_on_this_machine_says_what_it_would_measure_and_refuses(tmp
 
 
 @pytest.mark.engine
-def test_advise_on_the_embedded_default(tmp_path: Path, embedded_pair) -> None:
+@pytest.mark.full
+def test_advise_on_the_embedded_default(tmp_path: Path, embedded_pair, measurement) -> None:
     # 64-token outputs, not 32: early in a text fewer drafts are accepted (36% of them over 32 tokens, 47%
     # over 64 on the float32 pair) and the prompt's prefill, dearer under speculation, weighs more. With 32
     # tokens batch 1 made 1.16-1.17x (CI and a rerun), with 64 1.39x.
     run = advise_cli("default.yaml", "--batches", "1,8", "--requests", "8", "--max-tokens", "64",
-                     "--cost-repeats", "1", "--out", str(tmp_path), timeout=1500)
+                     "--cost-repeats", "2", "--repeat", "2", "--out", str(tmp_path), timeout=2400)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
     advice = json.loads((tmp_path / "advice.json").read_text())
     assert advice["status"] == "advised"

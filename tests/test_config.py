@@ -498,12 +498,21 @@ def test_an_api_key_guards_every_route_through_the_middleware(monkeypatch: pytes
 def test_default_preset_on_cpu(embedded_pair) -> None:
     resolved, plan = plan_from_config("default")
     assert resolved.device == "cpu" and plan.env["VLLM_TARGET_DEVICE"] == "cpu"
-    assert plan.env["VLLM_CPU_KVCACHE_SPACE"] == "2"
+    assert "VLLM_CPU_KVCACHE_SPACE" not in plan.env  # whole GiB only: the kit passes exact bytes
+    assert plan.argv[plan.argv.index("--kv-cache-memory-bytes") + 1] == str(2**30)
     assert plan.env["VLLM_HTTP_TIMEOUT_KEEP_ALIVE"] == "65"  # not vLLM's 5 s: see ServerConfig
     spec = json.loads(plan.argv[plan.argv.index("--speculative-config") + 1])
     assert spec == {"method": "draft_model", "model": str(embedded_pair.draft), "num_speculative_tokens": 4,
                     "draft_sample_method": "probabilistic"}
-    assert plan.argv[plan.argv.index("--model") + 1] == str(embedded_pair.target)
+    # The suite serves the plumbing target (conftest); `make serve` the cost-faithful one.
+    assert plan.argv[plan.argv.index("--model") + 1] == str(embedded_pair.plumbing_target)
+    assert any("plumbing target" in note for note in resolved.notes) and "--enforce-eager" in plan.argv
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("SPECDEPLOY_PAIR", "cost")
+        resolved, plan = plan_from_config("default")
+        assert plan.argv[plan.argv.index("--model") + 1] == str(embedded_pair.target)
+        assert not any("plumbing target" in note for note in resolved.notes) and "--enforce-eager" not in plan.argv
+        assert plan.env["SPECDEPLOY_CPU_START"] == "fork"  # engine and worker processes forked (plugins.cpu_start)
     # engine_args pass through with vLLM's own spelling, booleans included
     _, plan = plan_from_config("default", ["engine_args={enforce_eager: false, max_num_batched_tokens: 512}"])
     assert "--no-enforce-eager" in plan.argv and plan.argv[plan.argv.index("--max-num-batched-tokens") + 1] == "512"

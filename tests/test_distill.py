@@ -96,13 +96,14 @@ def test_training_pulls_the_draft_toward_the_targets_distribution() -> None:
 
 
 @pytest.mark.engine
-def test_distill_on_the_embedded_pair(tmp_path: Path, embedded_pair) -> None:
+def test_distill_collects_from_the_served_target_and_writes_a_better_draft(tmp_path: Path, embedded_pair) -> None:
+    """The whole run but the load test: a real target server collects its continuations, the draft
+    is fine-tuned on them, and the draft folder and the config that serves it are written."""
     data = stdlib_test_prompts(tmp_path / "tests.jsonl", count=40)
     settings = DistillSettings("default.yaml", data=str(data), max_tokens=32, train=TrainSettings(epochs=4, lr=5e-4),
-                               batches=[1], measure_temperatures=[0.0], requests=8, measure_max_tokens=32,
-                               output=tmp_path / "default-distilled.yaml", out=tmp_path / "out")
+                               measure=False, output=tmp_path / "default-distilled.yaml", out=tmp_path / "out")
     result = distill(settings)
-    assert result["status"] == "measured", result
+    assert result["status"] == "distilled", result
     assert result["collected"]["train_sequences"] == 64 and result["collected"]["with_logprobs"]
     record = json.loads((Path(result["draft"]) / "distill.json").read_text())
     assert record["base_draft"] == str(embedded_pair.draft) and record["data"]["sha256"]
@@ -110,7 +111,25 @@ def test_distill_on_the_embedded_pair(tmp_path: Path, embedded_pair) -> None:
     assert off["after"]["loss"] < off["before"]["loss"]  # closer to the target on prompts it never saw
     config = load_config(tmp_path / "default-distilled.yaml")
     assert config.speculation.model == result["draft"] and config.speculation.draft_sampling == "probabilistic"
+    assert "measured" not in result and (tmp_path / "out" / "distill.md").is_file()
+
+
+@pytest.mark.engine
+@pytest.mark.full
+def test_distill_measures_the_original_and_the_distilled_draft(tmp_path: Path, embedded_pair, measurement) -> None:
+    data = stdlib_test_prompts(tmp_path / "tests.jsonl", count=40)
+    settings = DistillSettings("default.yaml", data=str(data), max_tokens=32, train=TrainSettings(epochs=4, lr=5e-4),
+                               batches=[1], measure_temperatures=[0.0], repeat=2, requests=8, measure_max_tokens=64,
+                               output=tmp_path / "default-distilled.yaml", out=tmp_path / "out")
+    result = distill(settings)
+    assert result["status"] == "measured", result
     rows = {r["draft"]: r for r in result["measured"]["rows"]}
     assert set(rows) == {"original", "distilled"}
-    assert all(r["acceptance"] is not None and r["acceptance"] > 0.1 and r["speedup"] for r in rows.values())
+    runs = json.loads((tmp_path / "out" / "measure-T0" / "results.json").read_text())
+    tps = {v["name"]: [lv["client"]["output_tokens_per_s"] for lv in v["levels"]] for v in runs["variants"]}
+    assert len(tps["baseline"]) == 2  # each draft's speedup pairs its runs with the baseline's beside them
+    for row in rows.values():
+        assert row["acceptance"] is not None and row["acceptance"] > 0.1 and row["runs"] == 2
+        # Both drafts make the cost-faithful target faster at batch 1 (the embedded pair's reason to exist).
+        assert row["speedup"] > 1, row
     assert "| 0 | 1 |" in (tmp_path / "out" / "distill.md").read_text()

@@ -22,13 +22,12 @@ import pytest
 import requests
 import torch
 
-from conftest import CODE_PROMPTS, LOG_DIR, complete, greedy_token_ids, metric_total
+from conftest import BASELINE, CODE_PROMPTS, LOG_DIR, auth_headers, complete, greedy_token_ids, metric_total
 from deploy import ConfigError, ServerStartError, free_port, plan_from_config, start_server
 from deploy.bigram_tables import embedded_table
 from plugins.bigram_table import build_arrays, save_table
 from plugins.small_model import SmallModelDrafter
 
-BASELINE = ("default", ("speculation.drafter=none",))
 DRAFTERS = {
     "bigram": ("embedded-bigram", ()),
     "small_model-native": ("default", ()),  # draft_sampling: probabilistic, as the presets
@@ -52,7 +51,11 @@ class AlwaysAcceptProposer(BigramProposer):
             torch.zeros(num_tokens, dtype=torch.float64, device=device))
 """
 PROMPTS = [*CODE_PROMPTS, "def test_(self):\n        self.assertEqual(", "if __name__ == '__main__':\n    "]
-REPETITIVE = ("    x.append(1)\n    y.append(2)\n    z.append(3)\n" * 6) + "    x.append(1)\n"
+# Text the target continues by repeating it: after blank lines it writes only more of them (the
+# embedded target does not copy from its context, so repeated code alone does not do it). A cycle
+# of one token: the bigram drafter, which sees one token back, predicts it as well as the others
+# (its loop after "#\n\n", tokens 5 201 201, follows "\n" by "\n" or "#": 12% accepted).
+REPETITIVE = "\n" * 8
 # Sampling test: many short samples of one prompt, compared at the second generated token (the
 # first one that went through draft verification) between the two servers.
 SAMPLE_PROMPT = "import os\nimport sys\n\n\ndef main():\n"
@@ -68,7 +71,8 @@ def samples(server, seed: int, position: int = 1) -> np.ndarray:
         body = {"model": server.plan.served_name, "prompt": SAMPLE_PROMPT, "max_tokens": position + 2,
                 "temperature": 1.0, "top_p": 1.0, "n": SAMPLES_PER_REQUEST, "seed": seed + 1000 * request,
                 "return_token_ids": True}
-        response = requests.post(f"{server.base_url}/v1/completions", json=body, timeout=600)
+        response = requests.post(f"{server.base_url}/v1/completions", json=body, headers=auth_headers(server),
+                                 timeout=600)
         response.raise_for_status()
         return [c["token_ids"][position] for c in response.json()["choices"] if len(c["token_ids"]) > position]
 
@@ -141,11 +145,9 @@ def test_acceptance_counters_rise_on_repetitive_code(drafter) -> None:
     rate = delta["num_accepted_tokens"] / max(delta["num_draft_tokens"], 1)
     print(f"{name}: {delta}, acceptance {rate:.0%}, output {text!r}")
     assert delta["num_drafts"] > 0 and delta["num_accepted_tokens"] > 0
-    # Where the target continues the repetition (the bf16 8x pair does), drafts must mostly land.
-    # The float32 4x pair built on AVX2 CPUs writes a new function instead: nothing in the
-    # context to predict, so only the counters are checked there.
-    if "y.append(2)" in text:
-        assert rate > 0.3, f"{name}: only {rate:.0%} of draft tokens accepted on repetitive code"
+    # The output is the loop (greedy: the target's own choice), so every drafter can predict it.
+    assert text.endswith("\n" * 32), f"the target no longer loops here: {text!r}"
+    assert rate > 0.3, f"{name}: only {rate:.0%} of draft tokens accepted on repetitive text"
 
 
 @pytest.mark.engine

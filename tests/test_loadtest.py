@@ -27,7 +27,7 @@ import numpy as np
 import pytest
 import requests
 
-from conftest import metric_total
+from conftest import BASELINE, TEST_KEY_ENV, metric_total
 from loadtest import prom, stats
 from loadtest.client import RequestRecord, StreamParser, sse_events, stream_request
 from loadtest import request_settings
@@ -356,10 +356,12 @@ def test_variants_take_turns_and_who_goes_first_alternates():
     assert run_order(names, [1, 32], 1, together=False)[:3] == [(1, 1, "spec-k4"), (1, 32, "spec-k4"), (1, 1, "spec-k2")]
 
 
-def test_servers_run_together_only_where_kv_weights_and_processes_fit(tmp_path):
+def test_servers_run_together_only_where_kv_weights_and_processes_fit(tmp_path, monkeypatch):
     # Real plans of the embedded default (preflight reads the built pair; no engine starts), on a
     # machine whose memory is set: 6 servers x (KV + 2.0 GiB of processes + ~0.1 GiB of weights).
     from deploy.preflight import Machine
+
+    monkeypatch.setenv("SPECDEPLOY_PAIR", "cost")  # the served weights, not the suite's plumbing target
 
     def fits(kv_gib: int, host_gib: float) -> bool:
         settings = SweepSettings("default", extra_k=[1, 2, 3, 5], out=tmp_path,
@@ -553,19 +555,24 @@ def test_locust_closed_loop_local_and_distributed(servers, tmp_path, workers):
 @pytest.mark.engine
 @pytest.mark.parametrize("workers", [0, 2])
 def test_users_start_one_arrival_gap_apart(servers, tmp_path, workers):
-    """Not in lockstep: user n's first request leaves n gaps after user 0's, across workers too.
-    Each request (96 tokens) outlasts the ramp. Distributed, Locust's split of the users over the
-    workers need not follow their shares of the budget, so a user may send two."""
+    """Not in lockstep: user n's first request is planned n gaps after user 0's, across workers
+    too, and never leaves before its time. Each request (96 tokens) outlasts the ramp, and with 2
+    users per worker each worker's share of the budget is its users' first requests."""
     server = servers.get("default")
-    job = LocustJob(host=server.base_url, users=3, records_dir=tmp_path / "rec", model=server.plan.served_name,
-                    request=RequestSettings(max_tokens=96, arrival_gap_s=0.15), requests=3, workers=workers)
+    gap = 0.15
+    job = LocustJob(host=server.base_url, users=4, records_dir=tmp_path / "rec", model=server.plan.served_name,
+                    request=RequestSettings(max_tokens=96, arrival_gap_s=gap), requests=4, workers=workers)
     outcome = run_locust(job, deadline_s=300)
     assert outcome.aborted is None and outcome.exit_code == 0, outcome.log_tail
     records = load_records(tmp_path / "rec")
-    assert len(records) == 3 and all(r.ok for r in records)
-    firsts = sorted(r.start for r in records if r.send_lag_s is None)  # each user's first request
-    assert len(firsts) == (3 if workers == 0 else len(firsts)) >= 2
-    assert all(0.1 <= b - a <= 0.6 for a, b in zip(firsts, firsts[1:])), firsts
+    assert len(records) == 4 and all(r.ok for r in records)
+    firsts = {r.user: r for r in records if r.planned_start is not None}  # each user's first request
+    assert sorted(firsts) == [0, 1, 2, 3] and all(r.send_lag_s is None for r in firsts.values())
+    planned = [firsts[u].planned_start for u in range(4)]
+    assert [b - a for a, b in zip(planned, planned[1:])] == pytest.approx([gap] * 3, abs=1e-6)
+    # Never early (a request leaves once its user's sleep is over); how late is the machine's load.
+    assert all(r.start >= r.planned_start - 0.005 for r in firsts.values()), \
+        [(r.user, r.start - r.planned_start) for r in firsts.values()]
 
 
 @pytest.mark.engine
@@ -586,7 +593,6 @@ def test_locust_duration_mode_lets_requests_finish(servers, tmp_path):
 
 # ----------------------------------------------------------------------------------------- real engine
 FAST = dict(request=RequestSettings(max_tokens=32, request_timeout_s=120), warmup=1, level_timeout_s=600)
-CHAT_TEMPLATE = "{% for m in messages %}{{ m.content }}{% endfor %}"
 
 
 def _vllm_spec_metrics(base_url: str) -> Any:
@@ -602,40 +608,32 @@ def _vllm_spec_metrics(base_url: str) -> Any:
 
 
 @pytest.mark.engine
-def test_sweep_spec_and_baseline_report_agrees_with_server(tmp_path, embedded_pair):
-    checked: dict[str, Any] = {}
+def test_sweep_spec_and_baseline_report_agrees_with_server(servers, running_sweep):
+    """A sweep of the session's speculative and baseline servers (the runner's own start, interleave
+    and stop are the next tests'), its report, and vLLM's benchmark beside Locust on each."""
+    spec, baseline = servers.get("default"), servers.get(*BASELINE)
+    # On the same server: vLLM's benchmark code and ours read the same counters.
+    theirs_before, ours_before = _vllm_spec_metrics(spec.base_url), prom.scrape(spec.base_url)
+    for prompt in ("def main():\n", "class A:\n"):
+        requests.post(f"{spec.base_url}/v1/completions", timeout=120, json={
+            "model": spec.plan.served_name, "prompt": prompt, "max_tokens": 24, "temperature": 0}).raise_for_status()
+    theirs, ours = _vllm_spec_metrics(spec.base_url), prom.scrape_settled(spec.base_url)
+    d = prom.delta(ours_before, ours)
+    drafts = theirs.num_drafts - theirs_before.num_drafts
+    accepted = theirs.num_accepted_tokens - theirs_before.num_accepted_tokens
+    draft_tokens = theirs.num_draft_tokens - theirs_before.num_draft_tokens
+    assert drafts > 0 and (d.drafts, d.draft_tokens, d.accepted_tokens) == (drafts, draft_tokens, accepted)
+    assert d.acceptance_rate == pytest.approx(accepted / draft_tokens)
+    assert d.mean_accepted_length == pytest.approx(1 + accepted / drafts)
 
-    def agree_with_vllm_benchmark(server, variant) -> None:
-        # On the same server, before the sweep: vLLM's benchmark code and ours read the same counters.
-        if variant.name != "spec-k4":
-            return
-        theirs_before, ours_before = _vllm_spec_metrics(server.base_url), prom.scrape(server.base_url)
-        for prompt in ("def main():\n", "class A:\n"):
-            requests.post(f"{server.base_url}/v1/completions", timeout=120, json={
-                "model": server.plan.served_name, "prompt": prompt, "max_tokens": 24, "temperature": 0}).raise_for_status()
-        theirs, ours = _vllm_spec_metrics(server.base_url), prom.scrape_settled(server.base_url)
-        d = prom.delta(ours_before, ours)
-        drafts = theirs.num_drafts - theirs_before.num_drafts
-        accepted = theirs.num_accepted_tokens - theirs_before.num_accepted_tokens
-        draft_tokens = theirs.num_draft_tokens - theirs_before.num_draft_tokens
-        assert (d.drafts, d.draft_tokens, d.accepted_tokens) == (drafts, draft_tokens, accepted)
-        assert d.acceptance_rate == pytest.approx(accepted / draft_tokens)
-        assert d.mean_accepted_length == pytest.approx(1 + accepted / drafts)
-        checked["vllm"] = True
-
-    # The `mixed` workload uses both APIs; the embedded tokenizer has no chat template, so give it one.
-    settings = SweepSettings("default", overrides=[f"engine_args.chat_template='{CHAT_TEMPLATE}'"],
-                             users=[1, 4], repeat=1, requests=4, out=tmp_path / "report",
-                             **{**FAST, "request": replace(FAST["request"], workload="mixed")})
-    started = time.monotonic()
-    results = Sweep(settings, on_server_started=agree_with_vllm_benchmark).run()
-    files = write_report(results, settings.out)
-    assert checked.get("vllm"), "the vLLM-benchmark agreement check did not run"
+    # The session's sweep of these two servers: the `mixed` workload uses both APIs (default.yaml
+    # gives the embedded pair a chat template), 2 users, 4 requests each.
+    results, files, report = running_sweep
     assert results["status"] in ("ok", "flagged"), results["problems"]
     assert [v["name"] for v in results["variants"]] == ["spec-k4", "baseline"]
     for variant in results["variants"]:
         assert variant["status"] in ("ok", "flagged"), variant.get("error")
-        assert [lv["concurrency"] for lv in variant["levels"]] == [1, 4]
+        assert [lv["concurrency"] for lv in variant["levels"]] == [2]
         for level in variant["levels"]:
             client, server, check = level["client"], level["server"], level["consistency"]
             assert client["ok"] == client["requests"] == 4 and client["failed"] == 0
@@ -645,11 +643,11 @@ def test_sweep_spec_and_baseline_report_agrees_with_server(tmp_path, embedded_pa
             assert server["output_tokens_per_s"] == pytest.approx(client["output_tokens_per_s"], rel=0.05)
             assert server["requests_finished"] == 4
             assert client["ttft_ms"]["p50"] > 0 and client["e2e_ms"]["p99"] >= client["e2e_ms"]["p50"]
-            records = load_records(settings.out / level["locust"]["records"])
+            records = load_records(report / level["locust"]["records"])
             assert {r.path for r in records} == {"/v1/completions", "/v1/chat/completions"}
             assert sum(r.output_tokens for r in records) == client["output_tokens"]
             assert all(sum(r.tokens_per_chunk) == r.output_tokens for r in records)
-            assert (settings.out / level["locust"]["csv"]).is_file() and (settings.out / level["locust"]["html"]).is_file()
+            assert (report / level["locust"]["csv"]).is_file() and (report / level["locust"]["html"]).is_file()
             # vLLM's serving benchmark ran on the same server after Locust, as many requests, same length.
             bench, agreement = level["vllm_bench"], level["vllm_bench_agreement"]
             assert "error" not in bench, bench
@@ -667,7 +665,7 @@ def test_sweep_spec_and_baseline_report_agrees_with_server(tmp_path, embedded_pa
             # Both clients sent the same prompts: Locust's sequence is the benchmark's dataset.
             sent = load_workload("mixed").sequence(4)
             assert sorted(r.item_id for r in records) == sorted(i.id for i in sent)
-            dataset = settings.out / "vllm-bench" / f"{variant['name']}-c{level['concurrency']}" / "dataset.jsonl"
+            dataset = report / "vllm-bench" / f"{variant['name']}-c{level['concurrency']}" / "dataset.jsonl"
             assert len(dataset.read_text().splitlines()) == 4
             # The engine's counters over the benchmark's window: its requests only (no warm-ups, whose
             # burst of C at once would weigh on the engine's TTFT and skew the drift taken out).
@@ -683,19 +681,18 @@ def test_sweep_spec_and_baseline_report_agrees_with_server(tmp_path, embedded_pa
         assert files[name].is_file(), name
     assert "Second opinion" in files["markdown"].read_text()
     comparisons = {d["concurrency"]: d for d in json.loads(files["json"].read_text())["comparisons"]}
-    assert set(comparisons) == {1, 4}
+    assert set(comparisons) == {2}
     tps = {(v["name"], lv["concurrency"]): lv["client"]["output_tokens_per_s"]
            for v in results["variants"] for lv in v["levels"]}
     for c, d in comparisons.items():  # the speculative run's client tokens/s over the baseline's beside it
         assert d["speedup"] == pytest.approx(tps["spec-k4", c] / tps["baseline", c])
     assert all(math.isfinite(d["expected_tokens_per_step"]) for d in comparisons.values())
-    out = subprocess.run([sys.executable, "-m", "loadtest", "compare", str(settings.out)], cwd=REPO,
+    out = subprocess.run([sys.executable, "-m", "loadtest", "compare", str(report)], cwd=REPO,
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and "spec-k4" in out.stdout and "baseline" in out.stdout, out.stderr
-    print(f"\nsweep took {time.monotonic() - started:.0f} s\n{out.stdout}")
     # A report judged again from what it kept reaches the same verdicts.
     before = json.loads(files["json"].read_text())
-    again = subprocess.run([sys.executable, "-m", "loadtest", "rejudge", str(settings.out)], cwd=REPO,
+    again = subprocess.run([sys.executable, "-m", "loadtest", "rejudge", str(report)], cwd=REPO,
                            capture_output=True, text=True, timeout=120)
     assert again.returncode == 0, again.stderr
     after = json.loads(files["json"].read_text())
@@ -779,17 +776,19 @@ def test_a_count_of_runs_below_one_is_refused_before_any_work(argv: list[str]) -
 
 
 @pytest.mark.engine
-def test_temperature_sweep_reports_acceptance_against_temperature(tmp_path, embedded_pair):
+def test_temperature_sweep_reports_acceptance_against_temperature(servers, tmp_path):
     """`--temperature 1,0`: one sweep per temperature, each sending its own, and a summary of
-    acceptance and speedup against temperature. The default drafts probabilistically, so its
-    acceptance holds at T=1 (greedy drafts keep ~5% there)."""
+    acceptance and speedup against temperature, here of the session's running servers. The default
+    drafts probabilistically, so its acceptance holds at T=1 (greedy drafts keep ~5% there)."""
+    spec, baseline = servers.get("default"), servers.get(*BASELINE)
     out = tmp_path / "report"
-    run = subprocess.run([sys.executable, "-m", "loadtest", "run", "default", "--temperature", "1,0", "--users", "1",
+    run = subprocess.run([sys.executable, "-m", "loadtest", "run", "--url", spec.base_url, "--baseline-url",
+                          baseline.base_url, "--api-key-env", TEST_KEY_ENV, "--temperature", "1,0", "--users", "1",
                           "--repeat", "1", "--requests", "4", "--max-tokens", "32", "--no-vllm-bench",
-                          "--out", str(out)], cwd=REPO, capture_output=True, text=True, timeout=1500)
+                          "--out", str(out)], cwd=REPO, capture_output=True, text=True, timeout=900)
     assert run.returncode in (0, 1), run.stderr[-3000:]
     summary = json.loads((out / "temperature.json").read_text())
-    assert summary["draft_sample_method"] == "probabilistic"
+    assert summary["draft_sample_method"] == "not known (a running server does not say)"
     assert {t: s["status"] for t, s in summary["sweeps"].items()} in (
         {"0": a, "1": b} for a in ("ok", "flagged") for b in ("ok", "flagged"))
     rows = {r["temperature"]: r for r in summary["rows"] if (r["variant"], r["concurrency"]) == ("spec-k4", 1)}
@@ -799,12 +798,34 @@ def test_temperature_sweep_reports_acceptance_against_temperature(tmp_path, embe
         assert sub["settings"]["temperature"] == temperature
         assert {v["name"] for v in sub["variants"]} == {"spec-k4", "baseline"}
         assert row["acceptance_rate"]["mean"] > 0.3, f"T={temperature}: acceptance {row['acceptance_rate']}"
-        assert row["speedup"]["mean"] > 1, f"T={temperature}: speculation did not pay at batch 1: {row['speedup']}"
+        tps = {v["name"]: v["levels"][0]["client"]["output_tokens_per_s"] for v in sub["variants"]}
+        assert row["speedup"]["mean"] == pytest.approx(tps["spec-k4"] / tps["baseline"])
     text = (out / "temperature.md").read_text()
     assert "| 1 | spec-k4 | 1 | 1 |" in text and "temperature-1/report.md" in text
     assert (out / "temperature.png").stat().st_size > 10_000
-    # The default is tuned for 0, 0.7 and 1: a run that skips 0.7 says so.
-    assert "add --temperature 0,0.7,1" in run.stdout
     shown = subprocess.run([sys.executable, "-m", "loadtest", "compare", str(out)], cwd=REPO, capture_output=True,
                            text=True, timeout=120)
     assert shown.returncode == 0 and "temperatures 0, 1" in shown.stdout and "| 1 | spec-k4 | 1 | 1 |" in shown.stdout
+
+
+@pytest.mark.engine
+@pytest.mark.full
+def test_speculation_pays_at_batch_1_greedy_and_sampled(tmp_path, embedded_pair, measurement):
+    """The embedded default's reason to exist: on the cost-faithful pair, speculation is faster at
+    batch 1 at T=0 and at T=1 (probabilistic drafts), in each of two runs per temperature."""
+    out = tmp_path / "report"
+    run = subprocess.run([sys.executable, "-m", "loadtest", "run", "default", "--temperature", "1,0", "--users", "1",
+                          "--repeat", "2", "--requests", "8", "--max-tokens", "64", "--no-vllm-bench",
+                          "--out", str(out)], cwd=REPO, capture_output=True, text=True, timeout=2400)
+    assert run.returncode in (0, 1), run.stderr[-3000:]
+    summary = json.loads((out / "temperature.json").read_text())
+    assert summary["draft_sample_method"] == "probabilistic"
+    rows = {r["temperature"]: r for r in summary["rows"] if (r["variant"], r["concurrency"]) == ("spec-k4", 1)}
+    assert set(rows) == {0.0, 1.0}
+    # The default is tuned for 0, 0.7 and 1: a run that skips 0.7 says so.
+    assert "add --temperature 0,0.7,1" in run.stdout
+    for temperature, row in rows.items():
+        assert row["acceptance_rate"]["mean"] > 0.3, f"T={temperature}: acceptance {row['acceptance_rate']}"
+        speedup = row["speedup"]
+        slowest = speedup["mean"] * (1 - speedup["max_deviation"])  # the run furthest from the mean, if below it
+        assert speedup["n"] == 2 and slowest > 1, f"T={temperature}: speculation did not pay in every run: {speedup}"

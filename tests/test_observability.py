@@ -45,8 +45,9 @@ def test_dashboard_and_scrape_config_from_a_config(tmp_path: Path) -> None:
 
 
 @pytest.mark.engine
-@pytest.mark.skipif(PROMETHEUS is None, reason="needs Debian's prometheus package (.ci/run installs it)")
 def test_every_dashboard_query_returns_data_from_a_real_prometheus(servers, tmp_path: Path) -> None:
+    assert PROMETHEUS, ("no `prometheus` on PATH: `make venv` installs Debian's package where it runs as root with "
+                        "apt; elsewhere install it (apt install prometheus, or a release binary on PATH)")
     server = servers.get("default")
     config = load_config("default")
     target = server.base_url.removeprefix("http://")

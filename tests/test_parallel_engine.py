@@ -8,7 +8,7 @@ from __future__ import annotations
 import psutil
 import pytest
 
-from conftest import CODE_PROMPTS, LOG_DIR, complete, greedy_token_ids, metric_total
+from conftest import BASELINE, CODE_PROMPTS, LOG_DIR, complete, greedy_token_ids, metric_total
 from deploy import free_port, plan_from_config, start_server
 from deploy.launcher import port_is_free
 
@@ -84,7 +84,7 @@ def test_tensor_parallel_2_with_speculation_matches_one_rank(servers) -> None:
 def test_pipeline_parallel_2_without_speculation_matches_one_stage(servers) -> None:
     """One request at a time on both. Seen: two of three prompts identical, the third equal up
     to a near-tie in a run of one repeated token."""
-    one_stage = with_logprobs(servers.get("default", ["speculation.drafter=none"]), PROMPTS)
+    one_stage = with_logprobs(servers.get(*BASELINE), PROMPTS)
     two_stages, _, _ = _serve_and_stop("default", ["speculation.drafter=none", "parallelism.pipeline_parallel_size=2"],
                                        "default-pp2", PROMPTS, with_logprobs)
     differences = same_or_near_tie(one_stage, two_stages, PROMPTS)

@@ -13,18 +13,16 @@ from pathlib import Path
 import pytest
 import requests
 
+from conftest import BASELINE, TEST_KEY, TEST_KEY_ENV as KEY_ENV
 from deploy import free_port
 from loadtest import slo
 from loadtest.client import RequestRecord
 from loadtest.endpoint import EndpointError, discover
 from loadtest.locust_run import LocustOutcome
-from loadtest.request_settings import RequestSettings
-from loadtest.report import headline, write_report
+from loadtest.report import headline
 from loadtest.runner import Sweep, SweepSettings, load_generator_lag, load_generator_notes
 
 REPO = Path(__file__).resolve().parents[1]
-KEY_ENV = "SPECDEPLOY_TEST_KEY"
-KEYED_BASELINE = ("default", ("speculation.drafter=none", f"server.api_key_env={KEY_ENV}"))
 
 
 def _record(ttft: float, tpot: float, tokens: int = 10, ok: bool = True) -> RequestRecord:
@@ -83,20 +81,15 @@ def test_load_generator_lag_and_its_notes(tmp_path):
 
 # ------------------------------------------------------------------------------------- real servers
 @pytest.fixture()
-def keyed_baseline(servers, monkeypatch):
-    """A baseline server that wants an API key (its variable set while the test runs)."""
-    monkeypatch.setenv(KEY_ENV, "sk-test-running")
-    return servers.get(KEYED_BASELINE[0], KEYED_BASELINE[1])
+def keyed_baseline(servers):
+    """The session's baseline server: it wants an API key (`$SPECDEPLOY_TEST_KEY`, set by conftest)."""
+    return servers.get(*BASELINE)
 
 
 @pytest.mark.engine
-def test_sweep_of_running_servers_with_service_targets(servers, keyed_baseline, tmp_path):
+def test_sweep_of_running_servers_with_service_targets(servers, keyed_baseline, running_sweep):
     spec = servers.get("default")
-    settings = SweepSettings("", url=spec.base_url, baseline_url=keyed_baseline.base_url, api_key_env=KEY_ENV,
-                             users=[1, 2], repeat=1, requests=4, slo="ttft_p95=30s,tpot_p50=1ms",
-                             request=RequestSettings(max_tokens=24, request_timeout_s=120), level_timeout_s=600, out=tmp_path / "report")
-    results = Sweep(settings).run()
-    files = write_report(results, settings.out)
+    results, files, out = running_sweep
     assert results["status"] in ("ok", "flagged"), results["problems"]
     # What each server is was read from the server: name, speculation and its K.
     variants = {v["name"]: v for v in results["variants"]}
@@ -128,7 +121,7 @@ def test_sweep_of_running_servers_with_service_targets(servers, keyed_baseline, 
     text = files["markdown"].read_text()
     assert "## Service targets" in text and "MISSED" in text and "## The load generator's own lag" in text
     # The key never lands in what the sweep wrote: results, reports, Locust's and vLLM's outputs, logs.
-    leaked = [str(f) for f in settings.out.rglob("*") if f.is_file() and b"sk-test-running" in f.read_bytes()]
+    leaked = [str(f) for f in out.rglob("*") if f.is_file() and TEST_KEY.encode() in f.read_bytes()]
     assert not leaked, leaked
 
 

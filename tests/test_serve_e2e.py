@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -16,7 +17,6 @@ import requests
 from deploy import free_port
 from deploy.launcher import port_is_free
 
-pytestmark = pytest.mark.engine
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -46,6 +46,7 @@ def test_bad_config_exits_nonzero_with_a_readable_message_and_no_engine(tmp_path
     assert time.monotonic() - started < 60
 
 
+@pytest.mark.engine
 def test_engine_start_failure_exits_nonzero_with_the_engines_error_line() -> None:
     # Valid for specdeploy, refused by vLLM itself: longer than the model's 2048 positions.
     port = free_port()
@@ -74,15 +75,42 @@ def _gone(processes: list[psutil.Process], within_s: float) -> list[int]:
         time.sleep(0.5)
 
 
-@pytest.mark.parametrize("how", ["SIGHUP", "two SIGINTs", "SIGKILL"])
-def test_serve_leaves_nothing_running_however_it_is_stopped(how: str) -> None:
+STOPS = ["SIGHUP", "two SIGINTs", "SIGKILL"]
+
+
+@pytest.fixture(scope="module")
+def serving() -> Iterator[dict[str, tuple[subprocess.Popen[str], int]]]:
+    """One `make serve` (its Python entry) per way of stopping it, started together: their
+    start-ups, mostly single-threaded imports, overlap on the machine's cores."""
+    ports: list[int] = []
+    while len(ports) < len(STOPS):
+        if (port := free_port()) not in ports:
+            ports.append(port)
+    started = {how: (subprocess.Popen([sys.executable, "-m", "deploy", "serve", "--no-spec", "--set",
+                                       f"server.port={port}"], cwd=ROOT, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True, start_new_session=True), port)
+               for how, port in zip(STOPS, ports)}
+    try:
+        yield started
+    finally:
+        for proc, _ in started.values():
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+        for child in psutil.Process().children(recursive=True):  # never leak an engine into later tests
+            try:
+                if "api_server" in " ".join(child.cmdline()):
+                    child.kill()
+            except psutil.Error:
+                pass  # gone, or a zombie
+
+
+@pytest.mark.engine
+@pytest.mark.parametrize("how", STOPS)
+def test_serve_leaves_nothing_running_however_it_is_stopped(how: str, serving) -> None:
     """A closed terminal (SIGHUP) stops cleanly; a second Ctrl-C during the stop still ends it;
     a launcher killed outright (SIGKILL, the OOM killer) takes its engine with it. While it
     serves, a second server on the same port is one line and exit 2, not a traceback."""
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "deploy", "serve", "--no-spec", "--set", f"server.port={port}"],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    proc, port = serving[how]
     try:
         assert proc.stdout is not None
         deadline = time.monotonic() + 600
@@ -118,9 +146,3 @@ def test_serve_leaves_nothing_running_however_it_is_stopped(how: str) -> None:
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-        for child in psutil.Process().children(recursive=True):  # never leak an engine into later tests
-            try:
-                if child.pid != proc.pid and "api_server" in " ".join(child.cmdline()):
-                    child.kill()
-            except psutil.Error:
-                pass  # gone, or a zombie

@@ -106,7 +106,8 @@ def test_each_drafter_is_held_against_ngram_at_equal_tokens_per_step() -> None:
 
 
 @pytest.mark.engine
-def test_a_served_drafter_reports_where_its_steps_go(tmp_path: Path) -> None:
+@pytest.mark.full
+def test_a_served_drafter_reports_where_its_steps_go(tmp_path: Path, measurement) -> None:
     """With SPECDEPLOY_STEP_PROFILE set, vLLM loads the timers through the general-plugin entry point
     in the engine process; one request's steps show up with a target forward and a drafter."""
     from dataclasses import replace
@@ -128,3 +129,25 @@ def test_a_served_drafter_reports_where_its_steps_go(tmp_path: Path) -> None:
     assert ms["forward"] < ms["step"] and ms["propose"] < ms["sample_tokens"]
     # The timed steps account for most of the request's time (the rest is HTTP and detokenising).
     assert 0.5 < ms["steps"] * (ms["step"] + ms["post_step"]) / 1000 / took <= 1.0
+
+
+@pytest.mark.engine
+@pytest.mark.full
+def test_bench_drafters_on_the_engine(tmp_path: Path, measurement) -> None:
+    """`make bench-drafters`, shortened: every drafter served in each of two rounds beside the
+    baseline; the small model pays at batch 1 in both, and every step is timed by phase."""
+    import json
+    import subprocess
+    import sys
+
+    run = subprocess.run([sys.executable, "-m", "loadtest.bench_drafters", "--prompts", "4", "--max-tokens", "96",
+                          "--rounds", "2", "--drafters", "none", "small_model (native)", "bigram",
+                          "--out", str(tmp_path)], capture_output=True, text=True, timeout=2400)
+    assert run.returncode == 0, run.stderr[-3000:]
+    summary = {row["drafter"]: row for row in json.loads((tmp_path / "results.json").read_text())["summary"]}
+    assert set(summary) == {"none", "small_model (native)", "bigram"}
+    assert all(row["rounds"] == 2 and row["step_ms"]["step"] > 0 for row in summary.values())
+    assert summary["none"]["acceptance_rate"] is None
+    small = summary["small_model (native)"]
+    assert small["acceptance_rate"] > 0.3 and small["speedup_range"][0] > 1, small
+    assert summary["bigram"]["acceptance_rate"] > 0

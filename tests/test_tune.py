@@ -200,11 +200,12 @@ def test_a_gpu_preset_on_this_machine_says_what_it_would_measure_and_refuses(tmp
 
 
 @pytest.mark.engine
-def test_tune_on_the_embedded_default(tmp_path: Path, embedded_pair) -> None:
+@pytest.mark.full
+def test_tune_on_the_embedded_default(tmp_path: Path, embedded_pair, measurement) -> None:
     output = tmp_path / "default-tuned.yaml"
     run = tune_cli("default.yaml", "--set", "speculation.num_speculative_tokens=2", "--batches", "1,8",
-                   "--cost-repeats", "1", "--proof-temperature", "1", "--proof-repeats", "1", "--requests", "8",
-                   "--max-tokens", "32", "--output", str(output), "--out", str(tmp_path), timeout=1500)
+                   "--cost-repeats", "2", "--proof-temperature", "1", "--proof-repeats", "2", "--requests", "8",
+                   "--max-tokens", "32", "--output", str(output), "--out", str(tmp_path), timeout=2400)
     assert run.returncode in (0, 1), run.stdout[-2000:] + run.stderr[-3000:]
     result = json.loads((tmp_path / "tune.json").read_text())
     assert result["status"] in ("proven", "not_proven"), result.get("problems")

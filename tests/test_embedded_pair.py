@@ -1,0 +1,53 @@
+"""The embedded pair: shipped trained weights, built into a cost-faithful and a plumbing target that
+predict the same tokens, and a recipe that still reproduces the shipped weights' quality."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from deploy.embedded_pair import GOALS, RECIPE, WEIGHTS, Serving, recipe_hash, train
+
+
+def _logits(folder, ids: torch.Tensor) -> torch.Tensor:
+    from transformers import LlamaForCausalLM
+
+    model = LlamaForCausalLM.from_pretrained(folder, torch_dtype=torch.float32).eval()
+    with torch.inference_mode():
+        return model(input_ids=ids).logits
+
+
+def test_both_served_targets_predict_what_the_shipped_one_does(embedded_pair) -> None:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(embedded_pair.target)
+    ids = torch.tensor([tok("import os\nimport sys\n\n\ndef main(argv):\n    for name in argv:\n").input_ids])
+    trained = _logits(WEIGHTS / "target", ids)
+    tolerance = 2e-2 if Serving().serve_dtype == "bfloat16" else 1e-4  # bf16 weights round
+    for folder in (embedded_pair.target, embedded_pair.plumbing_target):
+        assert torch.allclose(_logits(folder, ids), trained, atol=tolerance, rtol=tolerance), folder
+    report = embedded_pair.report
+    serving = Serving()
+    assert report["serving"]["target_copies"] == serving.target_copies and report["serving"]["plumbing_copies"] == 2
+    # The plumbing target costs a fraction of the cost-faithful one (weights grow with copies squared).
+    assert report["params"]["plumbing_target"] * 2 < report["params"]["target"]
+    # The served pair comes from the shipped weights, and the shipped weights from the code's recipe.
+    assert report["training"] == json.loads((WEIGHTS / "training.json").read_text())
+    assert report["training"]["recipe_hash"] == recipe_hash(RECIPE), \
+        "the recipe changed since the weights were trained: `make models REBUILD=1` and commit deploy/embedded_weights"
+    assert report["heldout"]["greedy_agreement"] >= GOALS["greedy_agreement"]
+
+
+@pytest.mark.full
+def test_the_recipe_reproduces_the_shipped_weights(tmp_path, measurement) -> None:
+    """`make models REBUILD=1` on this machine: training anew reaches what the shipped weights
+    reached (same recipe; BLAS rounding on another CPU may move the last digits, not the quality)."""
+    shipped = json.loads((WEIGHTS / "training.json").read_text())
+    again = train(RECIPE, tmp_path / "weights")
+    assert again["recipe_hash"] == shipped["recipe_hash"]
+    assert again["heldout"]["greedy_agreement"] == pytest.approx(shipped["heldout"]["greedy_agreement"], abs=0.02)
+    assert again["heldout"]["target_ppl"] == pytest.approx(shipped["heldout"]["target_ppl"], rel=0.03)
+    assert again["heldout"]["draft_ppl"] == pytest.approx(shipped["heldout"]["draft_ppl"], rel=0.03)
+    assert {p.name for p in (tmp_path / "weights").iterdir()} == {"tokenizer", "target", "draft", "training.json"}
