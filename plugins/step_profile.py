@@ -55,11 +55,18 @@ class _Totals:
     """Cumulative calls and seconds per phase, written by a daemon thread once any step ran."""
 
     def __init__(self, folder: Path):
-        self.path = folder / f"steps-{os.getpid()}.json"
+        self.folder = folder
+        self._forked()
+        # vLLM's engine core and workers may be forks of the process that installed the timers
+        # (resources.cpu_start: fork): each child counts and writes for itself, from zero.
+        os.register_at_fork(after_in_child=self._forked)
+
+    def _forked(self) -> None:
+        self.path = self.folder / f"steps-{os.getpid()}.json"
         self.calls = dict.fromkeys(PHASES, 0)
         self.seconds = dict.fromkeys(PHASES, 0.0)
         self.lock = threading.Lock()
-        self.writer: threading.Thread | None = None
+        self.writer: threading.Thread | None = None  # a parent's thread does not survive a fork
 
     def add(self, phase: str, seconds: float) -> None:
         with self.lock:
