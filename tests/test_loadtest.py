@@ -826,6 +826,5 @@ def test_speculation_pays_at_batch_1_greedy_and_sampled(tmp_path, embedded_pair,
     assert "add --temperature 0,0.7,1" in run.stdout
     for temperature, row in rows.items():
         assert row["acceptance_rate"]["mean"] > 0.3, f"T={temperature}: acceptance {row['acceptance_rate']}"
-        speedup = row["speedup"]
-        slowest = speedup["mean"] * (1 - speedup["max_deviation"])  # the run furthest from the mean, if below it
-        assert speedup["n"] == 2 and slowest > 1, f"T={temperature}: speculation did not pay in every run: {speedup}"
+        speedup = row["speedup"]  # over the runs: n, mean, min, max
+        assert speedup["n"] == 2 and speedup["min"] > 1, f"T={temperature}: speculation did not pay in every run: {speedup}"
