@@ -129,7 +129,13 @@ GOALS = {
     "draft_step_batch_1": 0.15,  # one draft step, in target steps (at most)
     "greedy_agreement": 0.70,  # draft argmax = target argmax on held-out code (at least)
     "build_seconds": 240 if native_bf16() else 300,  # building the served pair on 2 cores (at most)
+    # Free-running on held-out prompts at FREE_RUNNING_TEMPERATURE, K=4: acceptance in this range, from
+    # output that is text (its distinct 4-grams within 20% of the held-out code's: loadtest.content).
+    "free_running_acceptance": (0.50, 0.85),
+    "free_running_content": 0.20,
 }
+FREE_RUNNING_TEMPERATURE = 1.0
+"""vLLM's default: what users send. The pair's greedy output, forced to a fixed length, loops."""
 
 
 @dataclass(frozen=True)
@@ -188,6 +194,19 @@ def corpus_files(split: str = "train") -> list[Path]:
     return list(_corpus(RECIPE)[split])
 
 
+@functools.lru_cache(maxsize=1)
+def heldout_tokens() -> tuple[int, ...]:
+    """The held-out code as one token stream (files framed by <s> ... </s>), tokenized by the shipped
+    tokenizer: the reference text the content check holds the pair's outputs against."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(WEIGHTS / "tokenizer" / "tokenizer.json"))
+    ids: list[int] = []
+    for path in _corpus(RECIPE)["heldout"]:
+        ids += [BOS, *tok.encode(_read(path), add_special_tokens=False).ids, EOS]
+    return tuple(ids)
+
+
 def _corpus_listing(recipe: Recipe, splits: tuple[str, ...]) -> list[tuple[str, int]]:
     root = _stdlib()
     return [(p.relative_to(root).as_posix(), p.stat().st_size) for split in splits for p in _corpus(recipe)[split]]
@@ -230,6 +249,11 @@ def _cache_root() -> Path:
 def pair_dir() -> Path:
     """Where the pair for the shipped weights and this machine's `Serving` lives (it may not be built yet)."""
     return _cache_root() / f"embedded-pair-{_build_hash(Serving(), WEIGHTS)}"
+
+
+def is_pair_folder(path: str | Path) -> bool:
+    """Whether a model folder is one of a built embedded pair's (a running server's model or tokenizer)."""
+    return bool(str(path)) and Path(path).expanduser().resolve().parent.name.startswith("embedded-pair-")
 
 
 def is_built() -> bool:
@@ -582,7 +606,26 @@ def check_goals(pair: EmbeddedPair, costs: dict | None) -> list[tuple[str, bool 
             out.append((text.split(":")[0].format(k1=k1) + ": not measured yet (make models)", None))
         else:
             out.append((text.format(k1=costs["k"] + 1, v=value, g=GOALS[goal]), ok(value, GOALS[goal])))
+    out.append(free_running_goal(costs))
     return out
+
+
+def free_running_goal(costs: dict | None) -> tuple[str, bool | None]:
+    """The free-running goal's line: acceptance in range, from output like the held-out code."""
+    low, high = GOALS["free_running_acceptance"]
+    run = ((costs or {}).get("acceptance") or {}).get(f"{FREE_RUNNING_TEMPERATURE:g}")
+    what = f"free-running at T={FREE_RUNNING_TEMPERATURE:g} on held-out prompts"
+    if not run or run.get("acceptance_rate") is None:
+        return f"{what}: not measured yet (make models)", None
+    checked = run.get("content") or {}
+    vs = checked.get("vs_reference")
+    like = vs is not None and abs(vs - 1) <= GOALS["free_running_content"] and not checked.get("degenerate")
+    text = (f"{what}: acceptance at K={costs['k']} {run['acceptance_rate']:.1%} (goal {low:.0%}-{high:.0%}); "
+            + (f"distinct 4-grams {checked['distinct_4']:.2f} against the held-out code's "
+               f"{checked['reference']['distinct_4']:.2f} (goal within {GOALS['free_running_content']:.0%}), "
+               f"{checked['degenerate']} of {checked['checked']} outputs degenerate (goal none)"
+               if vs is not None else "content not checked"))
+    return text, low <= run["acceptance_rate"] <= high and like
 
 
 def goal_lines(pair: EmbeddedPair, costs: dict | None) -> list[str]:

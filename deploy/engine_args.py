@@ -178,6 +178,9 @@ def engine_arguments(resolved: ResolvedDeployment, node_rank: int = 0) -> dict[s
     spec = speculative_config(resolved)
     if spec:
         args["speculative_config"] = spec
+        # Each response then carries its own acceptance, so the content check (loadtest.content) can
+        # give acceptance over the outputs that are text apart from those that loop.
+        args["per_request_spec_decode_metrics"] = "summary"
     options = plugin_options(resolved)
     # Tests of behaviour: no torch.compile (40-80 s a new configuration), no warm-up. Not with
     # pipeline stages: vLLM 0.32's CPU runner allocates their hand-over tensors in the warm-up.

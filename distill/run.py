@@ -27,7 +27,7 @@ from distill.collect import Example, collect
 from distill.data import DistillData, load_data, stdlib_test_prompts, write_prompts
 from distill.train import TrainSettings, evaluate, fine_tune, load_draft, save_draft
 from loadtest.files import bullet_sections, write_atomic, write_json, write_result
-from loadtest.report import summarize_speedups, write_report
+from loadtest.report import content_warnings, summarize_speedups, write_report
 from loadtest.request_settings import RequestSettings, settings_record
 from loadtest.results import CREATED_FORMAT
 from loadtest.runner import Sweep, SweepSettings
@@ -193,7 +193,7 @@ def distill(settings: DistillSettings) -> dict[str, Any]:
 def measure(settings: DistillSettings, checked: Checked, draft: Path, held_file: Path) -> dict[str, Any]:
     """One load test per temperature on the held-out prompts: the original draft (`spec-k<K>`), the
     distilled one and no speculation, taking turns at each batch size."""
-    rows, reports = [], []
+    rows, reports, warnings = [], [], []
     for temperature in settings.measure_temperatures:
         sweep_out = checked.out / f"measure-T{temperature:g}"
         results = Sweep(SweepSettings(
@@ -211,8 +211,10 @@ def measure(settings: DistillSettings, checked: Checked, draft: Path, held_file:
                          "acceptance": entry["acceptance_rate"].get("mean"),
                          "tokens_per_step": entry["mean_accepted_length"].get("mean"),
                          "speedup": entry["speedup"].get("mean"), "speedup_interval": entry["speedup"],
-                         "vllm_bench_speedup": entry["vllm_bench_speedup"].get("mean"), "runs": entry["runs"]})
-    return {"rows": rows, "reports": reports}
+                         "vllm_bench_speedup": entry["vllm_bench_speedup"].get("mean"), "runs": entry["runs"],
+                         "degenerate_share": (entry.get("content") or {}).get("degenerate_share")})
+            warnings += [f"T={temperature:g}, {w}" for w in content_warnings(entry)]
+    return {"rows": rows, "reports": reports, "content_warnings": warnings}
 
 
 def _pct(x: float | None) -> str:
@@ -254,6 +256,8 @@ def describe(result: dict[str, Any]) -> str:
                          f"{tps[1]} | {_x(o.get('speedup'))} | {_x(d.get('speedup'))} |")
         lines += ["", "Reports: " + ", ".join(f"[{r['report']}]({r['report']}) ({r['status']})"
                                               for r in measured["reports"])]
-        lines += bullet_sections({"problems": [p for r in measured["reports"] for p in r["problems"]]},
-                                 {"problems": "Problems:"})
+        lines += bullet_sections({"content": measured.get("content_warnings") or [],
+                                  "problems": [p for r in measured["reports"] for p in r["problems"]]},
+                                 {"content": "Content (degenerate outputs behind these figures):",
+                                  "problems": "Problems:"})
     return "\n".join(lines) + "\n"

@@ -68,8 +68,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="measure each level for S seconds instead of a request count")
     run.add_argument("--warmup", type=int, default=1, help="warm-up requests per user before each level (default: 1)")
     request_settings.add_options(run, skip=("temperature",))
-    run.add_argument("--temperature", type=temperature_list, default=[0.0], metavar="T,T",
-                     help="sampling temperatures (default: 0, greedy); several, e.g. 0,0.7,1 (the config's "
+    run.add_argument("--temperature", type=temperature_list, default=[1.0], metavar="T,T",
+                     help="sampling temperatures (default: 1, vLLM's default; 0: greedy); several, e.g. 0,0.7,1 (the config's "
                           "speculation.temperatures), run one sweep each and add a summary of acceptance and "
                           "speedup against temperature (temperature.md)")
     run.add_argument("--workers", type=int, default=0, help="Locust worker processes (0: one local process)")
@@ -188,13 +188,21 @@ def cmd_tune(opts: argparse.Namespace) -> int:
 
 
 def cmd_costs(opts: argparse.Namespace) -> int:
-    from deploy.embedded_pair import COSTS_FILE, engine_costs, ensure_pair, goal_lines
+    from deploy.embedded_pair import COSTS_FILE, FREE_RUNNING_TEMPERATURE, engine_costs, ensure_pair, goal_lines
     from loadtest import step_costs
+    from loadtest.bench_drafters import code_prompts
+
+    # The pair's free-running goal: held-out prompts at vLLM's default temperature (deploy.embedded_pair.GOALS).
+    free_running = {"prompts": code_prompts(8, 600), "temperatures": [FREE_RUNNING_TEMPERATURE], "max_tokens": 128,
+                    "embedded": True}
 
     pair = ensure_pair() if opts.pair else None
     result = engine_costs(pair) if pair and not opts.force else None
+    if result is not None and "acceptance" not in result:
+        result = None  # measured before the pair had a free-running goal
     if result is None:
-        result = step_costs.measure_costs(opts.config, opts.k, tuple(opts.batches), opts.repeat)
+        result = step_costs.measure_costs(opts.config, opts.k, tuple(opts.batches), opts.repeat,
+                                          free_running=free_running if pair else None)
         if pair:
             step_costs.save(result, pair.root / COSTS_FILE)
     else:

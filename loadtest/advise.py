@@ -29,7 +29,7 @@ from deploy import ConfigError, load_config, preflight
 from deploy.config import resolve_config_path
 from loadtest import step_costs
 from loadtest.files import bullet_sections, write_result
-from loadtest.report import levels, summarize_speedups, write_report
+from loadtest.report import content_warnings, levels, summarize_speedups, write_report
 from loadtest.request_settings import RequestSettings, settings_record
 from loadtest.runner import Sweep, SweepSettings, default_out_dir
 
@@ -117,6 +117,7 @@ def advise(settings: AdviceSettings) -> dict[str, Any]:
     advice["load_test"] = {"report": "load-test/report.md", "status": results["status"],
                            "problems": results["problems"]}
     advice["rows"] = rows = advice_rows(costs, results)
+    advice["content_warnings"] = [w for e in summarize_speedups(results) for w in content_warnings(e)]
     measured = [r for r in rows if r.get("measured_speedup") is not None]
     if not measured:
         advice.update(status="failed", verdict="not measured: the load test produced no speedup ("
@@ -159,6 +160,7 @@ def advice_rows(costs: dict[str, Any], results: dict[str, Any]) -> list[dict[str
             "predicted_speedup": tokens / ratio["step_cost"] if tokens else None,
             "measured_speedup": (entry.get("speedup") or {}).get("mean"),
             "engine_speedup": (entry.get("measured_speedup") or {}).get("mean"),
+            "degenerate_share": (entry.get("content") or {}).get("degenerate_share"),
         }
         rows.append(row)
     return rows
@@ -226,7 +228,9 @@ def describe(advice: dict[str, Any]) -> str:
     """The advice as a person reads it (also advice.md)."""
     lines = [f"# Advice: {advice['config']} ({advice['drafter']}, K={advice['k']}, "
              f"draft sampling {advice['draft_sampling']})", "",
-             f"**Verdict: {advice['verdict']}**", ""]
+             f"**Verdict: {advice['verdict']}**", "",
+             *[f"**{w}**" for w in advice.get("content_warnings") or []],
+             *([""] if advice.get("content_warnings") else [])]
     if advice.get("compatibility"):
         lines += [f"Vocabulary: {advice['compatibility']}.", ""]
     s = advice["settings"]
@@ -237,14 +241,15 @@ def describe(advice: dict[str, Any]) -> str:
                   "tokens/s over the baseline's (the engine's per-token clock beside it); predicted: tokens per "
                   "step / step cost.", "",
                   "| batch | plain step ms | draft step | verify | step cost | acceptance | per position | "
-                  "tokens per step | predicted | measured | engine |",
-                  "|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|"]
+                  "tokens per step | predicted | measured | engine | degenerate outputs |",
+                  "|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|"]
         for r in advice["rows"]:
             per_position = " ".join(f"{a:.0%}" for a in r["per_position_acceptance"] or []) or "-"
             lines.append(f"| {r['batch']} | {r['plain_step_ms']:.2f} | {r['draft_step']:.1%} | {r['verify_ratio']:.2f}x"
                          f" | {r['step_cost']:.2f} | {_fmt(r['acceptance_rate'], '.1%')} | {per_position} | "
                          f"{_fmt(r['tokens_per_step'], '.2f')} | {_fmt(r['predicted_speedup'], '.2f')}x | "
-                         f"{_fmt(r['measured_speedup'], '.2f')}x | {_fmt(r['engine_speedup'], '.2f')}x |")
+                         f"{_fmt(r['measured_speedup'], '.2f')}x | {_fmt(r['engine_speedup'], '.2f')}x | "
+                         f"{_fmt(r.get('degenerate_share'), '.0%')} |")
         lines += ["", f"The load test's own report: [{advice['load_test']['report']}]({advice['load_test']['report']})"
                   f" ({advice['load_test']['status']})."]
     lines += bullet_sections(advice, SECTIONS)

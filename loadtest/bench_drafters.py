@@ -2,12 +2,15 @@
 
 Serves the embedded pair once per drafter per round (no speculation, the small model on vLLM's
 native path and as specdeploy's plugin, the bigram drafter, vLLM's ngram), sends the same
-code-completion prompts one at a time (greedy, fixed max_tokens), and reports per drafter:
+code-completion prompts one at a time (at `--temperature`, default 1 as vLLM's; fixed max_tokens),
+and reports per drafter:
 
 - acceptance rate: accepted / proposed draft tokens;
 - mean acceptance length: tokens produced per target step, 1 + accepted / drafts (vLLM's
   definition: the bonus token counts), from the `/metrics` counters before and after;
 - output tokens/s and the ratio to no speculation measured in the same round;
+- the content check of the outputs (`loadtest.content`): how many loop, against the held-out code,
+  and acceptance over the content-valid requests alone (a loop is predicted, not text);
 - where an engine step's time goes (`plugins.step_profile`: schedule, target forward,
   verification, bookkeeping, drafting), in ms per step.
 
@@ -35,6 +38,7 @@ import requests
 from tqdm import tqdm
 
 from deploy import free_port, plan_from_config, start_server
+from loadtest import content
 from loadtest.files import write_result
 from plugins import step_profile
 
@@ -72,6 +76,8 @@ class DrafterResult:
     round: int = 0
     step_ms: dict[str, float] = dataclasses.field(default_factory=dict)
     """Per engine step: milliseconds in each phase (plugins.step_profile.per_step_ms)."""
+    content: dict | None = None
+    """`loadtest.content.summarize` of the outputs."""
 
     @property
     def step_total_ms(self) -> float | None:
@@ -108,7 +114,7 @@ def counters(base_url: str) -> dict[str, float]:
 
 
 def run_drafter(name: str, overrides: list[str], prompts: list[str], max_tokens: int, logs: Path,
-                round_: int = 0) -> DrafterResult:
+                round_: int = 0, temperature: float = 1.0) -> DrafterResult:
     _, plan = plan_from_config(CONFIG, [*overrides, f"server.port={free_port()}"])
     slug = name.replace(" ", "-").replace("(", "").replace(")", "")
     with tempfile.TemporaryDirectory(prefix="specdeploy-steps-") as profile:
@@ -117,18 +123,23 @@ def run_drafter(name: str, overrides: list[str], prompts: list[str], max_tokens:
         with start_server(plan, logs / f"{slug}-round{round_}.log", progress=False) as server:
             startup = time.monotonic() - started
 
-            def send(prompt: str, tokens: int) -> int:
-                body = {"model": plan.served_name, "prompt": prompt, "max_tokens": tokens, "temperature": 0,
-                        "ignore_eos": True}
+            outputs: list[dict] = []
+
+            def send(prompt: str, tokens: int, seed: int) -> int:
+                # A seed per prompt: every drafter and round samples the same request the same way.
+                body = {"model": plan.served_name, "prompt": prompt, "max_tokens": tokens, "temperature": temperature,
+                        "seed": seed, "ignore_eos": True, "return_token_ids": True}
                 response = requests.post(f"{server.base_url}/v1/completions", json=body, timeout=600)
                 response.raise_for_status()
-                return int(response.json()["usage"]["completion_tokens"])
+                outputs.append(response.json())
+                return int(outputs[-1]["usage"]["completion_tokens"])
 
-            send(prompts[0], 32)  # warm-up: first-request costs are not the drafter's
+            send(prompts[0], 32, 0)  # warm-up: first-request costs are not the drafter's
+            outputs.clear()
             steps_before = settled_profile(profile)
             before = counters(server.base_url)
             began = time.perf_counter()
-            tokens = sum(send(p, max_tokens) for p in prompts)
+            tokens = sum(send(p, max_tokens, i) for i, p in enumerate(prompts))
             seconds = time.perf_counter() - began
             after = counters(server.base_url)
             steps_after = settled_profile(profile)
@@ -139,7 +150,15 @@ def run_drafter(name: str, overrides: list[str], prompts: list[str], max_tokens:
         delta["num_accepted_tokens"],
         delta["num_accepted_tokens"] / delta["num_draft_tokens"] if drafted else None,
         1 + delta["num_accepted_tokens"] / delta["num_drafts"] if delta["num_drafts"] else None,
-        startup_s=startup, round=round_, step_ms=step_profile.per_step_ms(steps_before, steps_after))
+        startup_s=startup, round=round_, step_ms=step_profile.per_step_ms(steps_before, steps_after),
+        content=check_content(outputs))
+
+
+def check_content(outputs: list[dict]) -> dict:
+    """The content check over one drafter's responses (held against the pair's held-out code)."""
+    figs = [content.figures(o["choices"][0].get("token_ids") or []) for o in outputs]
+    spec = [(o.get("metrics") or {}).get("speculative_decoding") for o in outputs]
+    return content.summarize(figs, content.reference_for(figs, embedded=True), spec)
 
 
 def settled_profile(folder: str) -> dict[str, dict[str, float]]:
@@ -199,6 +218,7 @@ def summarize(results: list[DrafterResult], names: list[str]) -> list[dict]:
             "step_ms": {p: med([r.step_ms.get(p) for r in mine]) for p in phases},
             "vs_reference_at_equal_tokens": med(at_equal),
             "vs_reference_at_equal_tokens_range": [min(at_equal), max(at_equal)] if at_equal else None,
+            "content": content.merge([r.content for r in mine]),
         })
     return rows
 
@@ -212,22 +232,37 @@ def markdown(summary: list[dict], cost: dict[str, float], meta: dict) -> str:
         return "n/a" if spread is None else (f"{s['vs_reference_at_equal_tokens']:.3f}x "
                                              f"[{spread[0]:.3f}-{spread[1]:.3f}]")
 
+    def degenerate(s: dict) -> str:
+        c = s.get("content")
+        return "n/a" if not c else f"{c['degenerate']}/{c['checked']}"
+
+    warnings = [f"- CONTENT: {s['drafter']}'s output {w}" for s in summary if (w := content.warning(s.get("content")))]
+    temperature = meta.get("temperature", 0)
     lines = [
-        "# Drafters on the embedded default", "",
-        f"{meta['prompts']} held-out code prompts, one at a time, greedy, {meta['max_tokens']} tokens each, "
+        "# Drafters on the embedded default", "", *warnings, *([""] if warnings else []),
+        f"{meta['prompts']} held-out code prompts, one at a time, "
+        f"{'greedy' if not temperature else f'temperature {temperature:g} (a seed per prompt)'}, "
+        f"{meta['max_tokens']} tokens each, "
         f"K = {meta['k']}; {meta['machine']}. {meta['rounds']} rounds, each serving every drafter and the "
         "baseline in a rotated order; medians over rounds, [min-max] beside them, speedups against the same "
         "round's baseline. Acceptance from vLLM's /metrics counters (deltas over the run); mean acceptance "
-        "length = 1 + accepted / drafts (tokens per target step).", "",
-        "| drafter | acceptance rate | mean acceptance length | output tok/s | vs none |",
-        "|---|---:|---:|---:|---:|",
+        "length = 1 + accepted / drafts (tokens per target step). Content (`loadtest/content.py`): requests "
+        "whose output loops, of those measured; distinct 4-grams of the outputs against the held-out code's at "
+        "the same length; acceptance over the requests that do not loop, from the server's per-request "
+        "figures.", "",
+        "| drafter | acceptance rate | mean acceptance length | output tok/s | vs none | degenerate | "
+        "distinct 4-grams (held-out) | acceptance, content-valid |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for s in summary:
         lo, hi = s["tokens_per_s_range"]
         spread = (f" [{s['speedup_range'][0]:.2f}-{s['speedup_range'][1]:.2f}]" if s["speedup_range"] else "")
         lines.append(f"| {s['drafter']} | {fmt(s['acceptance_rate'], '.1%')} | "
                      f"{fmt(s['mean_acceptance_length'], '.2f')} | {s['tokens_per_s']:.1f} [{lo:.1f}-{hi:.1f}] | "
-                     f"{fmt(s['speedup'], '.2f')}x{spread} |")
+                     f"{fmt(s['speedup'], '.2f')}x{spread} | {degenerate(s)} | "
+                     f"{fmt((s.get('content') or {}).get('distinct_4'), '.2f')} "
+                     f"({fmt(((s.get('content') or {}).get('reference') or {}).get('distinct_4'), '.2f')}) | "
+                     f"{fmt((s.get('content') or {}).get('acceptance_valid'), '.1%')} |")
     lines += ["", "## Where a step's time goes", "",
               "Milliseconds per engine step (median over rounds), from timers around vLLM's step phases "
               "(`plugins/step_profile.py`): target forward = input preparation and the target's forward "
@@ -265,6 +300,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-tokens", type=int, default=256, help="tokens generated per prompt (%(default)s)")
     parser.add_argument("--drafters", nargs="*", default=list(DRAFTERS), choices=list(DRAFTERS), metavar="NAME",
                         help=f"subset of: {', '.join(DRAFTERS)}")
+    parser.add_argument("--temperature", type=float, default=1.0,
+                        help="sampling temperature (%(default)s: vLLM's default; 0: greedy)")
     parser.add_argument("--rounds", type=int, default=3,
                         help="rounds, each serving every drafter and the baseline (%(default)s)")
     parser.add_argument("--out", type=Path, default=OUT_DIR, help="report folder (%(default)s)")
@@ -281,12 +318,13 @@ def main(argv: list[str] | None = None) -> int:
             shift = round_ % len(names)  # rotated: no drafter always runs first (or right after another)
             for name in names[shift:] + names[:shift]:
                 bar.set_postfix_str(f"round {round_ + 1}: {name}")
-                r = run_drafter(name, DRAFTERS[name], prompts, opts.max_tokens, opts.out / "logs", round_)
+                r = run_drafter(name, DRAFTERS[name], prompts, opts.max_tokens, opts.out / "logs", round_,
+                                opts.temperature)
                 results.append(r)
                 bar.update()
                 tqdm.write(f"round {round_ + 1} {name}: {r.tokens_per_s:.1f} tok/s, acceptance "
                            f"{'n/a' if r.acceptance_rate is None else f'{r.acceptance_rate:.1%}'}, "
-                           f"{r.step_ms.get('step', float('nan')):.2f} ms per step")
+                           f"{r.step_ms.get('step', float('nan')):.2f} ms per step; {content.describe(r.content)}")
             base = next((r for r in results if r.drafter == "none" and r.round == round_), None)
             for r in results:
                 if r.round == round_:
@@ -295,6 +333,7 @@ def main(argv: list[str] | None = None) -> int:
     cost = bigram_cost()
     resolved, plan = plan_from_config(CONFIG)
     meta = {"prompts": len(prompts), "max_tokens": opts.max_tokens, "config": CONFIG, "rounds": opts.rounds,
+            "temperature": opts.temperature,
             "k": resolved.config.speculation.num_speculative_tokens,
             "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, device {plan.device}",
             "date": time.strftime("%Y-%m-%d %H:%M:%S")}

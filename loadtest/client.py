@@ -7,6 +7,8 @@ chunks is not an inter-token latency. A `RequestRecord` therefore keeps, separat
   - tokens_per_chunk:     tokens each chunk carried (from the per-chunk usage the server sends)
   - per_token_latency_s:  (e2e - ttft) / tokens after the first chunk (vLLM's benchmark: TPOT)
   - output_tokens:        from the server's final `usage`, never from counting chunks
+  - output_token_ids:     the tokens themselves (vLLM's `return_token_ids`), and `content`, what
+                          the content check (`loadtest.content`) makes of them
 A request is a failure when it errors, times out, or its stream ends early (no usage, no
 `[DONE]`, or fewer tokens than a fixed length asked for); failures are kept with their reason.
 """
@@ -23,6 +25,7 @@ from typing import Any
 
 import requests
 
+from loadtest import content
 
 @dataclass
 class RequestRecord:
@@ -53,6 +56,10 @@ class RequestRecord:
     arrival gap apart, so user n's is n gaps after user 0's."""
     spec_decode: dict[str, Any] | None = None
     """The server's own per-request acceptance (`metrics.speculative_decoding`), when it sends it."""
+    output_token_ids: list[int] = field(default_factory=list)
+    """The generated tokens, when the server returns them (vLLM's `return_token_ids`)."""
+    content: dict[str, Any] | None = None
+    """`loadtest.content.figures` of the output (None: the server returned no tokens)."""
 
     @property
     def end(self) -> float:
@@ -108,6 +115,7 @@ class StreamParser:
         self.done = False
         self.usage: dict[str, Any] | None = None
         self.errors: list[str] = []
+        self.prompt_token_ids: list[int] | None = None
 
     def feed(self, data: str, now: float) -> None:
         rec = self.record
@@ -133,6 +141,10 @@ class StreamParser:
             if spec:
                 rec.spec_decode = spec
             return
+        if choices[0].get("prompt_token_ids"):
+            self.prompt_token_ids = list(choices[0]["prompt_token_ids"])
+        if choices[0].get("token_ids"):
+            rec.output_token_ids += choices[0]["token_ids"]
         if usage and usage.get("completion_tokens") is not None:
             new_tokens = int(usage["completion_tokens"]) - rec.tokens_seen
         else:
@@ -169,6 +181,8 @@ class StreamParser:
             after_first = rec.output_tokens - rec.tokens_per_chunk[0]
             if after_first > 0:
                 rec.per_token_latency_s = (rec.e2e_s - rec.ttft_s) / after_first
+        if rec.output_token_ids:
+            rec.content = content.figures(rec.output_token_ids, self.prompt_token_ids)
         rec.ok = not problems
         rec.error = "; ".join(problems) if problems else None
         return rec

@@ -8,6 +8,7 @@ import base64
 import html
 import json
 import re
+import statistics
 from collections.abc import Iterator, Mapping
 from datetime import datetime
 from pathlib import Path
@@ -15,7 +16,7 @@ from typing import Any
 
 import markdown
 
-from loadtest import slo, stats, vllm_bench
+from loadtest import content, slo, stats, vllm_bench
 from loadtest.files import write_atomic, write_json
 from loadtest.results import CREATED_FORMAT
 
@@ -68,12 +69,19 @@ def derive(results: dict[str, Any]) -> list[dict[str, Any]]:
         bench, base_bench = level.get("vllm_bench") or {}, (base or {}).get("vllm_bench") or {}
         if bench.get("output_tokens_per_s") and base_bench.get("output_tokens_per_s"):
             row["vllm_bench_speedup"] = bench["output_tokens_per_s"] / base_bench["output_tokens_per_s"]
+        # The content check (loadtest.content): whether the outputs behind these speeds are text.
+        row["content"], row["baseline_content"] = client.get("content"), base_client.get("content")
+        row["vllm_bench_content"] = bench.get("content")
+        valid, base_valid = ((x or {}).get("tokens_per_s_valid") for x in (row["content"], row["baseline_content"]))
+        if valid and base_valid:
+            row["valid_speedup"] = valid / base_valid
         rows.append(row)
     return rows
 
 
 SPEEDUPS = {"speedup": "client output tokens/s (Locust)", "vllm_bench_speedup": "vLLM's benchmark output tokens/s",
             "measured_speedup": "per token on the engine's clock"}
+VALID_SPEEDUP = "per-request tokens/s over the content-valid requests"
 
 
 def summarize_speedups(results: dict[str, Any]) -> list[dict[str, Any]]:
@@ -87,8 +95,10 @@ def summarize_speedups(results: dict[str, Any]) -> list[dict[str, Any]]:
         entry: dict[str, Any] = {"variant": variant, "concurrency": c, "runs": len(rows)}
         for key in SPEEDUPS:
             entry[key] = stats.mean_interval([r[key] for r in rows if r.get(key) is not None])
-        for key in ("acceptance_rate", "mean_accepted_length"):
+        for key in ("acceptance_rate", "mean_accepted_length", "valid_speedup"):
             entry[key] = stats.mean_interval([r[key] for r in rows if r.get(key) is not None])
+        for key in ("content", "baseline_content", "vllm_bench_content"):
+            entry[key] = content.merge([r.get(key) for r in rows])
         by_order = {o: [r["speedup"] for r in rows if r.get("went_first") is first and r.get("speedup")]
                     for o, first in (("first", True), ("second", False))}
         if all(by_order.values()):
@@ -121,10 +131,23 @@ def verdict(entry: dict[str, Any]) -> str:
     return text
 
 
+def content_warnings(entry: dict[str, Any]) -> list[str]:
+    """What the content check says about the outputs behind one verdict (none: they are text)."""
+    out = []
+    for key, whose in (("content", "speculation's"), ("baseline_content", "the baseline's"),
+                       ("vllm_bench_content", "vLLM's benchmark's")):
+        text = content.warning(entry.get(key))
+        if text:
+            out.append(f"batch {entry['concurrency']}, {entry['variant']}: CONTENT: {whose} output {text}")
+    return out
+
+
 def headline(results: dict[str, Any]) -> list[str]:
-    """The report's first lines: per batch size, whether speculation pays and by how much."""
-    lines = []
-    for e in sorted(summarize_speedups(results), key=lambda e: (e["concurrency"], e["variant"])):
+    """The report's first lines: output that is no text first (`content_warnings`), then per batch
+    size, whether speculation pays and by how much."""
+    entries = sorted(summarize_speedups(results), key=lambda e: (e["concurrency"], e["variant"]))
+    lines = [w for e in entries for w in content_warnings(e)]
+    for e in entries:
         parts = []
         for key, name in SPEEDUPS.items():
             m = e.get(key) or {}
@@ -134,8 +157,11 @@ def headline(results: dict[str, Any]) -> list[str]:
             parts.append(f"{m['mean']:.2f}x {name}{spread}")
         accept = (e.get("acceptance_rate") or {}).get("mean")
         order = e.get("speedup_by_order")
+        valid = (e.get("valid_speedup") or {}).get("mean")
         lines.append(f"batch {e['concurrency']}, {e['variant']}: speculation {e['verdict']}: " + "; ".join(parts)
                      + (f"; acceptance {accept:.0%}" if accept is not None else "")
+                     + (f"; {valid:.2f}x {VALID_SPEEDUP}" if valid is not None else "")
+                     + f"; {content.describe(e.get('content'))}"
                      + (f"; Locust {order['first']:.2f}x in runs before the baseline's, {order['second']:.2f}x "
                         "in runs after it" if order else "")
                      + f" ({e['runs']} run{'s' if e['runs'] != 1 else ''}, each beside a baseline run)")
@@ -217,6 +243,7 @@ def _compare_row(variant: dict[str, Any], level: dict[str, Any], d: dict[str, An
                 "bench_tps": bench.get("output_tokens_per_s"),
                 "bench_agrees": (level.get("vllm_bench_agreement") or {}).get("agrees"),
                 "server_agrees": (level.get("consistency") or {}).get("ok"),
+                "degenerate": (client.get("content") or {}).get("degenerate_share"),
     }
 
 
@@ -233,12 +260,13 @@ COMPARE_COLUMNS = [
     ("user_tps", "tok/s per user"), ("ttft_p50", "TTFT p50 (engine) ms"),
     ("tpot_p50", "per-token p50 (engine) ms"),
     ("acceptance", "acceptance"), ("accepted_length", "tokens/step"), ("speedup", "speedup"),
-    ("bench_agrees", "bench agrees"), ("server_agrees", "counters agree"), ("status", "status"),
+    ("degenerate", "degenerate"), ("bench_agrees", "bench agrees"), ("server_agrees", "counters agree"),
+    ("status", "status"),
 ]
 
 
 def _cell(key: str, value: Any) -> str:
-    if key == "acceptance":
+    if key in ("acceptance", "degenerate"):
         return _fmt(value, pct=True)
     if key in ("accepted_length",):
         return _fmt(value, 2)
@@ -328,6 +356,27 @@ def _spec_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
                      never("break_even_acceptance_rate"), never("break_even_per_token_acceptance"),
                      "-" if not costed else ("yes" if d.get("pays") else "no"),
                      _fmt(d.get("measured_speedup"), 2), _fmt(d.get("speedup"), 2)])
+    return header, rows
+
+
+def _content_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+    header = ["variant", "batch", "run", "client", "checked", "degenerate", "distinct 4-grams", "reference",
+              "loop share", "acceptance (valid / degenerate)", "tok/s per request (valid / degenerate)"]
+    rows = []
+    for variant, level in levels(results):
+        for client, summary in (("Locust", level["client"].get("content")),
+                                ("vLLM bench", (level.get("vllm_bench") or {}).get("content"))):
+            if not summary or not summary.get("checked"):
+                continue
+            ref = summary.get("reference") or {}
+            rows.append([variant["name"], str(level["concurrency"]), str(level.get("repeat", 1)), client,
+                         str(summary["checked"]), f"{summary['degenerate']} ({summary['degenerate_share']:.0%})",
+                         _fmt(summary.get("distinct_4"), 2),
+                         f"{ref['distinct_4']:.2f} ({ref['source']})" if ref else "none",
+                         _fmt(summary.get("loop_share"), pct=True),
+                         f"{_fmt(summary.get('acceptance_valid'), pct=True)} / "
+                         f"{_fmt(summary.get('acceptance_degenerate'), pct=True)}",
+                         f"{_fmt(summary.get('tokens_per_s_valid'), 1)} / {_fmt(summary.get('tokens_per_s_degenerate'), 1)}"])
     return header, rows
 
 
@@ -570,7 +619,8 @@ def _sections(results: dict[str, Any]) -> list[Section]:
         load += ", each followed by vLLM's serving benchmark on the same server (same prompts, length and concurrency)"
     intro = (f"Config `{results.get('config')}`, status **{results.get('status')}**. Workload `{s.get('workload')}`, "
              f"{s.get('max_tokens')} output tokens per request"
-             f"{' (fixed: ignore_eos)' if s.get('fixed_length') else ''}, temperature {s.get('temperature')}, "
+             f"{' (fixed: ignore_eos)' if s.get('fixed_length') else _free_lengths(results)}, "
+             f"temperature {s.get('temperature')}, "
              f"closed loop at concurrency {s.get('users')}"
              + (f" (users start {1000 * s['arrival_gap_s']:.0f} ms apart)" if s.get("arrival_gap_s") else "")
              + f", {load}, {s.get('warmup')} warm-up request(s) per user "
@@ -597,6 +647,7 @@ def _sections(results: dict[str, Any]) -> list[Section]:
          "the variant / the baseline's run of the same repeat at the same concurrency. Acceptance and "
          "tokens/step from the server's /metrics over the same run (as vLLM's benchmark computes them). "
          "vLLM bench tok/s: vLLM's own serving benchmark right after, on the same server.", compare),
+        ("Content: is the output text?", content.__doc__.split("\n\n", 1)[1].strip(), _content_rows(results)),
         ("Second opinion: Locust against vLLM's serving benchmark",
          "After each Locust run, `vllm/benchmarks/serve.py` loaded the same server with the same prompts (in "
          "Locust's order and number), output length, temperature, concurrency and request count. The two run one "
@@ -633,6 +684,18 @@ def _sections(results: dict[str, Any]) -> list[Section]:
          f"{100 * s.get('tolerance', 0.05):.0f}% are flagged. Server means come from vLLM's histograms.",
          _trust_rows(results)),
     ]
+
+
+def _free_lengths(results: dict[str, Any]) -> str:
+    """Without a fixed length: how long the outputs came out (each request ended at the model's end
+    of text or at max_tokens)."""
+    lengths = [(lv["client"].get("output_tokens_per_request") or {}) for _, lv in levels(results)]
+    lengths = [d for d in lengths if d.get("n")]
+    if not lengths:
+        return " at most (not fixed: each ends at the model's end of text)"
+    return (f" at most (not fixed: each ends at the model's end of text; output lengths p50 "
+            f"{statistics.median(d['p50'] for d in lengths):.0f}, from {min(d['min'] for d in lengths):.0f} to "
+            f"{max(d['max'] for d in lengths):.0f})")
 
 
 def _locust_links(results: dict[str, Any]) -> list[tuple[str, str]]:

@@ -37,6 +37,7 @@ from typing import Any
 from tqdm import tqdm
 
 from deploy import ConfigError, Server, ServerStartError, free_port, load_config, plan_from_config
+from deploy.embedded_pair import is_pair_folder
 from deploy.preflight import GIB, ResolvedDeployment
 from loadtest import prom, slo, stats, vllm_bench
 from loadtest.client import RequestRecord, auth_headers
@@ -101,6 +102,11 @@ class SweepSettings:
     api_key_env: str | None = None
     """With `url`: variable holding the API key (default: the config's server.api_key_env)."""
     out: Path | None = None
+
+
+def is_embedded(config: Any = None, folder: str = "") -> bool:
+    """Whether a config (its target is `embedded:target`) or a model folder serves the embedded pair."""
+    return (config is not None and str(config.target.model).startswith("embedded:")) or is_pair_folder(folder)
 
 
 def requests_for(concurrency: int, requested: int | None) -> int:
@@ -201,6 +207,8 @@ class _Running:
     """Its server died after starting: the levels it misses are recorded as skipped."""
     resolved: ResolvedDeployment | None = None
     """Its config bound to this machine, set with `plan` (preflight's weight estimate, the host's memory)."""
+    embedded: bool = False
+    """It serves the embedded pair: the content check holds its outputs against the pair's held-out code."""
 
 
 @dataclass
@@ -333,6 +341,7 @@ class Sweep:
         state.resolved = resolved
         state.served_name = plan.served_name
         state.tokenizer = resolved.config.target.tokenizer or resolved.target.path
+        state.embedded = is_embedded(resolved.config)
         state.api_key_env = resolved.config.server.api_key_env or ""
         state.startup_timeout_s = self.settings.startup_timeout_s or resolved.config.server.startup_timeout_s
         server_log = self.out / "logs" / f"server-{variant.name}.log"
@@ -375,7 +384,8 @@ class Sweep:
                                     "speculative server as --url")
             self.results["variants"].append(entry)
             running[variant.name] = _Running(entry, server=remote, served_name=remote.served_name,
-                                             tokenizer=remote.tokenizer, api_key_env=key_env)
+                                             tokenizer=remote.tokenizer, api_key_env=key_env,
+                                             embedded=is_embedded(config, remote.tokenizer))
             variants.append(variant)
             log.info("%s: %s serves '%s', %s; /metrics %s", variant.name, remote.base_url, remote.served_name,
                      variant.label, "readable" if remote.metrics else "NOT readable: engine figures will be missing")
@@ -499,7 +509,7 @@ class Sweep:
         if outcome.aborted:
             level["problems"].append(outcome.aborted)
         records = load_records(job.records_dir)
-        level["client"] = stats.summarize(records)
+        level["client"] = stats.summarize(records, run.state.embedded)
         level["load_generator"] = load_generator_lag(records, job.records_dir)
         if self.targets and records:
             level["slo"] = slo.evaluate(records, self.targets, level["client"]["duration_s"])
@@ -556,7 +566,7 @@ class Sweep:
             base_url=server.base_url, model=state.served_name, tokenizer=state.tokenizer,
             workload=self.workload, request=s.request, concurrency=users,
             num_prompts=level["client"]["requests"], out_dir=self.out / "vllm-bench" / tag, workers=s.workers,
-            api_key_env=state.api_key_env, timeout_s=s.level_timeout_s)
+            api_key_env=state.api_key_env, timeout_s=s.level_timeout_s, embedded=state.embedded)
         bench = vllm_bench.run(job)
         level["vllm_bench"] = bench
         if "error" in bench:

@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from loadtest import content
 from loadtest.client import RequestRecord
 
 PERCENTILES = (50, 90, 95, 99)
@@ -130,8 +131,10 @@ def speculation_analysis(acceptance: float | None, accepted_length: float | None
     return out
 
 
-def summarize(records: Sequence[RequestRecord]) -> dict[str, Any]:
-    """Client-side numbers of one measured phase (warm-up already excluded)."""
+def summarize(records: Sequence[RequestRecord], embedded: bool = False) -> dict[str, Any]:
+    """Client-side numbers of one measured phase (warm-up already excluded), with the content
+    check of its outputs (`content`; `embedded`: the embedded pair served, so its held-out code is
+    the reference where the prompts are too short to be one)."""
     ok = [r for r in records if r.ok]
     failed = [r for r in records if not r.ok]
     out: dict[str, Any] = {"requests": len(records), "ok": len(ok), "failed": len(failed)}
@@ -165,8 +168,15 @@ def summarize(records: Sequence[RequestRecord]) -> dict[str, Any]:
         "chunk_gap_ms": distribution([g for r in ok for g in r.chunk_gaps_s], 1000),
         "tokens_per_chunk": distribution([t for r in ok for t in r.tokens_per_chunk]),
         "e2e_ms": distribution([r.e2e_s for r in ok if r.e2e_s is not None], 1000),
+        "output_tokens_per_request": {**distribution([r.output_tokens or 0 for r in ok]),
+                                      "min": min((r.output_tokens or 0 for r in ok), default=None),
+                                      "max": max((r.output_tokens or 0 for r in ok), default=None)},
         "peak_output_tokens_per_s": _peak_rate(ok, start),
     })
+    figs = [r.content for r in ok]
+    out["content"] = content.summarize(figs, content.reference_for([f for f in figs if f], embedded),
+                                       [r.spec_decode for r in ok],
+                                       [(r.output_tokens or 0) / r.e2e_s if r.e2e_s else None for r in ok])
     spec = [r.spec_decode for r in ok if r.spec_decode]
     if spec:
         out["server_per_request_spec"] = {k: statistics.fmean(s[k] for s in spec if isinstance(s.get(k), (int, float)))

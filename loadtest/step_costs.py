@@ -59,6 +59,7 @@ from tqdm import tqdm
 
 from deploy import load_config, plan_from_config
 from deploy.engine_args import engine_arguments, is_secret
+from loadtest import content
 from loadtest.files import write_json
 from loadtest.workloads import load_workload
 
@@ -79,14 +80,18 @@ def variant_overrides(k: int) -> dict[str, tuple[list[str], bool]]:
 
 
 def measure_costs(config: str = "default", k: int | None = None, batches: tuple[int, ...] = (1, 32),
-                  repeats: int = 5, overrides: tuple[str, ...] = ()) -> dict[str, Any]:
+                  repeats: int = 5, overrides: tuple[str, ...] = (),
+                  free_running: dict[str, Any] | None = None) -> dict[str, Any]:
     """Step times of the three variants (module doc) at each batch size, and their ratios;
-    `overrides` (`field=value`) apply to the config before each variant's own."""
+    `overrides` (`field=value`) apply to the config before each variant's own. `free_running`
+    ({"prompts", "temperatures", "max_tokens", "embedded"}): the draft variant's engine also
+    generates those prompts, and the result gets their acceptance and content (`acceptance`)."""
     base = load_config(config, list(overrides))
     if not base.speculation.enabled:
         raise ValueError(f"config {config} has no drafter; step costs compare a drafter with plain decoding")
     k = k or base.speculation.num_speculative_tokens
-    result = measure_steps(config, variant_overrides(k), batches, repeats, overrides, timed="draft")
+    result = measure_steps(config, variant_overrides(k), batches, repeats, overrides, timed="draft",
+                           acceptance=("draft", free_running) if free_running else None)
     result.update(drafter=base.speculation.drafter, k=k)
     result["ratios"] = ratios(result)
     return result
@@ -287,13 +292,18 @@ def _acceptance(llm: Any, spec: dict[str, Any]) -> dict[str, Any]:
     out = {}
     for temperature in spec["temperatures"]:
         drafts0, accepted0 = _spec_counters(llm)
-        params = SamplingParams(max_tokens=spec["max_tokens"], temperature=temperature, ignore_eos=True)
-        llm.generate(spec["prompts"], params, use_tqdm=False)
+        params = SamplingParams(max_tokens=spec["max_tokens"], temperature=temperature, ignore_eos=True, seed=0)
+        outputs = llm.generate(spec["prompts"], params, use_tqdm=False)
         drafts1, accepted1 = _spec_counters(llm)
         drafts = drafts1 - drafts0
         previous = accepted0 or [0.0] * len(accepted1)
-        out[f"{temperature:g}"] = {"drafts": drafts, "per_position": [
-            (a - b) / drafts if drafts else 0.0 for a, b in zip(accepted1, previous)]}
+        per_position = [(a - b) / drafts if drafts else 0.0 for a, b in zip(accepted1, previous)]
+        # Whether the acceptance comes from text or from a loop (loadtest.content).
+        figs = [content.figures(list(o.outputs[0].token_ids)) for o in outputs]
+        out[f"{temperature:g}"] = {
+            "drafts": drafts, "per_position": per_position,
+            "acceptance_rate": sum(per_position) / len(per_position) if per_position else None,
+            "content": content.summarize(figs, content.reference_for(figs, spec.get("embedded", False)))}
     return out
 
 

@@ -40,7 +40,7 @@ from deploy.config_text import with_speculation
 from loadtest import step_costs
 from loadtest.advise import SECTIONS
 from loadtest.files import bullet_sections, write_atomic, write_json, write_result
-from loadtest.report import summarize_speedups, write_report
+from loadtest.report import content_warnings, summarize_speedups, write_report
 from loadtest.request_settings import RequestSettings, settings_record
 from loadtest.runner import Sweep, SweepSettings, default_out_dir
 from loadtest.workloads import load_workload
@@ -249,7 +249,7 @@ def prove(settings: TuneSettings, tuned: Path, k_max: int, out: Path, tuned_name
           k0_cost: float | None = None) -> dict[str, Any]:
     """Load tests of the tuned config beside every fixed K and the baseline, one per temperature.
     `k0_cost`: the measured K=0 step time in plain steps at the largest batch, for the notes."""
-    checks, reports = [], []
+    checks, reports, warnings = [], [], []
     largest = max(settings.batches)
     # The tuned file carries K and the schedule; an override of either would undo the tuning.
     overrides = [o for o in settings.overrides
@@ -264,8 +264,12 @@ def prove(settings: TuneSettings, tuned: Path, k_max: int, out: Path, tuned_name
         write_report(results, sweep_out)
         reports.append({"temperature": temperature, "report": f"{sweep_out.name}/report.md",
                         "status": results["status"], "problems": results["problems"]})
-        speedups = {(e["variant"], e["concurrency"]): (e.get("speedup") or {}).get("mean")
-                    for e in summarize_speedups(results)}
+        entries = summarize_speedups(results)
+        speedups = {(e["variant"], e["concurrency"]): (e.get("speedup") or {}).get("mean") for e in entries}
+        degenerate = {e["concurrency"]: (e.get("content") or {}).get("degenerate_share")
+                      for e in entries if e["variant"] == tuned_name}
+        warnings += [f"T={temperature:g}, {w}" for e in entries if e["variant"] == tuned_name
+                     for w in content_warnings(e)]
         for batch in settings.batches:
             tuned_x = speedups.get((tuned_name, batch))
             fixed = {k: speedups.get((f"spec-k{k}", batch)) for k in range(1, k_max + 1)}
@@ -278,9 +282,10 @@ def prove(settings: TuneSettings, tuned: Path, k_max: int, out: Path, tuned_name
             ratio = tuned_x / reference if tuned_x is not None and reference else None
             checks.append({"temperature": temperature, "batch": batch, "tuned_speedup": tuned_x,
                            "fixed_speedups": fixed, "best_fixed_k": best_k, "against": against,
-                           "ratio": ratio, "passed": ratio is not None and ratio >= PROOF_RATIO})
+                           "ratio": ratio, "passed": ratio is not None and ratio >= PROOF_RATIO,
+                           "degenerate_share": degenerate.get(batch)})
     return {"checks": checks, "reports": reports, "passed": bool(checks) and all(c["passed"] for c in checks),
-            "notes": out_of_reach(checks, largest, k0_cost)}
+            "notes": warnings + out_of_reach(checks, largest, k0_cost)}
 
 
 def out_of_reach(checks: list[dict[str, Any]], largest: int, k0_cost: float | None = None) -> list[str]:
@@ -334,12 +339,13 @@ def describe(result: dict[str, Any]) -> str:
     if proof:
         lines += ["", f"## Proof: load tests, tuned against the baseline at the largest batch and against the best "
                   f"fixed K elsewhere (pass: >= {PROOF_RATIO}x)", "",
-                  "| T | batch | tuned vs baseline | fixed K vs baseline | against | ratio | pass |",
-                  "|---:|---:|---:|---|---|---:|---|"]
+                  "| T | batch | tuned vs baseline | fixed K vs baseline | against | ratio | pass | tuned outputs degenerate |",
+                  "|---:|---:|---:|---|---|---:|---|---:|"]
         for c in proof["checks"]:
             fixed = ", ".join(f"K={k} {v:.2f}x" for k, v in sorted(c["fixed_speedups"].items(), key=lambda i: int(i[0])))
             lines.append(f"| {c['temperature']:g} | {c['batch']} | {_x(c['tuned_speedup'])} | {fixed or '-'} | "
-                         f"{c['against']} | {_x(c['ratio'])} | {'yes' if c['passed'] else 'NO'} |")
+                         f"{c['against']} | {_x(c['ratio'])} | {'yes' if c['passed'] else 'NO'} | "
+                         + ("-" if c.get("degenerate_share") is None else f"{c['degenerate_share']:.0%}") + " |")
         lines += ["", *[f"- T={r['temperature']:g}: [{r['report']}]({r['report']}) ({r['status']})"
                         + ("; " + "; ".join(r["problems"]) if r["problems"] else "") for r in proof["reports"]]]
     lines += bullet_sections(result, SECTIONS)

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from loadtest import stats
+from loadtest import content, stats
 from loadtest.request_settings import RequestSettings
 from loadtest.workloads import Workload, uses_chat
 
@@ -50,6 +50,8 @@ class BenchJob:
     """Locust workers of the run being checked: they split its prompts (see `Workload.sequence`)."""
     api_key_env: str = ""
     timeout_s: float = 1800
+    embedded: bool = False
+    """It serves the embedded pair: the content check's reference is the pair's held-out code."""
 
 
 def write_dataset(workload: Workload, requests: int, workers: int, path: Path) -> Path:
@@ -107,15 +109,17 @@ def run(job: BenchJob) -> dict[str, Any]:
     if proc.returncode != 0 or not result_file.is_file():
         tail = log_path.read_text(errors="replace").strip().splitlines()[-1:] or ["no output"]
         return {"error": f"vLLM's benchmark failed (exit {proc.returncode}): {tail[0][:300]} (log {log_path})"}
-    return summarize(json.loads(result_file.read_text()), job.concurrency)
+    return summarize(json.loads(result_file.read_text()), job.concurrency, job.tokenizer, job.embedded)
 
 
 OPEN_LOOP_QUEUE_S = 0.001
 
 
-def summarize(raw: dict[str, Any], concurrency: int | None = None) -> dict[str, Any]:
+def summarize(raw: dict[str, Any], concurrency: int | None = None, tokenizer: str = "",
+              embedded: bool = False) -> dict[str, Any]:
     """The benchmark's figures in the units and names of our client summary: from its per-request
-    data (`--save-detailed`), else from its own aggregates (same definitions, fewer fields)."""
+    data (`--save-detailed`), else from its own aggregates (same definitions, fewer fields). With
+    the served model's `tokenizer`, also the content check of the texts it saved (`content`)."""
     ok = [i for i, e in enumerate(raw.get("errors") or []) if not e]
     if ok:
         ttfts = [raw["ttfts"][i] for i in ok]
@@ -139,7 +143,23 @@ def summarize(raw: dict[str, Any], concurrency: int | None = None) -> dict[str, 
         "mean_accepted_length": raw.get("spec_decode_acceptance_length"),
         "open_loop_requests": _open_loop_requests(raw, concurrency),
         "per_request": per_request,
+        **({"content": check_content(raw, tokenizer, embedded)} if tokenizer and raw.get("generated_texts") else {}),
     }
+
+
+def check_content(raw: dict[str, Any], tokenizer: str, embedded: bool = False) -> dict[str, Any]:
+    """`loadtest.content` over the texts the benchmark saved, tokenized by the served model's
+    tokenizer (the benchmark keeps text, not token ids; a text re-tokenized can differ from the
+    generated ids at a few merges, not in whether it loops)."""
+    from transformers import AutoTokenizer  # only here: the runner's other work needs no transformers
+
+    tok = AutoTokenizer.from_pretrained(tokenizer)
+    errors = raw.get("errors") or [""] * len(raw["generated_texts"])
+    figs = [content.figures(tok(text, add_special_tokens=False).input_ids) if not error else None
+            for text, error in zip(raw["generated_texts"], errors)]
+    speeds = [n / t if t and not e else None
+              for n, t, e in zip(raw.get("output_lens") or [], raw.get("latencies") or [], errors)]
+    return content.summarize(figs, content.reference_for([f for f in figs if f], embedded), speeds=speeds or None)
 
 
 def _per_request(raw: dict[str, Any]) -> dict[str, list[float | None]]:

@@ -103,10 +103,11 @@ def test_advise_on_the_embedded_default(tmp_path: Path, embedded_pair, measureme
     assert one["tokens_per_step"] == pytest.approx(1 + sum(one["per_position_acceptance"]), rel=0.01)
     assert 0 < one["draft_step"] < 0.5
     # At batch 1 a speculative step costs little more than a plain one: 0.9-1.2 plain steps with the bf16
-    # 8x pair on AVX-512 (verification is bandwidth-bound), 1.85-1.89 with the float32 4x pair on AVX2
-    # (verifying 5 tokens costs 1.4-1.5 plain steps, drafting 4 tokens 0.36). At batch 8 verification
-    # costs target compute: a speculative step costs clearly more plain steps than at batch 1.
-    assert 0.6 < one["step_cost"] < 2.5 and rows[8]["step_cost"] > one["step_cost"] * 1.2, rows
+    # 8x pair on AVX-512 (verification is bandwidth-bound), 1.32 with the float32 4x pair on AVX2 on
+    # 2026-11-27 (verifying 5 tokens 1.09 plain steps, drafting 4 tokens 0.22). At batch 8 verification
+    # costs target compute: verifying costs clearly more plain steps than at batch 1 (1.76 there). The whole
+    # step's cost rises less (1.55), as the draft's share falls with the batch, so the claim is verification's.
+    assert 0.6 < one["step_cost"] < 2.5 and rows[8]["verify_ratio"] > one["verify_ratio"] * 1.2, rows
     # The cost model (tokens per step / step cost) and the load test see the same engine, and
     # speculation pays at batch 1: ~2.9x with the bf16 8x pair on AVX-512, 1.39x with the float32
     # 4x pair on an AVX2 CPU (predicted 1.57x: its draft costs 9% of a target step, not 3%).

@@ -12,7 +12,7 @@ import torch
 
 from deploy import plan_from_config
 from deploy.cpu_dtype import native_bf16
-from deploy.embedded_pair import GOALS, check_goals
+from deploy.embedded_pair import GOALS, check_goals, free_running_goal
 from deploy.engine_args import engine_arguments
 from deploy.widen import widen_llama
 from loadtest import step_costs, vllm_bench
@@ -82,7 +82,8 @@ def test_cost_variants_are_built_from_the_served_config(embedded_pair) -> None:
     assert args["draft"]["speculative_config"]["method"] == "draft_model"
     # Everything else is what `make serve` gives the server: same model, dtype, lengths.
     for name in ("verify", "draft"):
-        assert {k: v for k, v in args[name].items() if k != "speculative_config"} == args["plain"]
+        assert {k: v for k, v in args[name].items()
+                if k not in ("speculative_config", "per_request_spec_decode_metrics")} == args["plain"]
     # The embedded configs say `auto`: bf16 where this CPU computes it, float32 elsewhere.
     assert args["plain"]["dtype"] == ("bfloat16" if native_bf16() else "float32")
 
@@ -91,7 +92,16 @@ def test_goals_are_checked_against_measured_costs(embedded_pair) -> None:
     good = {"k": 4, "ratios": {"1": {"verify_ratio": 1.05, "draft_step": 0.05},
                                "32": {"verify_ratio": 3.9, "draft_step": 0.01}}}
     lines = dict(check_goals(embedded_pair, good))
-    assert sum(1 for met in lines.values() if met) >= 3 and len(lines) == 5
+    assert sum(1 for met in lines.values() if met) >= 3 and len(lines) == 6
+    # Free-running: acceptance in range, from text, not from a loop.
+    text = {"checked": 8, "degenerate": 0, "distinct_4": 0.95, "vs_reference": 1.06,
+            "reference": {"distinct_4": 0.89, "source": "the embedded pair's held-out code"}}
+    free = {**good, "acceptance": {"1": {"acceptance_rate": 0.6, "content": text}}}
+    assert free_running_goal(free)[1] is True and free_running_goal(good)[1] is None
+    looping = {**text, "degenerate": 8, "distinct_4": 0.05, "vs_reference": 0.06}
+    for run in ({"acceptance_rate": 0.95, "content": text}, {"acceptance_rate": 0.6, "content": looping}):
+        line, met = free_running_goal({**good, "acceptance": {"1": run}})
+        assert met is False and "goal 50%-85%" in line
     bad = {"k": 4, "ratios": {"1": {"verify_ratio": GOALS["verify_batch_1"] + 0.1, "draft_step": 0.5},
                               "32": {"verify_ratio": 1.2, "draft_step": 0.1}}}
     failed = [line for line, met in check_goals(embedded_pair, bad) if met is False]

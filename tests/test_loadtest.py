@@ -34,7 +34,7 @@ from loadtest import request_settings
 from loadtest.__main__ import build_parser
 from loadtest.locust_run import LocustJob, commands, run_locust
 from loadtest.request_settings import RequestSettings, settings_record
-from loadtest.report import write_report
+from loadtest.report import headline, write_report
 from loadtest.runner import Sweep, SweepSettings, load_records, plan_variants, requests_for, run_order
 from loadtest.workloads import BUILTIN, load_workload, request_for
 
@@ -672,6 +672,12 @@ def test_sweep_spec_and_baseline_report_agrees_with_server(servers, running_swee
             window = level["vllm_bench_server"]
             assert window["requests_finished"] == 4
             assert agreement["per_token_p50_ms"]["engine_drift"] is not None
+            # The content check read every output (the tokens came back with each stream), held against
+            # the pair's held-out code; at T=1, the default, the pair's output does not loop.
+            for checked in (client["content"], bench["content"]):
+                assert checked["checked"] == 4 and checked["degenerate"] == 0, checked
+                assert checked["reference"]["source"] == "the embedded pair's held-out code"
+            assert all(len(r.output_token_ids) == 32 and r.content["tokens"] == 32 for r in records)
             if variant["name"] == "spec-k4":
                 assert server["spec_enabled"] and 0 <= server["acceptance_rate"] <= 1
                 assert 1 <= server["mean_accepted_length"] <= 5 and len(server["per_position_acceptance"]) == 4
@@ -679,7 +685,9 @@ def test_sweep_spec_and_baseline_report_agrees_with_server(servers, running_swee
                 assert not server["spec_enabled"] and server["acceptance_rate"] is None
     for name in ("json", "markdown", "html", "throughput", "latency", "acceptance", "speedup"):
         assert files[name].is_file(), name
-    assert "Second opinion" in files["markdown"].read_text()
+    assert results["settings"]["temperature"] == 1.0  # vLLM's default is the load test's
+    assert "Second opinion" in files["markdown"].read_text() and "## Content" in files["markdown"].read_text()
+    assert not any("CONTENT" in line for line in headline(results))
     comparisons = {d["concurrency"]: d for d in json.loads(files["json"].read_text())["comparisons"]}
     assert set(comparisons) == {2}
     tps = {(v["name"], lv["concurrency"]): lv["client"]["output_tokens_per_s"]

@@ -224,3 +224,30 @@ def test_newest_report_without_times_falls_back_to_the_name(tmp_path, content):
     _report(tmp_path, "a", content or "{}", time.time())
     b = _report(tmp_path, "b", content or "{}", time.time() - 100)
     assert newest_report(tmp_path) == b
+
+
+def test_a_verdict_resting_on_loops_says_so_first_and_free_lengths_are_given(tmp_path):
+    """The content check's figures (as `stats.summarize` writes them) reach the report's first lines."""
+    looping = {"checked": 4, "degenerate": 3, "degenerate_share": 0.75, "distinct_4": 0.2, "loop_share": 0.8,
+               "reference": {"distinct_4": 0.89, "source": "the embedded pair's held-out code"},
+               "acceptance_valid": 0.4, "acceptance_degenerate": 0.97, "tokens_per_s_valid": 20.0}
+    text = {**looping, "degenerate": 0, "degenerate_share": 0.0, "distinct_4": 0.93, "loop_share": 0.0,
+            "vs_reference": 1.04, "like_reference": True, "tokens_per_s_valid": 10.0}
+    spec, base = _level(1, 200, 4.0, 0.9, 4.6), _level(1, 100, 10.0)
+    spec["client"]["content"], base["client"]["content"] = looping, text
+    for level in (spec, base):
+        level["client"]["output_tokens_per_request"] = {"n": 4, "p50": 90.0, "min": 12, "max": 128}
+    results = {"config": "default", "status": "ok", "settings": {"users": [1], "fixed_length": False,
+                                                                 "max_tokens": 128}, "machine": {}, "problems": [],
+               "variants": [{"name": "spec-k4", "label": "K=4", "k": 4, "status": "ok", "levels": [spec]},
+                            {"name": "baseline", "label": "off", "k": None, "status": "ok", "levels": [base]}]}
+    lines = headline(results)
+    assert lines[0].startswith("batch 1, spec-k4: CONTENT: speculation's output rests mostly on degenerate output: "
+                               "3 of 4 requests degenerate")
+    assert "acceptance over the content-valid requests 40%, over the degenerate ones 97%" in lines[0]
+    assert not any("the baseline's" in line for line in lines)  # the baseline's output is text
+    verdict = next(line for line in lines if "speculation pays" in line)
+    assert "2.00x per-request tokens/s over the content-valid requests" in verdict
+    text_md = report_markdown(results, [])
+    assert "## Content: is the output text?" in text_md and "3 (75%)" in text_md
+    assert "not fixed: each ends at the model's end of text; output lengths p50 90, from 12 to 128" in text_md

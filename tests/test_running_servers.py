@@ -126,6 +126,34 @@ def test_sweep_of_running_servers_with_service_targets(servers, keyed_baseline, 
 
 
 @pytest.mark.engine
+def test_a_greedy_run_that_loops_is_flagged_in_the_reports_first_lines(servers, keyed_baseline, running_sweep,
+                                                                         tmp_path):
+    """The embedded target, greedy and forced to a fixed length, writes newlines to the end: drafts
+    predict that perfectly. The report says so before its verdict; the sampled sweep (T=1, the
+    default) says nothing of the kind."""
+    spec, out = servers.get("default"), tmp_path / "greedy"
+    run = subprocess.run([sys.executable, "-m", "loadtest", "run", "--url", spec.base_url, "--baseline-url",
+                          keyed_baseline.base_url, "--api-key-env", KEY_ENV, "--temperature", "0", "--workload", "code",
+                          "--users", "1", "--requests", "3", "--max-tokens", "48", "--warmup", "0", "--out", str(out)],
+                         cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    results = json.loads((out / "results.json").read_text())
+    for variant in results["variants"]:
+        level = variant["levels"][0]
+        for checked in (level["client"]["content"], level["vllm_bench"]["content"]):
+            assert checked["checked"] == 3 and checked["degenerate"] == 3, checked
+            assert checked["loop_share"] > 0.5
+    # The report's first lines: the loop, for speculation, the baseline and vLLM's benchmark, then the verdict.
+    findings = [line[2:] for line in (out / "report.md").read_text().splitlines() if line.startswith("- ")]
+    assert findings[0].startswith("batch 1, spec-k4: CONTENT: speculation's output rests mostly on degenerate output")
+    assert any(line.startswith("batch 1, spec-k4: CONTENT: the baseline's") for line in findings[:3])
+    assert any("vLLM's benchmark's output rests mostly" in line for line in findings[:3])
+    assert "3 of 3 requests degenerate" in next(line for line in findings if "speculation " in line)
+    sampled, _, _ = running_sweep
+    assert not any("CONTENT" in line for line in headline(sampled))
+
+
+@pytest.mark.engine
 def test_the_api_key_guards_every_route_but_health(keyed_baseline):
     """vLLM alone checks the key only under /v1 (and a few prefixes): /invocations would serve
     completions, /tokenize and /metrics would answer anyone. With specdeploy's middleware only

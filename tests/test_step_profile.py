@@ -151,3 +151,8 @@ def test_bench_drafters_on_the_engine(tmp_path: Path, measurement) -> None:
     small = summary["small_model (native)"]
     assert small["acceptance_rate"] > 0.3 and small["speedup_range"][0] > 1, small
     assert summary["bigram"]["acceptance_rate"] > 0
+    # Sampled at T=1 (the default), every output checked and none loops: the acceptance is prediction.
+    for row in summary.values():
+        assert row["content"]["checked"] == 8 and row["content"]["degenerate"] == 0, row["content"]
+        assert row["content"]["reference"]["source"] == "the embedded pair's held-out code"
+    assert small["content"]["acceptance_valid"] == pytest.approx(small["acceptance_rate"], abs=0.1)

@@ -1,0 +1,216 @@
+"""Is a measured output text, or a model stuck in a loop? The one content check every measurement uses.
+
+A drafter predicts a repetition loop almost perfectly, so a target that degenerates into one
+makes speculation look fast: more tokens per step, more tokens per second, from output nobody
+wants. Every request the kit measures (Locust, vLLM's benchmark beside it, bench-drafters,
+advise, tune, distill) is therefore judged from its output tokens:
+
+  distinct_4   distinct 4-grams / 4-grams of the output (1.0: no 4-gram repeats; held-out
+               Python of 128 tokens about 0.9, of 256 about 0.85)
+  loop_share   share of the output inside a verbatim cycle: a span at least `MIN_LOOP_SPAN`
+               tokens long that repeats a period of 1 to `MAX_PERIOD` tokens at least twice
+               (`#\\n\\n#\\n\\n#...` to the end of the output has a loop share near 1)
+
+A request is degenerate when `loop_share >= DEGENERATE_LOOP_SHARE`, or when its distinct
+4-grams fall below `DISTINCT_FLOOR` of the reference's (text of the same length: the workload's
+own prompts where they are long enough, the held-out corpus for the embedded pair), or below
+`ABSOLUTE_DISTINCT_FLOOR` where there is no reference. A level's summary gives the share of
+degenerate requests and acceptance and per-request speed over the content-valid ones.
+"""
+
+from __future__ import annotations
+
+import functools
+import statistics
+from collections.abc import Sequence
+from typing import Any
+
+NGRAM = 4
+MAX_PERIOD = 32
+MIN_LOOP_SPAN = 12
+DEGENERATE_LOOP_SHARE = 0.5
+DISTINCT_FLOOR = 0.5
+"""A request whose distinct 4-grams are below half the reference's is degenerate."""
+ABSOLUTE_DISTINCT_FLOOR = 0.4
+"""... or below this, where there is no reference text."""
+REFERENCE_TOLERANCE = 0.2
+"""A level's mean distinct 4-grams within 20% of the reference's counts as content like it."""
+MOSTLY = 0.5
+"""A verdict whose requests are degenerate this often or more rests mostly on degenerate output."""
+REFERENCE_WINDOWS = 64
+
+
+def distinct_ngrams(tokens: Sequence[int], n: int = NGRAM) -> float | None:
+    """Distinct n-grams / n-grams (None: fewer than n tokens)."""
+    grams = [tuple(tokens[i:i + n]) for i in range(len(tokens) - n + 1)]
+    return len(set(grams)) / len(grams) if grams else None
+
+
+def loop_share(tokens: Sequence[int], max_period: int = MAX_PERIOD, min_span: int = MIN_LOOP_SPAN) -> float:
+    """Share of `tokens` inside a span that repeats a period of <= max_period tokens at least twice
+    and is at least min_span long."""
+    n = len(tokens)
+    if n < min_span:
+        return 0.0
+    inside = bytearray(n)
+    for period in range(1, min(max_period, n // 2) + 1):
+        run = 0  # tokens so far equal to the token `period` before them
+        for i in range(period, n + 1):
+            if i < n and tokens[i] == tokens[i - period]:
+                run += 1
+                continue
+            span = run + period  # tokens [i - span, i) repeat with this period
+            if run and span >= max(2 * period, min_span):
+                inside[i - span:i] = b"\x01" * span
+            run = 0
+    return sum(inside) / n
+
+
+def figures(tokens: Sequence[int], prompt_tokens: Sequence[int] | None = None) -> dict[str, Any]:
+    """One output's figures; with its prompt, the prompt's own distinct 4-grams over the output's
+    length (its last tokens), a reference of the same length where the prompt is long enough."""
+    out: dict[str, Any] = {"tokens": len(tokens), "distinct_4": _round(distinct_ngrams(tokens)),
+                           "loop_share": round(loop_share(tokens), 4)}
+    if prompt_tokens is not None and len(tokens) >= NGRAM and len(prompt_tokens) >= len(tokens):
+        out["prompt_distinct_4"] = _round(distinct_ngrams(prompt_tokens[-len(tokens):]))
+    return out
+
+
+def is_degenerate(fig: dict[str, Any], reference: float | None = None) -> bool:
+    distinct = fig.get("distinct_4")
+    floor = DISTINCT_FLOOR * reference if reference else ABSOLUTE_DISTINCT_FLOOR
+    return fig.get("loop_share", 0.0) >= DEGENERATE_LOOP_SHARE or (distinct is not None and distinct < floor)
+
+
+def reference_from_stream(stream: Sequence[int], length: int, windows: int = REFERENCE_WINDOWS) -> float | None:
+    """Mean distinct 4-grams of `windows` windows of `length` tokens spread evenly over `stream`."""
+    if length < NGRAM or len(stream) < length:
+        return None
+    last = len(stream) - length
+    starts = sorted({round(last * w / max(1, windows - 1)) for w in range(windows)})
+    return statistics.fmean(distinct_ngrams(stream[s:s + length]) or 0.0 for s in starts)
+
+
+def embedded_pair_stream() -> tuple[int, ...]:
+    """The embedded pair's held-out code, tokenized as the pair's tokenizer does."""
+    from deploy import embedded_pair
+
+    return embedded_pair.heldout_tokens()
+
+
+@functools.lru_cache(maxsize=8)
+def embedded_reference(length: int) -> float | None:
+    """Mean distinct 4-grams of the embedded pair's held-out code in windows of `length` tokens."""
+    return reference_from_stream(embedded_pair_stream(), length)
+
+
+def reference_for(figs: Sequence[dict[str, Any]], embedded: bool = False) -> dict[str, Any] | None:
+    """The reference a level's outputs are held against: its prompts' own text when at least half
+    the outputs had a prompt as long as they are, else the embedded pair's held-out corpus."""
+    prompt = [f["prompt_distinct_4"] for f in figs if f.get("prompt_distinct_4") is not None]
+    if figs and len(prompt) >= len(figs) / 2:
+        return {"distinct_4": round(statistics.fmean(prompt), 4), "source": "the workload's prompts"}
+    lengths = [f["tokens"] for f in figs if f.get("tokens")]
+    if embedded and lengths:
+        value = embedded_reference(int(statistics.median(lengths)))
+        if value is not None:
+            return {"distinct_4": round(value, 4), "source": "the embedded pair's held-out code"}
+    return None
+
+
+def summarize(figs: Sequence[dict[str, Any] | None], reference: dict[str, Any] | None = None,
+              spec: Sequence[dict[str, Any] | None] | None = None,
+              speeds: Sequence[float | None] | None = None) -> dict[str, Any]:
+    """A level's content: `figs` one per request (None: not checked), with the server's per-request
+    speculation figures (`spec`) and each request's output tokens/s (`speeds`) in the same order,
+    so acceptance and speed can be read over the content-valid requests alone."""
+    ref = (reference or {}).get("distinct_4")
+    checked = [i for i, f in enumerate(figs) if f and f.get("tokens")]
+    out: dict[str, Any] = {"checked": len(checked), "reference": reference}
+    if not checked:
+        return out
+    bad = [i for i in checked if is_degenerate(figs[i], ref)]  # type: ignore[arg-type]
+    good = [i for i in checked if i not in set(bad)]
+    distinct = [figs[i]["distinct_4"] for i in checked if figs[i].get("distinct_4") is not None]  # type: ignore[index]
+    out.update({
+        "degenerate": len(bad), "degenerate_share": round(len(bad) / len(checked), 4),
+        "distinct_4": _round(statistics.fmean(distinct)) if distinct else None,
+        "loop_share": round(statistics.fmean(figs[i]["loop_share"] for i in checked), 4),  # type: ignore[index]
+    })
+    if ref and out["distinct_4"] is not None:
+        out["vs_reference"] = round(out["distinct_4"] / ref, 4)
+        out["like_reference"] = abs(out["vs_reference"] - 1) <= REFERENCE_TOLERANCE
+    for name, group in (("valid", good), ("degenerate", bad)):
+        if spec is not None:
+            out[f"acceptance_{name}"] = acceptance([spec[i] for i in group])
+        if speeds is not None:
+            values = [speeds[i] for i in group if speeds[i]]
+            out[f"tokens_per_s_{name}"] = _round(statistics.fmean(values)) if values else None  # type: ignore[arg-type]
+    return out
+
+
+def merge(summaries: Sequence[dict[str, Any] | None]) -> dict[str, Any] | None:
+    """Several runs' summaries (repeats of a level, or a variant's and its baseline's) as one."""
+    parts = [x for x in summaries if x and x.get("checked")]
+    if not parts:
+        return None
+    checked = sum(x["checked"] for x in parts)
+    degenerate = sum(x["degenerate"] for x in parts)
+    out: dict[str, Any] = {"checked": checked, "degenerate": degenerate,
+                           "degenerate_share": round(degenerate / checked, 4),
+                           "reference": next((x["reference"] for x in parts if x.get("reference")), None)}
+    for key in ("distinct_4", "loop_share"):
+        known = [(x[key], x["checked"]) for x in parts if x.get(key) is not None]
+        out[key] = round(sum(v * n for v, n in known) / sum(n for _, n in known), 4) if known else None
+    for key in ("acceptance_valid", "acceptance_degenerate"):
+        known = [x[key] for x in parts if x.get(key) is not None]
+        out[key] = round(statistics.fmean(known), 4) if known else None
+    if out["reference"] and out["distinct_4"] is not None:
+        out["vs_reference"] = round(out["distinct_4"] / out["reference"]["distinct_4"], 4)
+        out["like_reference"] = abs(out["vs_reference"] - 1) <= REFERENCE_TOLERANCE
+    return out
+
+
+def acceptance(spec: Sequence[dict[str, Any] | None]) -> float | None:
+    """Accepted / drafted tokens over requests, from the server's per-request speculation figures."""
+    drafted = sum((s or {}).get("num_draft_tokens") or 0 for s in spec)
+    accepted = sum((s or {}).get("num_accepted_draft_tokens") or 0 for s in spec)
+    return round(accepted / drafted, 4) if drafted else None
+
+
+def describe(summary: dict[str, Any] | None) -> str:
+    """A level's content in a phrase: 'content valid (distinct 4-grams 0.91, reference 0.88)' or
+    '7 of 8 requests degenerate (loops); ...'."""
+    if not summary or not summary.get("checked"):
+        return "content not checked (the outputs' tokens were not returned)"
+    ref = summary.get("reference") or {}
+    ref_text = f", {ref['source']} {ref['distinct_4']:.2f}" if ref else ", no reference text"
+    figures_text = f"distinct 4-grams {summary['distinct_4']:.2f}{ref_text}; loop share {summary['loop_share']:.0%}"
+    if not summary["degenerate"]:
+        return f"content valid ({figures_text})"
+    return f"{summary['degenerate']} of {summary['checked']} requests degenerate ({figures_text})"
+
+
+def warning(summary: dict[str, Any] | None) -> str | None:
+    """What a verdict resting on `summary`'s requests must say first, or None."""
+    if not summary or not summary.get("checked"):
+        return None
+    share = summary["degenerate_share"]
+    if share >= MOSTLY:
+        return (f"rests mostly on degenerate output: {describe(summary)}; acceptance over the content-valid "
+                f"requests {_pct(summary.get('acceptance_valid'))}, over the degenerate ones "
+                f"{_pct(summary.get('acceptance_degenerate'))}")
+    if share > 0:
+        return f"{share:.0%} of its requests are degenerate ({describe(summary)})"
+    if summary.get("like_reference") is False:
+        return (f"its output differs from the reference text (distinct 4-grams {summary['distinct_4']:.2f} against "
+                f"{summary['reference']['distinct_4']:.2f})")
+    return None
+
+
+def _pct(value: float | None) -> str:
+    return "not known" if value is None else f"{value:.0%}"
+
+
+def _round(value: float | None, digits: int = 4) -> float | None:
+    return None if value is None else round(value, digits)
