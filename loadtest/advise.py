@@ -143,10 +143,12 @@ def compatibility(resolved: Any) -> str:
 def advice_rows(costs: dict[str, Any], results: dict[str, Any]) -> list[dict[str, Any]]:
     """Per batch size: the step costs, the engine's acceptance, and predicted beside measured speedup."""
     by_batch = {e["concurrency"]: e for e in summarize_speedups(results)}
-    per_position: dict[int, list[float]] = {}
+    runs: dict[int, list[list[float]]] = {}
     for variant, level in levels(results):
         if variant.get("k") and (level.get("server") or {}).get("per_position_acceptance"):
-            per_position[level["concurrency"]] = level["server"]["per_position_acceptance"]
+            runs.setdefault(level["concurrency"], []).append(level["server"]["per_position_acceptance"])
+    # Averaged over the repeats, as the tokens per step beside them are (sampled runs differ).
+    per_position = {b: [sum(p) / len(p) for p in zip(*r)] for b, r in runs.items()}
     rows = []
     for batch, ratio in sorted(costs["ratios"].items(), key=lambda item: int(item[0])):
         b = int(batch)

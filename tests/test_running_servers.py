@@ -128,16 +128,22 @@ def test_sweep_of_running_servers_with_service_targets(servers, keyed_baseline, 
 @pytest.mark.engine
 def test_a_greedy_run_that_loops_is_flagged_in_the_reports_first_lines(servers, keyed_baseline, running_sweep,
                                                                          tmp_path):
-    """The embedded target, greedy and forced to a fixed length, writes newlines to the end: drafts
-    predict that perfectly. The report says so before its verdict; the sampled sweep (T=1, the
-    default) says nothing of the kind."""
+    """The embedded target, greedy and forced to a fixed length, writes newlines to the end after
+    these prompts (after the built-in code prompts it loops too, a few dozen tokens later). The
+    report says so before its verdict; the sampled sweep (T=1, the default) says nothing of the kind."""
     spec, out = servers.get("default"), tmp_path / "greedy"
+    workload = tmp_path / "loops.jsonl"
+    workload.write_text("".join(json.dumps({"prompt": p}) + "\n"
+                                for p in ("def main():\n", "import os\n", "class StreamError(Exception):\n")))
     run = subprocess.run([sys.executable, "-m", "loadtest", "run", "--url", spec.base_url, "--baseline-url",
-                          keyed_baseline.base_url, "--api-key-env", KEY_ENV, "--temperature", "0", "--workload", "code",
-                          "--users", "1", "--requests", "3", "--max-tokens", "48", "--warmup", "0", "--out", str(out)],
-                         cwd=REPO, capture_output=True, text=True, timeout=600)
-    assert run.returncode == 0, run.stderr[-2000:]
+                          keyed_baseline.base_url, "--api-key-env", KEY_ENV, "--temperature", "0", "--workload",
+                          str(workload), "--users", "1", "--repeat", "1", "--requests", "3", "--max-tokens", "64",
+                          "--warmup", "0",
+                          "--out", str(out)], cwd=REPO, capture_output=True, text=True, timeout=600)
     results = json.loads((out / "results.json").read_text())
+    # Exit 1 is a flagged run (Locust and vLLM's benchmark may disagree on 3 requests); the content
+    # check flags nothing by itself: it leads the report.
+    assert run.returncode == {"ok": 0, "flagged": 1}[results["status"]], run.stderr[-2000:]
     for variant in results["variants"]:
         level = variant["levels"][0]
         for checked in (level["client"]["content"], level["vllm_bench"]["content"]):
