@@ -201,10 +201,7 @@ def heldout_tokens() -> tuple[int, ...]:
     from tokenizers import Tokenizer
 
     tok = Tokenizer.from_file(str(WEIGHTS / "tokenizer" / "tokenizer.json"))
-    ids: list[int] = []
-    for path in _corpus(RECIPE)["heldout"]:
-        ids += [BOS, *tok.encode(_read(path), add_special_tokens=False).ids, EOS]
-    return tuple(ids)
+    return tuple(_token_ids(tok, _corpus(RECIPE)["heldout"]))
 
 
 def _corpus_listing(recipe: Recipe, splits: tuple[str, ...]) -> list[tuple[str, int]]:
@@ -356,14 +353,19 @@ def _read(path: Path) -> str:
     return path.read_text(encoding="utf-8", errors="replace")
 
 
+def _token_ids(tok: Any, files: tuple[Path, ...], desc: str | None = None) -> list[int]:
+    """All files as one token stream, each file framed by <s> ... </s> (a progress bar with `desc`)."""
+    ids: list[int] = []
+    for path in _progress(files, desc=desc, unit="file") if desc else files:
+        ids += [BOS, *tok.encode(_read(path), add_special_tokens=False).ids, EOS]
+    return ids
+
+
 def _encode(tok: Any, files: tuple[Path, ...], desc: str) -> Any:
-    """All files as one token stream, each file framed by <s> ... </s>."""
+    """`_token_ids` as the int32 tensor training and evaluation read."""
     import torch
 
-    ids: list[int] = []
-    for path in _progress(files, desc=desc, unit="file"):
-        ids += [BOS, *tok.encode(_read(path), add_special_tokens=False).ids, EOS]
-    return torch.tensor(ids, dtype=torch.int32)
+    return torch.tensor(_token_ids(tok, files, desc), dtype=torch.int32)
 
 
 def _llama(recipe: Recipe, layers: int, width: int, ffn: int) -> Any:

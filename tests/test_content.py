@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from deploy.embedded_pair import heldout_tokens
 from loadtest import content
 
 
@@ -10,7 +11,7 @@ def test_a_loop_is_degenerate_and_text_is_not() -> None:
     fig = content.figures(loop)
     assert fig["loop_share"] > 0.95 and fig["distinct_4"] < 0.1
     assert content.is_degenerate(fig)
-    text = content.figures(list(content.embedded_pair_stream()[1000:1128]))
+    text = content.figures(list(heldout_tokens()[1000:1128]))
     assert text["loop_share"] < 0.2 and text["distinct_4"] > 0.7
     assert not content.is_degenerate(text, content.embedded_reference(128))
 
