@@ -21,7 +21,7 @@ help:
 	@echo "make test                 behaviour on real vLLM engines (CPU, the plumbing pair): before every commit"
 	@echo "make test-full            make test, then the measurement tests (advise, tune, distill, speedups): before resolving measurement work"
 	@echo "make bench-drafters       compare drafters on the embedded default"
-	@echo "make loadtest CONFIG=... USERS=1,32 [WORKERS=N] [SLO=ttft_p95=500ms,tpot_p95=50ms] [LOADTEST_ARGS='--k 2,8']"
+	@echo "make loadtest CONFIG=... USERS=1,32 [DRY_RUN=1] [ORDER=grouped|alternate] [WORKERS=N] [SLO=ttft_p95=500ms,tpot_p95=50ms] [LOADTEST_ARGS='--k 2,8']"
 	@echo "make loadtest URL=http://host:port [BASELINE_URL=http://host:port] [CONFIG=...]   servers already running"
 	@echo "make compare [REPORT=reports/...]   batch-1 vs batch-32 table of a report"
 	@echo "make advise CONFIG=... [USERS=1,32] [ADVISE_ARGS='--workload my.jsonl --temperature 0.7']   should this draft be deployed, at which batch sizes"
@@ -67,9 +67,10 @@ bench-drafters: $(STAMP)
 LOADTEST_SERVERS = $(if $(URL),--url $(URL) $(if $(BASELINE_URL),--baseline-url $(BASELINE_URL)) \
 	$(if $(filter-out file,$(origin CONFIG)),$(CONFIG)),$(CONFIG_ARGS))
 
+# The plan (servers, starts, levels, estimated duration) is printed first; DRY_RUN=1 prints it and stops.
 loadtest: $(STAMP)
 	$(PY) -m loadtest run $(LOADTEST_SERVERS) --users $(USERS) --workers $(WORKERS) \
-	  $(if $(SLO),--slo $(SLO)) $(LOADTEST_ARGS)
+	  $(if $(SLO),--slo $(SLO)) $(if $(ORDER),--order $(ORDER)) $(if $(DRY_RUN),--dry-run) $(LOADTEST_ARGS)
 
 # Step costs, acceptance and speedup of the config's drafter on a workload, and a verdict.
 advise: $(STAMP)

@@ -13,7 +13,7 @@ from types import FrameType
 
 from deploy import ConfigError, ResolvedDeployment, ServerStartError, plan_from_config, preflight
 from deploy.config import DEFAULT_CONFIG, load_config, resolve_config_path
-from deploy.engine_args import node_plans
+from deploy.engine_args import describe_speculation, node_plans
 from deploy.launcher import Server
 
 log = logging.getLogger("specdeploy")
@@ -40,6 +40,7 @@ def cmd_check(opts: argparse.Namespace) -> int:
                                       plan_only=True)
     for note in resolved.notes:
         print(f"note: {note}")
+    print(describe_speculation(resolved))
     print(plan.describe())
     _machine_warnings(resolved)
     if resolved.machine_problems:
@@ -61,6 +62,7 @@ def cmd_serve(opts: argparse.Namespace) -> int:
     if opts.dry_run:  # the command for the machine the config is meant for, whatever this one has
         resolved, plan = plan_from_config(opts.config, opts.overrides, opts.no_spec, not opts.skip_memory_check,
                                           plan_only=True, node_rank=opts.node_rank)
+        print(describe_speculation(resolved))
         print(f"vLLM command:\n{_describe_nodes(resolved)}", flush=True)
         _machine_warnings(resolved)
         return 0
@@ -68,11 +70,10 @@ def cmd_serve(opts: argparse.Namespace) -> int:
                                       node_rank=opts.node_rank)
     for note in resolved.notes:
         log.info("%s", note)
-    spec = plan.speculative_config
-    log.info("deployment %s on %s, speculation: %s%s", resolved.config.name, resolved.device,
-             f"{spec['method']} K={spec['num_speculative_tokens']}" if spec else "off",
+    log.info("deployment %s on %s%s", resolved.config.name, resolved.device,
              f", node {plan.node_rank} of {resolved.config.parallelism.nodes}" if resolved.config.parallelism.nodes > 1
              else "")
+    print(describe_speculation(resolved))
     print(f"vLLM command:\n{plan.describe()}", flush=True)
     log_path = LOG_DIR / f"{resolved.config.name}-{plan.port}{f'-node{plan.node_rank}' if plan.headless else ''}.log"
     server = Server(plan, log_path, echo=False)

@@ -193,6 +193,22 @@ class SpeculationConfig(Section):
             raise ValueError("temperatures must be >= 0 (0 is greedy decoding)")
         return sorted(set(temperatures))
 
+    def k_at_batch(self, batch: int) -> int:
+        """K a step gets at this running batch size, read as vLLM reads the schedule
+        (`build_dynamic_sd_schedule_lookup`): a gap between ranges and the sizes past the last
+        range keep the K before them, and no K exceeds num_speculative_tokens."""
+        k = self.num_speculative_tokens
+        if not self.enabled:
+            return 0
+        last = k
+        for start, end, range_k in self.schedule or []:
+            if batch < start:
+                break
+            last = range_k
+            if batch <= end:
+                break
+        return min(k, last)
+
     @property
     def samples_drafts(self) -> bool:
         """Whether this drafter can draw its drafts from a distribution vLLM then verifies against."""

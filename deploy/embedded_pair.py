@@ -235,7 +235,8 @@ def _build_hash(serving: Serving, weights: Path) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
-def _cache_root() -> Path:
+def cache_root() -> Path:
+    """specdeploy's cache folder: `$SPECDEPLOY_CACHE`, else `$XDG_CACHE_HOME/specdeploy` or `~/.cache/specdeploy`."""
     if os.environ.get("SPECDEPLOY_CACHE"):
         return Path(os.environ["SPECDEPLOY_CACHE"]).expanduser()
     xdg = os.environ.get("XDG_CACHE_HOME")
@@ -245,7 +246,7 @@ def _cache_root() -> Path:
 @functools.lru_cache(maxsize=None)
 def pair_dir() -> Path:
     """Where the pair for the shipped weights and this machine's `Serving` lives (it may not be built yet)."""
-    return _cache_root() / f"embedded-pair-{_build_hash(Serving(), WEIGHTS)}"
+    return cache_root() / f"embedded-pair-{_build_hash(Serving(), WEIGHTS)}"
 
 
 def is_pair_folder(path: str | Path) -> bool:

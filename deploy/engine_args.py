@@ -109,6 +109,35 @@ def speculative_config(resolved: ResolvedDeployment) -> dict[str, Any] | None:
     return result
 
 
+def describe_speculation(resolved: ResolvedDeployment) -> str:
+    """The speculation the server will run, resolved, for a person (vLLM logs none of it): the
+    drafter, its model, K, the K by running batch size, the temperature gate, and the exact
+    `--speculative-config` argument."""
+    spec = resolved.config.speculation
+    config = speculative_config(resolved)
+    if config is None:
+        return "speculation: off"
+    drafter = DRAFTERS[spec.drafter]
+    who = f"specdeploy's plugin {spec.plugin_class}" if spec.plugin_class else f"vLLM's {drafter.vllm_method}"
+    draft = f", draft {resolved.draft.path if resolved.draft else spec.model}" if spec.model else ""
+    lines = [f"speculation: {spec.drafter} ({who}){draft}, K={spec.num_speculative_tokens}"]
+    if spec.schedule:
+        ranges = ", ".join(f"{a}-{b}: {k}" + (" (no drafts)" if k == 0 else "") for a, b, k in spec.schedule)
+        lines.append(f"  K by running batch size: {ranges}"
+                     + (" (the plugin reads it from --additional-config)" if spec.plugin_class else ""))
+    else:
+        lines.append(f"  K by running batch size: {spec.num_speculative_tokens} at every size (no schedule)")
+    gate = ("none, every request drafts" if spec.draft_max_temperature is None else
+            f"requests at T <= {spec.draft_max_temperature:g} draft, hotter ones decode without drafts")
+    how = ({"probabilistic": "drafts sampled from the draft model", "greedy": "greedy drafts"}[spec.draft_sampling]
+           if spec.samples_drafts else "deterministic drafts")
+    lines.append(f"  temperature gate: {gate}; {how}; users' temperatures "
+                 f"{', '.join(f'{t:g}' for t in spec.temperatures)}")
+    flag, value = _flag("speculative_config", config)
+    lines.append(f"  {flag} {shlex.quote(value)}")
+    return "\n".join(lines)
+
+
 def plugin_options(resolved: ResolvedDeployment) -> dict[str, Any] | None:
     """Options for specdeploy's proposer plugin (read in the worker from additional_config)."""
     spec = resolved.config.speculation

@@ -4,6 +4,7 @@
     python -m loadtest run default.yaml --users 1,8,32 --k 2,8       # plus K=2 and K=8 variants
     python -m loadtest run default.yaml --workers 2 --duration 60    # Locust master + 2 workers, 60 s a level
     python -m loadtest run default.yaml --temperature 0,0.7,1        # acceptance and speedup per temperature
+    python -m loadtest run llama70b-7b.yaml --dry-run                # the plan (servers, starts, time), then exit
     python -m loadtest run --url http://gpu1:8000 --baseline-url http://gpu1:8001 --slo ttft_p95=500ms
                                                                      # servers already running elsewhere
     python -m loadtest compare                                       # table of the newest report
@@ -26,6 +27,7 @@ from deploy import ConfigError, load_config
 from deploy.config import DEFAULT_CONFIG
 from loadtest import request_settings
 from loadtest.arg_types import int_list, positive_int, temperature_list
+from loadtest.plan import ORDERS
 from loadtest.report import compare_table, load_results, newest_report, write_report
 from loadtest.request_settings import RequestSettings
 from loadtest.runner import Sweep, SweepSettings
@@ -62,6 +64,12 @@ def build_parser() -> argparse.ArgumentParser:
                      help="concurrency levels (closed-loop users) (default: 1,32)")
     run.add_argument("--repeat", type=positive_int, default=3,
                      help="runs of every variant at every concurrency; speedups get a 95%% interval (default: 3)")
+    run.add_argument("--order", choices=ORDERS, default="auto",
+                     help="alternate: the variants take turns every repeat (who goes first flips); grouped: each "
+                          "variant's server starts once and runs all its levels and repeats; auto: grouped where "
+                          "servers cannot be up together on GPUs, else alternate (default: auto)")
+    run.add_argument("--dry-run", action="store_true",
+                     help="print the plan (servers, starts, levels, estimated duration) and exit; starts nothing")
     run.add_argument("--requests", type=int, default=None,
                      help="measured requests per run (default: max(32, 8 x concurrency))")
     run.add_argument("--duration", type=float, default=None, metavar="S",
@@ -225,13 +233,17 @@ def cmd_run(opts: argparse.Namespace) -> int:
         return 2
     settings = SweepSettings(
         config=opts.config or ("" if opts.url else DEFAULT_CONFIG), overrides=opts.overrides, no_spec=opts.no_spec, baseline=not opts.no_baseline,
-        extra_k=opts.k, users=sorted(dict.fromkeys(opts.users)), repeat=opts.repeat, requests=opts.requests,
+        extra_k=opts.k, users=sorted(dict.fromkeys(opts.users)), repeat=opts.repeat, order=opts.order,
+        requests=opts.requests,
         duration_s=opts.duration, vllm_bench=not opts.no_vllm_bench,
         warmup=opts.warmup, request=RequestSettings.from_options(opts, temperature=opts.temperature[0]),
         workers=opts.workers, level_timeout_s=opts.level_timeout,
         startup_timeout_s=opts.startup_timeout, tolerance=opts.tolerance, slo=opts.slo or "", url=opts.url,
         baseline_url=opts.baseline_url, model=opts.model, tokenizer=opts.tokenizer, api_key_env=opts.api_key_env,
         out=opts.out)
+
+    if opts.dry_run:
+        return dry_run(settings, opts.temperature)
 
     def on_term(signum: int, _frame: FrameType | None) -> None:
         raise KeyboardInterrupt  # same clean-up path as Ctrl-C: servers and Locust stopped
@@ -258,6 +270,18 @@ def cmd_run(opts: argparse.Namespace) -> int:
     if untested:
         print(untested)
     return exit_code(results["status"])
+
+
+def dry_run(settings: SweepSettings, temperatures: list[float]) -> int:
+    """Print the sweep's plan for the machine its config describes; start nothing, build nothing."""
+    try:
+        plan = Sweep(settings).plan(dry_run=True)
+    except (ConfigError, ValueError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    plan.temperatures = temperatures
+    print(plan.describe(dry_run=True))
+    return 0 if plan.servers else 2
 
 
 def exit_code(status: str) -> int:

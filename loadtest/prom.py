@@ -6,7 +6,9 @@ Speculation counters (as vLLM's own `vllm/benchmarks/serve.py` reads them):
   vllm:spec_decode_num_accepted_tokens_total    draft tokens the target accepted
   vllm:spec_decode_num_accepted_tokens_per_pos_total{position="i"}
 acceptance rate = accepted / draft tokens; mean accepted length = 1 + accepted / drafts
-(tokens produced per verification step, the bonus token included). Also the generated and
+(tokens produced per verification step, the bonus token included); effective K = draft tokens /
+drafts (the K the engine gave a request at a step that drafted: under a schedule, the K of the
+running batch sizes the run went through). Also the generated and
 prompt token counters and the latency histograms, to check the client's numbers against.
 """
 
@@ -172,6 +174,13 @@ class ServerDelta:
         return 1 + self.accepted_tokens / self.drafts if self.drafts > 0 else None
 
     @property
+    def effective_k(self) -> float | None:
+        """Draft tokens per drafting step of a request: the K that ran, beside the configured one.
+        vLLM counts a draft per request and step that proposed at least one token, so steps a
+        schedule gives K=0 (or a plugin leaves empty) are not in it, as they are not in acceptance."""
+        return self.draft_tokens / self.drafts if self.drafts > 0 else None
+
+    @property
     def per_position_acceptance(self) -> list[float]:
         """Share of drafts whose i-th token was accepted (as vLLM's benchmark reports it)."""
         return [n / self.drafts for n in self.accepted_per_position] if self.drafts > 0 else []
@@ -182,7 +191,7 @@ class ServerDelta:
             "prompt_tokens": self.prompt_tokens, "requests_finished": self.requests_finished,
             "spec_enabled": self.spec_enabled, "drafts": self.drafts, "draft_tokens": self.draft_tokens,
             "accepted_tokens": self.accepted_tokens, "acceptance_rate": self.acceptance_rate,
-            "mean_accepted_length": self.mean_accepted_length,
+            "mean_accepted_length": self.mean_accepted_length, "effective_k": self.effective_k,
             "per_position_acceptance": self.per_position_acceptance, "histograms": self.histograms,
         }
 

@@ -237,6 +237,7 @@ def _compare_row(variant: dict[str, Any], level: dict[str, Any], d: dict[str, An
                 "ttft_p50": _with_engine((client.get("ttft_ms") or {}).get("p50"), server, "ttft_s"),
                 "tpot_p50": _with_engine((client.get("per_token_latency_ms") or {}).get("p50"), server,
                                          "per_token_latency_s", 2),
+                "k": _k_cell(level.get("configured_k", variant.get("k")), server.get("effective_k")),
                 "acceptance": server.get("acceptance_rate"),
                 "accepted_length": server.get("mean_accepted_length"),
                 "speedup": d.get("speedup"),
@@ -245,6 +246,13 @@ def _compare_row(variant: dict[str, Any], level: dict[str, Any], d: dict[str, An
                 "server_agrees": (level.get("consistency") or {}).get("ok"),
                 "degenerate": (client.get("content") or {}).get("degenerate_share"),
     }
+
+
+def _k_cell(configured: int | None, effective: float | None) -> str:
+    """Configured K, and in brackets the K that ran (draft tokens per drafting step); `-` without speculation."""
+    if configured is None and effective is None:
+        return "-"
+    return f"{_fmt(configured, 0)} ({_fmt(effective, 2)})"
 
 
 def _with_engine(client_ms: float | None, server: dict[str, Any], hist: str, digits: int = 1) -> str:
@@ -259,7 +267,7 @@ COMPARE_COLUMNS = [
     ("system_tps", "tok/s system"), ("bench_tps", "vLLM bench tok/s"),
     ("user_tps", "tok/s per user"), ("ttft_p50", "TTFT p50 (engine) ms"),
     ("tpot_p50", "per-token p50 (engine) ms"),
-    ("acceptance", "acceptance"), ("accepted_length", "tokens/step"), ("speedup", "speedup"),
+    ("k", "K (effective)"), ("acceptance", "acceptance"), ("accepted_length", "tokens/step"), ("speedup", "speedup"),
     ("degenerate", "degenerate"), ("bench_agrees", "bench agrees"), ("server_agrees", "counters agree"),
     ("status", "status"),
 ]
@@ -627,6 +635,10 @@ def _sections(results: dict[str, Any]) -> list[Section]:
              f"excluded, Locust workers: {s.get('workers') or 'none (one process)'}. "
              f"Machine: {results.get('machine', {}).get('cpus')} CPUs, vLLM {results.get('machine', {}).get('vllm')}, "
              f"Locust {results.get('machine', {}).get('locust')}.")
+    plan = results.get("plan")
+    if plan:
+        intro += (f" Order: {plan['order']} ({plan['why']}); {plan['server_starts']} server start(s), "
+                  f"estimated {plan['estimated_s'] / 60:.0f} min beforehand.")
     findings = [f"- {line}" for line in headline(results)]
     if findings:
         intro = "\n".join(findings) + "\n\n" + intro
@@ -646,6 +658,9 @@ def _sections(results: dict[str, Any]) -> list[Section]:
          "tok/s per user: median over requests of output tokens / end-to-end latency. Speedup: system tok/s of "
          "the variant / the baseline's run of the same repeat at the same concurrency. Acceptance and "
          "tokens/step from the server's /metrics over the same run (as vLLM's benchmark computes them). "
+         "K (effective): the K the config gives at this batch size (its schedule's, where it has one) and, in "
+         "brackets, the K that ran: draft tokens per drafting step (vllm:spec_decode_num_draft_tokens / "
+         "num_drafts over the run; steps a schedule gives K=0 draft nothing and are not counted). "
          "vLLM bench tok/s: vLLM's own serving benchmark right after, on the same server.", compare),
         ("Content: is the output text?", content.__doc__.split("\n\n", 1)[1].strip(), _content_rows(results)),
         ("Second opinion: Locust against vLLM's serving benchmark",

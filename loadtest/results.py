@@ -24,6 +24,9 @@ class LevelResult(TypedDict, total=False):
     requests: int | None
     """Measured requests (None: the run lasted `duration_target_s`)."""
     duration_target_s: float | None
+    configured_k: int | None
+    """K the config gives at this concurrency (its schedule's where it has one); None for the baseline.
+    The K that ran is `server.effective_k` (draft tokens per drafting step, from /metrics)."""
     status: Status
     """ok, flagged (measured, with problems to read), failed (not measured) or skipped."""
     problems: list[str]
@@ -83,5 +86,7 @@ class SweepResults(TypedDict, total=False):
     machine: dict[str, Any]
     variants: list[VariantResult]
     problems: list[str]
+    plan: dict[str, Any]
+    """The order the sweep ran in and why, its server starts and its estimated seconds (`loadtest.plan`)."""
     comparisons: list[dict[str, Any]]
     """Speedups derived by the report (`report.derive`), added to the written copy."""

@@ -8,12 +8,15 @@ snapshot, the measured Locust run (closed loop, a request count or a duration), 
 snapshot, then vLLM's serving benchmark with the same prompts, output length, temperature,
 concurrency and request count. `--repeat N` makes N runs of every (variant, concurrency).
 
-Order: on a CPU every variant's server stays up (an idle vLLM server costs no CPU) and the
-variants take turns at each run, so spec and baseline of the same repeat are measured minutes
-apart and share the machine's mood; each speedup is paired within its repeat. Who goes first
-alternates from one repeat to the next (`run_order`), so an even number of repeats cancels a
-steady drift and any advantage of going first. Where servers
-cannot share the device (GPUs), one server runs at a time, each repeat restarting them.
+Order (`loadtest.plan`): on a CPU every variant's server stays up where they fit (an idle vLLM
+server costs no CPU) and the variants take turns at each run, so spec and baseline of the same
+repeat are measured minutes apart and share the machine's mood; each speedup is paired within its
+repeat. Who goes first alternates from one repeat to the next (`run_order`), so an even number of
+repeats cancels a steady drift and any advantage of going first. Where servers cannot share the
+device, one runs at a time: on GPUs each variant's server starts once and runs all its levels
+and repeats (`--order grouped`, a 70B server's cold start takes minutes); on a CPU the variants
+still take turns every repeat (`--order alternate`). Before it starts, the sweep prints its plan
+(servers, starts, levels, an estimated duration); `Sweep.plan(dry_run=True)` makes it alone.
 Results go to `results.json` (its shape: `loadtest.results`) after every run, so a crash or a dead
 server keeps what was done.
 """
@@ -37,24 +40,22 @@ from typing import Any
 from tqdm import tqdm
 
 from deploy import ConfigError, Server, ServerStartError, free_port, load_config, plan_from_config
-from deploy.embedded_pair import is_pair_folder
-from deploy.preflight import GIB, ResolvedDeployment
+from deploy.embedded_pair import is_built, is_pair_folder
+from deploy.preflight import GIB, Machine, ResolvedDeployment, choose_device
 from loadtest import prom, slo, stats, vllm_bench
 from loadtest.client import RequestRecord, auth_headers
 from loadtest.endpoint import EndpointError, RemoteServer, discover
 from loadtest.files import write_json
 from loadtest.locust_run import LocustJob, LocustOutcome, run_locust
+from loadtest.plan import (ServerInfo, SweepPlan, Timings, choose_order, duration_text, server_key,
+                           servers_fit_together)
+from loadtest.plan import run_order  # noqa: F401 - the sweep's order, read here by the tuner and the tests
 from loadtest.request_settings import RequestSettings, settings_record
 from loadtest.results import CREATED_FORMAT, LevelResult, SweepResults, VariantResult
 from loadtest.workloads import Workload, load_workload
 
 log = logging.getLogger("specdeploy.loadtest")
 RESULTS_SCHEMA = 2
-SERVER_PROCESSES_GIB = 2.0
-"""Memory of one CPU server besides its KV cache and weights, measured (PSS of the embedded
-default's API server 0.54 GiB, engine core 0.52, worker 0.90 beyond its KV cache)."""
-UNKNOWN_WEIGHTS_GIB = 1.0
-"""Weights assumed for a server whose model size preflight could not estimate."""
 
 
 @dataclass
@@ -72,6 +73,8 @@ class SweepSettings:
     users: list[int] = field(default_factory=lambda: [1, 32])
     repeat: int = 3
     """Runs of every (variant, concurrency); speedups get a 95% interval over them."""
+    order: str = "auto"
+    """`alternate`, `grouped` or `auto` (`loadtest.plan.choose_order`)."""
     requests: int | None = None
     """Measured requests of each run, shared by its users; default: see `requests_for`."""
     duration_s: float | None = None
@@ -156,17 +159,14 @@ def _alternatives(settings: SweepSettings, spec: Any) -> list[Variant]:
                     False, spec.num_speculative_tokens, spec.drafter) for name, overrides in settings.alternatives]
 
 
-def run_order(variants: list[Variant], users: list[int], repeat: int,
-              together: bool) -> list[tuple[int, int, Variant]]:
-    """(repeat, concurrency, variant) in the order they run: variants take turns at each run when
-    their servers are up together, in the listed order on odd repeats and reversed on even ones
-    (A B, B A, ...): a machine that drifts steadily over a pair's minutes, or a run that gains from
-    going first or second, then favours each variant equally over two repeats instead of always the
-    same one. Otherwise each variant's levels run in a row, per repeat."""
-    if together:
-        return [(r, c, v) for c in users for r in range(1, repeat + 1)
-                for v in (variants if r % 2 else variants[::-1])]
-    return [(r, c, v) for r in range(1, repeat + 1) for v in variants for c in users]
+def configured_k(resolved: ResolvedDeployment | None, variant: Variant, users: int) -> int | None:
+    """K the config gives a step at `users` running requests (its schedule's, where it has one);
+    None without speculation. The effective K the server reports is read beside it."""
+    if variant.no_speculation:
+        return None
+    if resolved is None:  # a running server given by URL: what it told
+        return variant.k
+    return resolved.config.speculation.k_at_batch(users)
 
 
 def default_out_dir(config: str) -> Path:
@@ -209,6 +209,8 @@ class _Running:
     """Its config bound to this machine, set with `plan` (preflight's weight estimate, the host's memory)."""
     embedded: bool = False
     """It serves the embedded pair: the content check holds its outputs against the pair's held-out code."""
+    plan_notes: list[str] = field(default_factory=list)
+    """What the plan should say of this server (weights to download, a pair to build)."""
 
 
 @dataclass
@@ -244,8 +246,15 @@ class _LevelRun:
 class Sweep:
     """Runs the sweep and keeps `results` (the future results.json) up to date."""
 
-    def __init__(self, settings: SweepSettings, on_server_started: Callable[[Server, Variant], None] | None = None):
+    def __init__(self, settings: SweepSettings, on_server_started: Callable[[Server, Variant], None] | None = None,
+                 timings: Timings | None = None):
         self.settings = settings
+        self.timings = timings if timings is not None else Timings.load()
+        """Measured start times and run costs of this machine's servers: the plan's estimates."""
+        self.sweep_plan: SweepPlan | None = None
+        self._servers: dict[str, ServerInfo] = {}
+        self._measured: dict[Any, float] = {}
+        """What this sweep measured, for the time left: ("start", variant) and (variant, users) -> seconds."""
         self.out = settings.out or default_out_dir(settings.config or "running-servers")
         self.on_server_started = on_server_started
         """Hook for tests and tools: called each time a variant's server is healthy."""
@@ -266,6 +275,44 @@ class Sweep:
         return write_json(self.out / "results.json", self.results)
 
     # ------------------------------------------------------------------ the sweep
+    def plan(self, dry_run: bool = False) -> SweepPlan:
+        """The sweep's plan without starting anything. `dry_run`: made for the machine the config
+        describes (a GPU config plans on a laptop: what this machine lacks is listed as skipped),
+        with no server contacted and no model built or loaded."""
+        self.workload = load_workload(self.settings.request.workload)
+        if self.settings.url:
+            variants = [Variant("server", "running server (not contacted in a dry run)", (), False, None, None)]
+            if self.settings.baseline_url:
+                variants.append(Variant("baseline", "running server without speculation", (), True, None, None))
+            servers = [ServerInfo(v.name, v.label, "cuda", 0, "", "", url=url)
+                       for v, url in zip(variants, (self.settings.url, self.settings.baseline_url))]
+            return self._make_plan(servers, together=True,
+                                   notes=["servers already running: their device is not known, GPU speeds assumed"])
+        running = {v.name: self._prepare(v, plan_only=dry_run) for v in plan_variants(self.settings)}
+        return self._plan_started(running)
+
+    def _plan_started(self, running: dict[str, _Running]) -> SweepPlan:
+        usable = [name for name, r in running.items() if not r.broken]
+        servers = [self._servers[name] for name in usable]
+        planned = [r for r in running.values() if r.resolved is not None]
+        host_gib = planned[0].resolved.machine.host_memory_gib if planned else Machine.detect().host_memory_gib
+        skipped = list(dict.fromkeys(p for r in planned for p in r.resolved.machine_problems))
+        notes = [f"{name}: {r.broken}" for name, r in running.items() if r.broken]
+        notes += list(dict.fromkeys(n for r in running.values() for n in r.plan_notes))
+        return self._make_plan(servers, servers_fit_together(servers, host_gib), skipped, notes)
+
+    def _make_plan(self, servers: list[ServerInfo], together: bool, skipped: list[str] | None = None,
+                   notes: list[str] | None = None) -> SweepPlan:
+        s = self.settings
+        order, why = choose_order(s.order, together, {x.device for x in servers})
+        self.sweep_plan = SweepPlan(
+            config=s.config or s.url, servers=servers, order_name=order, why=why, together=together, users=s.users,
+            repeat=s.repeat, requests={} if s.duration_s else {c: requests_for(c, s.requests) for c in s.users},
+            duration_s=s.duration_s, warmup=s.warmup, max_tokens=s.request.max_tokens,
+            temperatures=[s.request.temperature], vllm_bench=s.vllm_bench, timings=self.timings,
+            skipped=skipped or [], notes=notes or [])
+        return self.sweep_plan
+
     def run(self) -> SweepResults:
         self.out.mkdir(parents=True, exist_ok=True)
         try:
@@ -273,21 +320,24 @@ class Sweep:
             self.workload = load_workload(self.settings.request.workload)
             if self.settings.url:
                 variants, running = self._running_servers()
-                together = True
+                plan = self._make_plan([self._servers[v.name] for v in variants], together=True)
             else:
                 variants = plan_variants(self.settings)
                 running = {v.name: self._prepare(v) for v in variants}
-                together = self._servers_fit_together([r for r in running.values() if r.plan is not None])
+                plan = self._plan_started(running)
         except (ConfigError, EndpointError, ValueError, OSError) as exc:
             self.results["status"] = "failed"
             self.results["problems"].append(str(exc))
             self.save()
             return self.results
-        order = run_order(variants, self.settings.users, self.settings.repeat, together)
-        log.info("load test of %s: variants %s, concurrency %s, %d run(s) each, %s; report in %s",
-                 self.settings.config or self.settings.url, ", ".join(v.name for v in variants), ",".join(map(str, self.settings.users)),
-                 self.settings.repeat, "servers up together, variants interleaved" if together else
-                 "one server at a time", self.out)
+        by_name = {v.name: v for v in variants}
+        order = [(r, c, by_name[server.name]) for r, c, server in plan.steps]
+        self.results["plan"] = {"order": plan.order_name, "why": plan.why, "servers_together": plan.together,
+                                "server_starts": len(plan.starts()), "estimated_s": round(plan.total_s())}
+        if plan.servers:
+            print(plan.describe(), file=sys.stderr, flush=True)
+        log.info("load test of %s: report in %s", self.settings.config or self.settings.url, self.out)
+        began = time.monotonic()
         try:
             for n, (repeat, users, variant) in enumerate(order, 1):
                 state = running[variant.name]
@@ -298,14 +348,19 @@ class Sweep:
                         state.entry["levels"].append({"concurrency": users, "repeat": repeat, "status": "skipped",
                                                       "problems": [state.broken]})
                     continue
-                if not together:  # one server at a time: the others stop first
+                if plan.one_at_a_time:  # the others stop first
                     for other in running.values():
                         if other is not state:
                             self._stop(other)
-                if state.server is None and not self._start(state, variant, f"{n}/{len(order)}"):
+                position = f"{n}/{len(order)}"
+                if state.server is None and not self._start(state, variant, f"{position}, {self._clock(began, n)}"):
                     continue
-                title = f"[{n}/{len(order)}] {variant.name} c={users} run {repeat}/{self.settings.repeat}"
-                state.entry["levels"].append({**self._run_level(state, variant, users, repeat, title), "sequence": n})
+                title = (f"[{position}] {variant.name} c={users} run {repeat}/{self.settings.repeat} "
+                         f"({self._clock(began, n, started=True)})")
+                run_began = time.monotonic()
+                level = self._run_level(state, variant, users, repeat, title)
+                self._record_run(state, variant, level, time.monotonic() - run_began)
+                state.entry["levels"].append({**level, "sequence": n})
                 self.save()
         except KeyboardInterrupt:
             self.results["problems"].append("interrupted")
@@ -324,19 +379,31 @@ class Sweep:
             self.save()
         return self.results
 
-    def _prepare(self, variant: Variant) -> _Running:
+    def _prepare(self, variant: Variant, plan_only: bool = False) -> _Running:
+        """The variant's server planned (`plan_only`: for the machine its config describes, as a dry
+        run shows it; the embedded pair is not built for it)."""
         entry: VariantResult = {"name": variant.name, "label": variant.label, "k": variant.k,
                                  "drafter": variant.drafter, "status": "starting", "levels": []}
         self.results["variants"].append(entry)
         state = _Running(entry)
+        overrides = [*self.settings.overrides, *variant.overrides, f"server.port={free_port()}"]
         try:
-            resolved, plan = plan_from_config(self.settings.config,
-                                              [*self.settings.overrides, *variant.overrides,
-                                               f"server.port={free_port()}"], variant.no_speculation)
+            config = load_config(self.settings.config, overrides, variant.no_speculation)
+            if plan_only and is_embedded(config) and not is_built():
+                self._servers[variant.name] = self._server_info(variant, config, None)
+                state.plan_notes.append("the embedded pair is not built yet: the sweep builds it first (`make models`, "
+                                        "about a minute), so its weights' size is not known here")
+                return state
+            resolved, plan = plan_from_config(self.settings.config, overrides, variant.no_speculation,
+                                              plan_only=plan_only)
         except (ConfigError, OSError, ValueError) as exc:
             entry.update(status="failed", error=f"config: {exc}")
             state.broken = entry["error"]
             return state
+        self._servers[variant.name] = self._server_info(variant, resolved.config, resolved)
+        if not resolved.target.local and resolved.target.hf_config is None:
+            state.plan_notes.append(f"{resolved.target.path} is not in this machine's model cache: a first start "
+                                    f"downloads it (HF_TOKEN for gated models), which the estimate leaves out")
         state.plan = plan
         state.resolved = resolved
         state.served_name = plan.served_name
@@ -383,6 +450,8 @@ class Sweep:
                 raise EndpointError("--url and --baseline-url both serve without speculation; give the "
                                     "speculative server as --url")
             self.results["variants"].append(entry)
+            self._servers[variant.name] = ServerInfo(variant.name, variant.label, "cuda", 0, remote.served_name, "",
+                                                     url=remote.base_url)
             running[variant.name] = _Running(entry, server=remote, served_name=remote.served_name,
                                              tokenizer=remote.tokenizer, api_key_env=key_env,
                                              embedded=is_embedded(config, remote.tokenizer))
@@ -391,15 +460,38 @@ class Sweep:
                      variant.label, "readable" if remote.metrics else "NOT readable: engine figures will be missing")
         return variants, running
 
-    @staticmethod
-    def _servers_fit_together(planned: list[_Running]) -> bool:
-        """On a CPU, when every server's KV cache, weights and processes fit in memory with room to spare."""
-        if len(planned) < 2 or any(s.plan.device != "cpu" for s in planned):
-            return len(planned) < 2
-        need_gib = sum(s.resolved.config.resources.cpu_kvcache_space_gib + SERVER_PROCESSES_GIB
-                       + (s.resolved.weight_bytes / GIB if s.resolved.weight_bytes is not None else UNKNOWN_WEIGHTS_GIB)
-                       for s in planned)
-        return need_gib <= 0.8 * planned[0].resolved.machine.host_memory_gib  # the rest: the load test, the OS, a load's growth
+    def _server_info(self, variant: Variant, config: Any, resolved: ResolvedDeployment | None) -> ServerInfo:
+        """What the plan shows and estimates of a variant's server."""
+        device = resolved.device if resolved else choose_device(config, Machine.detect())[0]
+        spec = config.speculation
+        models = config.target.model + (f" + draft {spec.model}" if spec.enabled and spec.model else "")
+        par = config.parallelism
+        weights = resolved.weight_bytes if resolved else None
+        return ServerInfo(
+            variant.name, variant.label, device, par.world_size // par.nodes if device == "cuda" else 0, models,
+            server_key(config.name, variant.name, device, self.settings.overrides, bool(resolved and resolved.plumbing)),
+            weight_gib=weights / GIB if weights is not None else None,
+            kv_gib=config.resources.cpu_kvcache_space_gib if device == "cpu" else 0.0)
+
+    def _clock(self, began: float, step: int, started: bool = False) -> str:
+        """`3 min in, about 41 min left` before step `step` (1-based), or once its server has started."""
+        assert self.sweep_plan is not None
+        plan = self.sweep_plan
+        left = plan.left_s(step - 1, self._measured, skip_start=started)
+        return f"{duration_text(time.monotonic() - began)} in, about {duration_text(left)} left"
+
+    def _record_run(self, state: _Running, variant: Variant, level: LevelResult, wall_s: float) -> None:
+        """Keep a measured run's cost (wall seconds per output token it asked for) for later plans."""
+        client = level.get("client") or {}
+        if level.get("status") not in ("ok", "flagged") or not client.get("requests"):
+            return
+        self._measured[(variant.name, level["concurrency"])] = wall_s
+        if state.entry.get("url"):
+            return  # another machine's server: not this machine's timings
+        s = self.settings
+        tokens = (level["concurrency"] * s.warmup + client["requests"]
+                  + ((level.get("vllm_bench") or {}).get("completed") or 0)) * s.request.max_tokens
+        self.timings.record_run(self._servers[variant.name].key, level["concurrency"], wall_s / tokens)
 
     def _start(self, state: _Running, variant: Variant, position: str) -> bool:
         server_log = self.out / state.entry["server_log"]
@@ -409,7 +501,10 @@ class Sweep:
         state.server = server
         try:
             server.start()
-            state.entry["startup_s"].append(server.wait_healthy(state.startup_timeout_s, progress=True))
+            took = server.wait_healthy(state.startup_timeout_s, progress=True)
+            state.entry["startup_s"].append(took)
+            self._measured[("start", variant.name)] = took
+            self.timings.record_start(self._servers[variant.name].key, took)
         except ServerStartError as exc:
             log.error("%s: server failed to start: %s", variant.name, exc.reason)
             state.entry.update(status="failed", error=f"server failed to start: {exc.reason}",
@@ -442,7 +537,8 @@ class Sweep:
         run = _LevelRun(state, users, f"{variant.name}-c{users}" + (f"-r{repeat}" if self.settings.repeat > 1 else ""),
                         title, 0 if self.settings.duration_s else requests_for(users, self.settings.requests))
         level: LevelResult = {"concurrency": users, "repeat": repeat, "requests": run.total or None,
-                              "duration_target_s": self.settings.duration_s, "problems": []}
+                              "duration_target_s": self.settings.duration_s,
+                              "configured_k": configured_k(state.resolved, variant, users), "problems": []}
         failed = self._warm_up(run)
         before = None
         if not failed and run.metrics:

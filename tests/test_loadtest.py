@@ -34,7 +34,7 @@ from loadtest import request_settings
 from loadtest.__main__ import build_parser
 from loadtest.locust_run import LocustJob, commands, run_locust
 from loadtest.request_settings import RequestSettings, settings_record
-from loadtest.report import headline, write_report
+from loadtest.report import compare_table, headline, write_report
 from loadtest.runner import Sweep, SweepSettings, load_records, plan_variants, requests_for, run_order
 from loadtest.workloads import BUILTIN, load_workload, request_for
 
@@ -372,7 +372,7 @@ def test_servers_run_together_only_where_kv_weights_and_processes_fit(tmp_path, 
         assert all(0.05 * 2**30 < s.resolved.weight_bytes < 0.5 * 2**30 for s in planned)
         for s in planned:
             s.resolved = replace(s.resolved, machine=Machine(0, 0.0, host_gib))
-        return Sweep._servers_fit_together(planned)
+        return sweep._plan_started({s.entry["name"]: s for s in planned}).together
 
     assert fits(1, 24)        # ~18.6 GiB <= 19.2: the tune proof's six servers
     assert not fits(2, 24)    # ~24.6 GiB: the KV caches count
@@ -625,6 +625,7 @@ def test_sweep_spec_and_baseline_report_agrees_with_server(servers, running_swee
     assert drafts > 0 and (d.drafts, d.draft_tokens, d.accepted_tokens) == (drafts, draft_tokens, accepted)
     assert d.acceptance_rate == pytest.approx(accepted / draft_tokens)
     assert d.mean_accepted_length == pytest.approx(1 + accepted / drafts)
+    assert d.effective_k == pytest.approx(draft_tokens / drafts) and 1 <= d.effective_k <= 4
 
     # The session's sweep of these two servers: the `mixed` workload uses both APIs (default.yaml
     # gives the embedded pair a chat template), 2 users, 4 requests each.
@@ -681,8 +682,11 @@ def test_sweep_spec_and_baseline_report_agrees_with_server(servers, running_swee
             if variant["name"] == "spec-k4":
                 assert server["spec_enabled"] and 0 <= server["acceptance_rate"] <= 1
                 assert 1 <= server["mean_accepted_length"] <= 5 and len(server["per_position_acceptance"]) == 4
+                # The K that ran beside the configured one (the running server's K: it has no schedule).
+                assert level["configured_k"] == 4 and 1 <= server["effective_k"] <= 4
             else:
                 assert not server["spec_enabled"] and server["acceptance_rate"] is None
+                assert level["configured_k"] is None and server["effective_k"] is None
     for name in ("json", "markdown", "html", "throughput", "latency", "acceptance", "speedup"):
         assert files[name].is_file(), name
     assert results["settings"]["temperature"] == 1.0  # vLLM's default is the load test's
@@ -709,6 +713,22 @@ def test_sweep_spec_and_baseline_report_agrees_with_server(servers, running_swee
         return [lv["vllm_bench_agreement"]["agrees"] for v in results["variants"] for lv in v["levels"]]
 
     assert verdicts(after) == verdicts(before) and after["status"] == before["status"]
+
+
+@pytest.mark.engine
+def test_a_schedule_gives_the_k_of_the_batch_size_and_the_sweep_reads_it(tmp_path, embedded_pair):
+    """A scheduled server started by the sweep (K=1 at 2 running requests, 4 alone): each level
+    records the schedule's K at its concurrency, and the K the engine gave from its counters."""
+    settings = SweepSettings("default", overrides=["speculation.schedule=[[1, 1, 4], [2, 64, 1]]"], baseline=False,
+                             users=[1, 2], repeat=1, requests=4, vllm_bench=False, out=tmp_path / "report", **FAST)
+    results = Sweep(settings).run()
+    assert results["status"] in ("ok", "flagged"), results["problems"]
+    assert results["plan"]["server_starts"] == 1
+    levels = {lv["concurrency"]: lv for lv in results["variants"][0]["levels"]}
+    assert levels[1]["configured_k"] == 4 and levels[1]["server"]["effective_k"] == pytest.approx(4, abs=0.5)
+    # Two users draft one token a step; a request running alone (at the start, the end) drafts four.
+    assert levels[2]["configured_k"] == 1 and 1 <= levels[2]["server"]["effective_k"] < 4
+    assert "1 (" in compare_table(results)
 
 
 @pytest.mark.engine

@@ -1,0 +1,381 @@
+"""A sweep's plan, shown before anything starts: the variants and their servers, the order they
+run in and how many server starts it takes, the levels, and how long it should last.
+
+Order (`--order`): `alternate` takes the variants in turn at every repeat, who goes first flipping
+from one repeat to the next (A B, B A, ...), so a machine that drifts over the sweep favours none;
+`grouped` starts each variant's server once and runs all its levels and repeats in a row. `auto`
+groups where servers cannot be up together and run on GPUs (a cold start of a 70B server takes
+minutes, and a GPU's speed holds steady); elsewhere it alternates: servers up together on a CPU
+take turns without restarting, and a shared CPU's speed drifts within minutes.
+
+Estimates come from this machine's own measurements where it has them (`Timings`: each server's
+start time and each level's seconds per generated token, kept between sweeps by config, variant
+and device), else from the assumptions below, which the plan says it used.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from loadtest.files import write_json
+
+log = logging.getLogger("specdeploy.loadtest")
+
+ORDERS = ("auto", "alternate", "grouped")
+SERVER_PROCESSES_GIB = 2.0
+"""Memory of one CPU server besides its KV cache and weights, measured (PSS of the embedded
+default's API server 0.54 GiB, engine core 0.52, worker 0.90 beyond its KV cache)."""
+UNKNOWN_WEIGHTS_GIB = 1.0
+"""Weights assumed for a server whose model size preflight could not estimate."""
+
+# Assumptions for a machine that has not measured a server yet. Start: fixed seconds (engine
+# start, compilation, CUDA graphs) plus seconds per GiB of weights loaded; the embedded default
+# started in 37 s on a 2-core CPU. Speed: tokens/s per user at batch 1 and at batch 32
+# (interpolated on a log scale between, flat beyond): about the embedded default's on that CPU
+# (32 requests of 128 tokens in half a minute at batch 1, 256 at batch 32), and a guess for a
+# 70B-class target on 8 GPUs.
+ASSUMED_START = {"cuda": (120.0, 1.0), "cpu": (40.0, 10.0)}
+ASSUMED_USER_TPS = {"cuda": (30.0, 15.0), "cpu": (100.0, 30.0)}
+RUN_OVERHEAD_S = 15.0
+"""Per run, besides generating tokens: Locust's and the benchmark's start-up, settled /metrics scrapes."""
+KEEP = 5
+"""Measurements kept per key; the estimate is their median."""
+
+
+def choose_order(requested: str, together: bool, devices: set[str]) -> tuple[str, str]:
+    """The order a sweep runs in (`alternate` or `grouped`) and why, in a few words."""
+    if requested not in ORDERS:
+        raise ValueError(f"--order is one of {', '.join(ORDERS)}, not {requested!r}")
+    if requested != "auto":
+        return requested, f"--order {requested}"
+    if together:
+        return "alternate", "servers up together, the variants take turns at every run"
+    if devices - {"cpu"}:
+        return "grouped", "servers cannot be up together on the GPUs: each starts once and runs all its levels"
+    return "alternate", ("servers cannot be up together, and a shared CPU's speed drifts: the variants take "
+                         "turns every repeat, restarting")
+
+
+def run_order(variants: Sequence[Any], users: list[int], repeat: int, together: bool,
+              grouped: bool = False) -> list[tuple[int, int, Any]]:
+    """(repeat, concurrency, variant) in the order they run.
+
+    Servers up together: the variants take turns at each run, in the listed order on odd repeats
+    and reversed on even ones (A B, B A, ...): a machine that drifts steadily over a pair's
+    minutes, or a run that gains from going first or second, then favours each variant equally
+    over two repeats. One server at a time: each variant's levels in a row, the variants in turn
+    per repeat with the same flip (which also spares a restart: the last of one repeat is the
+    first of the next). Grouped: each variant's repeats and levels in a row, one start each."""
+    repeats = range(1, repeat + 1)
+    if grouped:
+        return [(r, c, v) for v in variants for r in repeats for c in users]
+    if together:
+        return [(r, c, v) for c in users for r in repeats for v in (variants if r % 2 else variants[::-1])]
+    return [(r, c, v) for r in repeats for v in (variants if r % 2 else variants[::-1]) for c in users]
+
+
+def starts_needed(order: Sequence[tuple[int, int, Any]], one_at_a_time: bool) -> list[bool]:
+    """For each step of `order`, whether its variant's server starts before it (as `Sweep.run`
+    does: one at a time, a variant other than the last one running stops it)."""
+    up: set[Any] = set()
+    needed = []
+    for _, _, variant in order:
+        starts = variant not in up
+        if starts and one_at_a_time:
+            up.clear()
+        up.add(variant)
+        needed.append(starts)
+    return needed
+
+
+@dataclass(frozen=True)
+class ServerInfo:
+    """What the plan knows of one variant's server."""
+
+    name: str
+    label: str
+    device: str
+    """`cuda` or `cpu`."""
+    gpus: int
+    """GPUs per node it runs on (0 on a CPU)."""
+    models: str
+    """The target, and the draft where there is one, as the config names them."""
+    key: str
+    """Its entry in `Timings`: config, variant, device."""
+    weight_gib: float | None = None
+    kv_gib: float = 0.0
+    """A CPU server's KV cache."""
+    url: str = ""
+    """A server already running there (the sweep starts none)."""
+
+
+def server_key(config_name: str, variant: str, device: str, overrides: Sequence[str] = (),
+               plumbing: bool = False) -> str:
+    """`Timings` key of a server: what changes its start time and speed."""
+    parts = [config_name, variant, device + ("-plumbing" if plumbing else "")]
+    if overrides:
+        parts.append("set " + " ".join(sorted(overrides)))
+    return "|".join(parts)
+
+
+def servers_fit_together(servers: Sequence[ServerInfo], host_memory_gib: float) -> bool:
+    """On a CPU, when every server's KV cache, weights and processes fit in memory with room to spare."""
+    if len(servers) < 2 or any(s.device != "cpu" for s in servers):
+        return len(servers) < 2
+    need_gib = sum(s.kv_gib + SERVER_PROCESSES_GIB + (s.weight_gib if s.weight_gib is not None else UNKNOWN_WEIGHTS_GIB)
+                   for s in servers)
+    return need_gib <= 0.8 * host_memory_gib  # the rest: the load test, the OS, a load's growth
+
+
+def default_timings_file() -> Path:
+    from deploy.embedded_pair import cache_root
+
+    return cache_root() / "loadtest-timings.json"
+
+
+class Timings:
+    """Measured start times (seconds until healthy) and run costs (wall seconds per planned output
+    token at a concurrency) of this machine's servers, kept in a small JSON file between sweeps."""
+
+    def __init__(self, path: Path | None = None, data: dict[str, Any] | None = None):
+        self.path = path
+        self.data: dict[str, Any] = data or {"starts": {}, "runs": {}}
+
+    @classmethod
+    def load(cls, path: Path | None = None) -> Timings:
+        path = path or default_timings_file()
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+            if not isinstance(data.get("starts"), dict) or not isinstance(data.get("runs"), dict):
+                raise ValueError("not a timings file")
+        except (OSError, ValueError, AttributeError):
+            data = None  # none yet, or unreadable: estimates fall back to the assumptions
+        return cls(path, data)
+
+    def start_s(self, key: str) -> float | None:
+        values = self.data["starts"].get(key)
+        return statistics.median(values) if values else None
+
+    def seconds_per_token(self, key: str, users: int) -> float | None:
+        values = self.data["runs"].get(f"{key}|c{users}")
+        return statistics.median(values) if values else None
+
+    def record_start(self, key: str, seconds: float) -> None:
+        self._add("starts", key, seconds)
+
+    def record_run(self, key: str, users: int, seconds_per_token: float) -> None:
+        self._add("runs", f"{key}|c{users}", seconds_per_token)
+
+    def _add(self, kind: str, key: str, value: float) -> None:
+        values = self.data[kind].setdefault(key, [])
+        values.append(round(value, 6))
+        del values[:-KEEP]
+        if self.path is None:
+            return
+        try:
+            write_json(self.path, self.data)
+        except OSError as exc:  # an estimate is not worth failing a measurement for
+            log.warning("cannot keep the measured timings in %s: %s", self.path, exc)
+
+
+@dataclass
+class Estimate:
+    seconds: float
+    measured: bool
+
+
+def assumed_start_s(server: ServerInfo) -> float:
+    fixed, per_gib = ASSUMED_START.get(server.device, ASSUMED_START["cuda"])
+    return fixed + per_gib * (server.weight_gib or 0.0)
+
+
+def assumed_tokens_per_s(device: str, users: int) -> float:
+    """Output tokens/s of the whole server at `users` concurrent users (an assumption)."""
+    one, at32 = ASSUMED_USER_TPS.get(device, ASSUMED_USER_TPS["cuda"])
+    x = min(max(math.log(max(users, 1)) / math.log(32), 0.0), 1.0)
+    return users * math.exp((1 - x) * math.log(one) + x * math.log(at32))
+
+
+@dataclass
+class SweepPlan:
+    """What a sweep will do, and about how long it takes."""
+
+    config: str
+    servers: list[ServerInfo]
+    order_name: str
+    why: str
+    together: bool
+    users: list[int]
+    repeat: int
+    requests: dict[int, int]
+    """Measured requests per run at each concurrency (empty with `duration_s`)."""
+    duration_s: float | None
+    warmup: int
+    max_tokens: int
+    temperatures: list[float]
+    vllm_bench: bool
+    timings: Timings = field(default_factory=Timings)
+    skipped: list[str] = field(default_factory=list)
+    """Checks this machine fails, not applied to a dry run's plan (it is made for the config's machine)."""
+    notes: list[str] = field(default_factory=list)
+
+    # ------------------------------------------------------------------ the steps
+    @property
+    def one_at_a_time(self) -> bool:
+        return not self.together or self.order_name == "grouped"
+
+    @property
+    def steps(self) -> list[tuple[int, int, ServerInfo]]:
+        """(repeat, concurrency, server) in the order one sweep runs them."""
+        return run_order(self.servers, self.users, self.repeat, self.together, self.order_name == "grouped")
+
+    def starts(self) -> list[ServerInfo]:
+        """Server starts of one sweep, in order."""
+        if any(s.url for s in self.servers):
+            return []
+        steps = self.steps
+        return [s for (_, _, s), start in zip(steps, starts_needed(steps, self.one_at_a_time)) if start]
+
+    def starts_if(self, order_name: str) -> int:
+        other = SweepPlan(**{**self.__dict__, "order_name": order_name})
+        return len(other.starts())
+
+    # ------------------------------------------------------------------ estimates
+    def start_estimate(self, server: ServerInfo) -> Estimate:
+        measured = self.timings.start_s(server.key)
+        return Estimate(measured, True) if measured is not None else Estimate(assumed_start_s(server), False)
+
+    def run_tokens(self, server: ServerInfo, users: int) -> float:
+        """Output tokens a run generates: warm-up, the measured requests, and vLLM's benchmark's."""
+        if self.duration_s:
+            measured = self.duration_s * assumed_tokens_per_s(server.device, users) / self.max_tokens
+        else:
+            measured = self.requests[users]
+        return (users * self.warmup + measured * (2 if self.vllm_bench else 1)) * self.max_tokens
+
+    def run_estimate(self, server: ServerInfo, users: int) -> Estimate:
+        tokens = self.run_tokens(server, users)
+        per_token = self.timings.seconds_per_token(server.key, users)
+        if per_token is not None:
+            return Estimate(tokens * per_token, True)
+        return Estimate(tokens / assumed_tokens_per_s(server.device, users) + RUN_OVERHEAD_S, False)
+
+    def step_seconds(self, measured: dict[Any, float] | None = None) -> list[tuple[float, float]]:
+        """(server start, run) seconds of each step of one sweep, the start 0 where its server is up;
+        `measured` replaces estimates with what this sweep measured: ("start", name) and (name, users)."""
+        measured = measured or {}
+        steps = self.steps
+        needed = ([False] * len(steps) if any(s.url for s in self.servers)
+                  else starts_needed(steps, self.one_at_a_time))
+        # Runs not measured yet: their estimates scaled by how far off the measured ones were.
+        by_name = {s.name: s for s in self.servers}
+        pairs = [(seconds, self.run_estimate(by_name[key[0]], key[1]).seconds) for key, seconds in measured.items()
+                 if key[0] != "start" and key[0] in by_name]
+        scale = sum(m for m, _ in pairs) / sum(e for _, e in pairs) if pairs else 1.0
+        return [(measured.get(("start", server.name), self.start_estimate(server).seconds) if start else 0.0,
+                 measured.get((server.name, users), scale * self.run_estimate(server, users).seconds))
+                for (_, users, server), start in zip(steps, needed)]
+
+    def total_s(self) -> float:
+        return sum(a + b for a, b in self.step_seconds()) * max(1, len(self.temperatures))
+
+    def left_s(self, step: int, measured: dict[Any, float], skip_start: bool = False) -> float:
+        """Seconds left in this sweep from step `step` (0-based) on; `skip_start`: its server is up."""
+        steps = self.step_seconds(measured)[step:]
+        return sum(a + b for a, b in steps) - (steps[0][0] if skip_start and steps else 0.0)
+
+    # ------------------------------------------------------------------ the text
+    def describe(self, dry_run: bool = False) -> str:
+        sweeps = max(1, len(self.temperatures))
+        lines = [f"load-test plan{' (dry run: nothing starts)' if dry_run else ''}: {self.config}"]
+        if self.skipped:
+            lines.append("  planned for the machine the config describes; checks this machine fails, skipped:")
+            lines += [f"    - {p}" for p in self.skipped]
+        lines.append(f"  variants, each on its own server ({self._where()}):")
+        width = max(len(s.name) for s in self.servers)
+        for s in self.servers:
+            lines.append(f"    {s.name:<{width}}  {s.label}; {s.url or s.models}")
+        lines.append(f"  order: {self.order_name} ({self.why})")
+        starts = self.starts()
+        if any(s.url for s in self.servers):
+            lines.append("  server starts: none (servers already running)")
+        else:
+            counts = {s.name: sum(x is s for x in starts) * sweeps for s in self.servers}
+            each = ", ".join(f"{n} {c}" for n, c in counts.items())
+            other = "alternate" if self.order_name == "grouped" else "grouped"
+            lines.append(f"  server starts: {len(starts) * sweeps} ({each}"
+                         + (f"; {len(starts)} per temperature" if sweeps > 1 else "") + ")"
+                         + (f"; --order {other} would take {self.starts_if(other) * sweeps}"
+                            if self.starts_if(other) != len(starts) and not self.together else ""))
+            lines += self._per_server("    each starts in {}", "    {} starts in {}",
+                                      {s.name: self._start_text(s) for s in self.servers})
+        temps = ", ".join(f"{t:g}" for t in self.temperatures)
+        lines.append(f"  levels: concurrency {', '.join(map(str, self.users))}; temperature {temps}"
+                     + (" (one sweep each, servers started anew)" if sweeps > 1 else "")
+                     + f"; {self.repeat} repeat(s); {len(self.steps) * sweeps} runs")
+        per_run = (f"{self.duration_s:g} s measured" if self.duration_s else
+                   ", ".join(f"{self.requests[c]} requests at c={c}" for c in self.users))
+        lines.append(f"  each run: {self.warmup} warm-up request(s) per user, then {per_run}, {self.max_tokens} "
+                     f"output tokens each" + (", then vLLM's benchmark with the same requests" if self.vllm_bench else ""))
+        runs = {s.name: ", ".join(f"c={c} {duration_text(e.seconds)}{'' if e.measured else '*'}"
+                                  for c in self.users for e in [self.run_estimate(s, c)]) for s in self.servers}
+        lines += self._per_server("    a run takes about {} (each variant)", "    a run of {} takes about {}", runs)
+        guessed = any(not self.run_estimate(s, c).measured for s in self.servers for c in self.users)
+        if guessed:
+            assumed = "; ".join(f"{d}: {a:g} tok/s per user at batch 1, {b:g} at 32"
+                                for d, (a, b) in ASSUMED_USER_TPS.items() if d in {s.device for s in self.servers})
+            lines.append(f"    * a guess, no measured throughput yet: assumed {assumed}, +{RUN_OVERHEAD_S:g} s a run")
+        start_s = sum(self.start_estimate(s).seconds for s in starts) * sweeps
+        total = self.total_s()
+        lines.append(f"  estimated duration: {duration_text(total)} ({duration_text(start_s)} starting servers, "
+                     f"{duration_text(total - start_s)} running load)"
+                     + ("" if not guessed and all(self.start_estimate(s).measured for s in self.servers)
+                        else "; partly assumed, see above"))
+        lines += [f"  note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+    @staticmethod
+    def _per_server(all_same: str, each: str, texts: dict[str, str]) -> list[str]:
+        """One line for all servers where they agree, else one each."""
+        if len(set(texts.values())) == 1:
+            return [all_same.format(next(iter(texts.values())))]
+        return [each.format(name, text) for name, text in texts.items()]
+
+    def _start_text(self, server: ServerInfo) -> str:
+        e = self.start_estimate(server)
+        return f"about {duration_text(e.seconds)} (" + (
+            "measured here before" if e.measured else
+            f"estimated, no measured start time yet: assumed {self._start_rule(server)}") + ")"
+
+    def _where(self) -> str:
+        if any(s.url for s in self.servers):
+            return "already running"
+        devices = sorted({(s.device, s.gpus) for s in self.servers})
+        text = ", ".join(f"{g} GPU{'s' if g != 1 else ''}" if d == "cuda" else "CPU" for d, g in devices)
+        together = "up together" if self.together and len(self.servers) > 1 and not self.one_at_a_time else (
+            "one at a time" if len(self.servers) > 1 else "")
+        return ", ".join(x for x in (text, together) if x)
+
+    @staticmethod
+    def _start_rule(server: ServerInfo) -> str:
+        fixed, per_gib = ASSUMED_START.get(server.device, ASSUMED_START["cuda"])
+        weights = (f" x {server.weight_gib:.{0 if server.weight_gib >= 10 else 1}f} GiB of weights"
+                   if server.weight_gib is not None else " of weights (size unknown)")
+        return f"{fixed:g} s + {per_gib:g} s per GiB{weights} on {'GPUs' if server.device == 'cuda' else 'a CPU'}"
+
+
+def duration_text(seconds: float) -> str:
+    """`45 s`, `12 min`, `1 h 05 min`."""
+    seconds = max(0.0, seconds)
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    minutes = round(seconds / 60)
+    return f"{minutes} min" if minutes < 60 else f"{minutes // 60} h {minutes % 60:02d} min"
+
