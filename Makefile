@@ -37,7 +37,7 @@ venv: $(STAMP)
 # Build the embedded pair, then measure its step costs on the engine (kept beside it).
 models: $(STAMP)
 	$(PY) -m deploy models $(if $(REBUILD),--retrain)
-	$(PY) -m loadtest costs default.yaml --pair
+	$(PY) -m tuning costs default.yaml --pair
 
 serve: $(STAMP)
 	$(PY) -m deploy serve $(CONFIG_ARGS) $(if $(DRY_RUN),--dry-run) $(if $(NODE_RANK),--node-rank $(NODE_RANK))
@@ -61,7 +61,7 @@ test-full: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 bench-drafters: $(STAMP)
-	$(PY) -m loadtest.bench_drafters
+	$(PY) -m tuning bench-drafters
 
 # With URL the servers already run (make serve, elsewhere): CONFIG is read only when given.
 LOADTEST_SERVERS = $(if $(URL),--url $(URL) $(if $(BASELINE_URL),--baseline-url $(BASELINE_URL)) \
@@ -73,11 +73,11 @@ loadtest: $(STAMP)
 
 # Step costs, acceptance and speedup of the config's drafter on a workload, and a verdict.
 advise: $(STAMP)
-	$(PY) -m loadtest advise $(CONFIG) $(foreach s,$(SET),--set $(s)) --batches $(USERS) $(ADVISE_ARGS)
+	$(PY) -m tuning advise $(CONFIG) $(foreach s,$(SET),--set $(s)) --batches $(USERS) $(ADVISE_ARGS)
 
 # K for each batch size, measured on the engine, written to <config>-tuned.yaml and proven by load tests.
 tune: $(STAMP)
-	$(PY) -m loadtest tune $(CONFIG) $(foreach s,$(SET),--set $(s)) --batches $(USERS) $(TUNE_ARGS)
+	$(PY) -m tuning tune $(CONFIG) $(foreach s,$(SET),--set $(s)) --batches $(USERS) $(TUNE_ARGS)
 
 # The draft fine-tuned on the served target's continuations of DATA (default: a domain the embedded
 # pair never saw), written with <config>-distilled.yaml; acceptance and speedup measured before/after.
