@@ -60,16 +60,16 @@ compare: $(STAMP)
 # Step costs, acceptance and speedup of the config's drafter on a workload, and a verdict.
 ## make advise [CONFIG=...] [SET=...] [USERS=1,32] [ADVISE_ARGS='--workload my.jsonl --temperature 0.7']
 ##     should this draft be deployed, at which batch sizes: step costs, acceptance and speedup measured
-##     on the engine, and a verdict; ADVISE_ARGS: further options of python -m loadtest advise
+##     on the engine, and a verdict; ADVISE_ARGS: further options of python -m tuning advise
 advise: $(STAMP)
-	$(PY) -m loadtest advise $(CONFIG) $(foreach s,$(SET),--set $(s)) --batches $(USERS) $(ADVISE_ARGS)
+	$(PY) -m tuning advise $(CONFIG) $(foreach s,$(SET),--set $(s)) --batches $(USERS) $(ADVISE_ARGS)
 
 # K for each batch size, measured on the engine, written to <config>-tuned.yaml and proven by load tests.
 ## make tune [CONFIG=...] [SET=...] USERS=1,4,16,32 [TUNE_ARGS=--no-prove]
 ##     K for each batch size, measured on the engine, written to <config>-tuned.yaml beside the config
-##     and proven by load tests; TUNE_ARGS: further options of python -m loadtest tune
+##     and proven by load tests; TUNE_ARGS: further options of python -m tuning tune
 tune: $(STAMP)
-	$(PY) -m loadtest tune $(CONFIG) $(foreach s,$(SET),--set $(s)) --batches $(USERS) $(TUNE_ARGS)
+	$(PY) -m tuning tune $(CONFIG) $(foreach s,$(SET),--set $(s)) --batches $(USERS) $(TUNE_ARGS)
 
 # The draft fine-tuned on the served target's continuations of DATA (default: a domain the embedded
 # pair never saw), written with <config>-distilled.yaml; acceptance and speedup measured before/after.
@@ -83,7 +83,7 @@ distill: $(STAMP)
 ## make bench-drafters
 ##     each drafter against no speculation on the embedded default
 bench-drafters: $(STAMP)
-	$(PY) -m loadtest.bench_drafters
+	$(PY) -m tuning bench-drafters
 
 # prometheus.yml + a Grafana dashboard for the config's speculative-decoding metrics.
 ## make observability [CONFIG=...] [SET=...] [NO_SPEC=1]
@@ -105,7 +105,7 @@ k8s: $(STAMP)
 ##     REBUILD=1 retrains the weights first (10-15 min)
 models: $(STAMP)
 	$(PY) -m deploy models $(if $(REBUILD),--retrain)
-	$(PY) -m loadtest costs default.yaml --pair
+	$(PY) -m tuning costs default.yaml --pair
 
 # The model pair is built (or found cached) first, so its progress bar shows outside pytest.
 # make test: behaviour, on the plumbing pair. make test-full: that, then the measurements (marker

@@ -22,7 +22,7 @@ tokens costs about one plain step; at batch 32 it is bound by arithmetic, so ver
 tokens costs about 4 plain steps; the draft costs under a tenth of a target step. On a CPU without
 bf16 arithmetic (AVX2 only) the target is served in float32 and widened 4 times (28M parameters),
 which meets the same goals there. `make models` measures these ratios on the engine
-(`loadtest.step_costs`) and keeps them beside the pair (`engine_costs.json`), with the goals they
+(`tuning.step_costs`) and keeps them beside the pair (`engine_costs.json`), with the goals they
 must meet (`GOALS`).
 
 A second, **plumbing** target is built beside it from the same weights: widened only twice (6
