@@ -102,7 +102,7 @@ k8s: $(STAMP)
 # Build the embedded pair, then measure its step costs on the engine (kept beside it).
 ## make models [REBUILD=1]
 ##     build the embedded pair from the shipped weights (cached) and measure its engine step costs;
-##     REBUILD=1 retrains the weights first (10-15 min)
+##     REBUILD=1 retrains the weights first (about 16 min)
 models: $(STAMP)
 	$(PY) -m deploy models $(if $(REBUILD),--retrain)
 	$(PY) -m tuning costs default.yaml --pair
