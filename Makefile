@@ -11,82 +11,139 @@ STAMP   := .venv/.specdeploy-installed
 # CONFIG plus the shared command-line switches: SET="a.b=1 c.d=2", NO_SPEC=1.
 CONFIG_ARGS = $(CONFIG) $(foreach s,$(SET),--set $(s)) $(if $(NO_SPEC),--no-spec)
 
-.PHONY: help venv models serve check observability test test-full bench-drafters loadtest compare advise tune distill clean
+.PHONY: help venv models serve check observability k8s test test-full bench-drafters loadtest compare advise tune distill docs clean
 
+# `make help` prints the `## ` lines of this file: each target's usage sits beside its recipe, so the
+# two cannot drift apart, and `make docs` copies that help into the README's command table.
+## specdeploy: speculative decoding on vLLM, deployed and measured. Every target sets up .venv first.
+##
 help:
-	@echo "make serve [CONFIG=default.yaml] [SET='field=value ...'] [NO_SPEC=1] [DRY_RUN=1] [NODE_RANK=r]"
-	@echo "make check CONFIG=...     validate a config against this machine, print the vLLM command"
-	@echo "make observability CONFIG=...   Prometheus scrape config + Grafana dashboard (observability/<config>/)"
-	@echo "make models [REBUILD=1]   build the embedded pair from the shipped weights (cached); REBUILD=1 retrains them"
-	@echo "make test                 behaviour on real vLLM engines (CPU, the plumbing pair): before every commit"
-	@echo "make test-full            make test, then the measurement tests (advise, tune, distill, speedups): before resolving measurement work"
-	@echo "make bench-drafters       compare drafters on the embedded default"
-	@echo "make loadtest CONFIG=... USERS=1,32 [DRY_RUN=1] [ORDER=grouped|alternate] [WORKERS=N] [SLO=ttft_p95=500ms,tpot_p95=50ms] [LOADTEST_ARGS='--k 2,8']"
-	@echo "make loadtest URL=http://host:port [BASELINE_URL=http://host:port] [CONFIG=...]   servers already running"
-	@echo "make compare [REPORT=reports/...]   batch-1 vs batch-32 table of a report"
-	@echo "make advise CONFIG=... [USERS=1,32] [ADVISE_ARGS='--workload my.jsonl --temperature 0.7']   should this draft be deployed, at which batch sizes"
-	@echo "make tune CONFIG=... USERS=1,4,16,32 [TUNE_ARGS=--no-prove]   K per batch size measured on the engine, written to <config>-tuned.yaml, proven by load tests"
-	@echo "make distill CONFIG=... [DATA=prompts.jsonl] [DISTILL_ARGS='--epochs 5']   a draft fine-tuned on the target's own outputs, <config>-distilled.yaml, acceptance before/after"
+	@sed -n 's/^## \{0,1\}//p' $(firstword $(MAKEFILE_LIST))
 
 $(STAMP): pyproject.toml scripts/install-env.sh
 	bash scripts/install-env.sh
 	@touch $@
 
-venv: $(STAMP)
-
-# Build the embedded pair, then measure its step costs on the engine (kept beside it).
-models: $(STAMP)
-	$(PY) -m deploy models $(if $(REBUILD),--retrain)
-	$(PY) -m loadtest costs default.yaml --pair
-
+## make serve [CONFIG=default.yaml] [SET='field=value ...'] [NO_SPEC=1] [DRY_RUN=1] [NODE_RANK=r]
+##     validate the config, print its vLLM command, run the server until Ctrl-C;
+##     DRY_RUN=1 prints the command (every node's) and starts nothing;
+##     NODE_RANK=r: this node's rank when the config spans parallelism.nodes machines
+##     (node 0 serves the API, the others run headless workers; default: $NODE_RANK, else 0)
 serve: $(STAMP)
 	$(PY) -m deploy serve $(CONFIG_ARGS) $(if $(DRY_RUN),--dry-run) $(if $(NODE_RANK),--node-rank $(NODE_RANK))
 
+## make check [CONFIG=...] [SET=...] [NO_SPEC=1]
+##     validate a config against this machine and print its vLLM command; exit 1 when this machine cannot run it
 check: $(STAMP)
 	$(PY) -m deploy check $(CONFIG_ARGS)
-
-# prometheus.yml + a Grafana dashboard for the config's speculative-decoding metrics.
-observability: $(STAMP)
-	$(PY) -m deploy observability $(CONFIG_ARGS) --out observability/$(basename $(notdir $(CONFIG)))
-
-# The model pair is built (or found cached) first, so its progress bar shows outside pytest.
-# make test: behaviour, on the plumbing pair. make test-full: that, then the measurements (marker
-# `full`), each on the cost-faithful pair with no idle server beside it.
-test: $(STAMP)
-	$(PY) -m deploy models
-	$(PY) -m pytest -m "not full" $(PYTEST_ARGS)
-
-test-full: $(STAMP)
-	$(PY) -m deploy models
-	$(PY) -m pytest $(PYTEST_ARGS)
-
-bench-drafters: $(STAMP)
-	$(PY) -m loadtest.bench_drafters
 
 # With URL the servers already run (make serve, elsewhere): CONFIG is read only when given.
 LOADTEST_SERVERS = $(if $(URL),--url $(URL) $(if $(BASELINE_URL),--baseline-url $(BASELINE_URL)) \
 	$(if $(filter-out file,$(origin CONFIG)),$(CONFIG)),$(CONFIG_ARGS))
 
-# The plan (servers, starts, levels, estimated duration) is printed first; DRY_RUN=1 prints it and stops.
+## make loadtest [CONFIG=...] [SET=...] [NO_SPEC=1] [USERS=1,32] [DRY_RUN=1] [ORDER=grouped|alternate] [WORKERS=N] [SLO=ttft_p95=500ms,tpot_p95=50ms] [LOADTEST_ARGS='--k 2,8']
+##     start the config's server and its baseline (speculation off), load each at every batch size in USERS,
+##     write a report under reports/; the plan (servers, starts, levels, estimated duration) comes first,
+##     DRY_RUN=1 prints it and stops; ORDER: each server once per sweep (grouped, the default on GPUs)
+##     or the variants taking turns every run (alternate, the default on a CPU); WORKERS=N: Locust worker processes (0: one process);
+##     SLO: latency targets the report checks; LOADTEST_ARGS: further options of python -m loadtest run
+## make loadtest URL=http://host:port [BASELINE_URL=http://host:port] [CONFIG=...] [USERS=1,32] [WORKERS=N] [SLO=...] [LOADTEST_ARGS=...]
+##     the same against servers already running (make serve, elsewhere): URL is the server with speculation,
+##     BASELINE_URL one without; CONFIG is read only when given
 loadtest: $(STAMP)
 	$(PY) -m loadtest run $(LOADTEST_SERVERS) --users $(USERS) --workers $(WORKERS) \
 	  $(if $(SLO),--slo $(SLO)) $(if $(ORDER),--order $(ORDER)) $(if $(DRY_RUN),--dry-run) $(LOADTEST_ARGS)
 
-# Step costs, acceptance and speedup of the config's drafter on a workload, and a verdict.
-advise: $(STAMP)
-	$(PY) -m loadtest advise $(CONFIG) $(foreach s,$(SET),--set $(s)) --batches $(USERS) $(ADVISE_ARGS)
-
-# K for each batch size, measured on the engine, written to <config>-tuned.yaml and proven by load tests.
-tune: $(STAMP)
-	$(PY) -m loadtest tune $(CONFIG) $(foreach s,$(SET),--set $(s)) --batches $(USERS) $(TUNE_ARGS)
-
-# The draft fine-tuned on the served target's continuations of DATA (default: a domain the embedded
-# pair never saw), written with <config>-distilled.yaml; acceptance and speedup measured before/after.
-distill: $(STAMP)
-	$(PY) -m distill $(CONFIG) $(foreach s,$(SET),--set $(s)) $(if $(DATA),--data $(DATA)) --batches $(USERS) $(DISTILL_ARGS)
-
+## make compare [REPORT=reports/...]
+##     the batch-1 vs batch-32 table of the report in folder REPORT (default: the newest)
 compare: $(STAMP)
 	$(PY) -m loadtest compare $(REPORT)
 
+# Step costs, acceptance and speedup of the config's drafter on a workload, and a verdict.
+## make advise [CONFIG=...] [SET=...] [USERS=1,32] [ADVISE_ARGS='--workload my.jsonl --temperature 0.7']
+##     should this draft be deployed, at which batch sizes: step costs, acceptance and speedup measured
+##     on the engine, and a verdict; ADVISE_ARGS: further options of python -m tuning advise
+advise: $(STAMP)
+	$(PY) -m tuning advise $(CONFIG) $(foreach s,$(SET),--set $(s)) --batches $(USERS) $(ADVISE_ARGS)
+
+# K for each batch size, measured on the engine, written to <config>-tuned.yaml and proven by load tests.
+## make tune [CONFIG=...] [SET=...] USERS=1,4,16,32 [TUNE_ARGS=--no-prove]
+##     K for each batch size, measured on the engine, written to <config>-tuned.yaml beside the config
+##     and proven by load tests; TUNE_ARGS: further options of python -m tuning tune
+tune: $(STAMP)
+	$(PY) -m tuning tune $(CONFIG) $(foreach s,$(SET),--set $(s)) --batches $(USERS) $(TUNE_ARGS)
+
+# The draft fine-tuned on the served target's continuations of DATA (default: a domain the embedded
+# pair never saw), written with <config>-distilled.yaml; acceptance and speedup measured before/after.
+## make distill [CONFIG=...] [SET=...] [DATA=prompts.jsonl] [USERS=1,32] [DISTILL_ARGS='--epochs 5']
+##     a draft fine-tuned on the target's own continuations of the prompts in DATA (default: a domain
+##     the embedded pair never saw), written with <config>-distilled.yaml; acceptance and speedup before
+##     and after at the batch sizes in USERS; DISTILL_ARGS: further options of python -m distill
+distill: $(STAMP)
+	$(PY) -m distill $(CONFIG) $(foreach s,$(SET),--set $(s)) $(if $(DATA),--data $(DATA)) --batches $(USERS) $(DISTILL_ARGS)
+
+## make bench-drafters
+##     each drafter against no speculation on the embedded default
+bench-drafters: $(STAMP)
+	$(PY) -m tuning bench-drafters
+
+# prometheus.yml + a Grafana dashboard for the config's speculative-decoding metrics.
+## make observability [CONFIG=...] [SET=...] [NO_SPEC=1]
+##     write observability/<config>/prometheus.yml (scraping the config's server) and a Grafana dashboard
+##     beside it: acceptance, drafts, throughput and latency per served model
+observability: $(STAMP)
+	$(PY) -m deploy observability $(CONFIG_ARGS) --out observability/$(basename $(notdir $(CONFIG)))
+
+# Manifests are written to a file, not printed: make's own output would land in a redirect.
+## make k8s [CONFIG=...] [SET=...] [NO_SPEC=1] [K8S_ARGS='--image my/vllm:tag --replicas 2']
+##     write k8s/<config>.yaml: a Deployment and a Service running the same vLLM command as make serve
+##     (with parallelism.nodes above 1, a LeaderWorkerSet); K8S_ARGS: further options of python -m deploy k8s
+k8s: $(STAMP)
+	$(PY) -m deploy k8s $(CONFIG_ARGS) --out k8s/$(basename $(notdir $(CONFIG))).yaml $(K8S_ARGS)
+
+# Build the embedded pair, then measure its step costs on the engine (kept beside it).
+## make models [REBUILD=1]
+##     build the embedded pair from the shipped weights (cached) and measure its engine step costs;
+##     REBUILD=1 retrains the weights first (about 16 min)
+models: $(STAMP)
+	$(PY) -m deploy models $(if $(REBUILD),--retrain)
+	$(PY) -m tuning costs default.yaml --pair
+
+# The model pair is built (or found cached) first, so its progress bar shows outside pytest.
+# make test: behaviour, on the plumbing pair. make test-full: that, then the measurements (marker
+# `full`), each on the cost-faithful pair with no idle server beside it.
+## make test [PYTEST_ARGS='-x -k config']
+##     the behaviour tests, on real vLLM engines (the plumbing pair): before every commit;
+##     PYTEST_ARGS: further pytest options
+test: $(STAMP)
+	$(PY) -m deploy models
+	$(PY) -m pytest -m "not full" $(PYTEST_ARGS)
+
+## make test-full [PYTEST_ARGS=...]
+##     make test, then the measurement tests (advise, tune, distill, speedups) on the cost-faithful pair;
+##     PYTEST_ARGS as for make test
+test-full: $(STAMP)
+	$(PY) -m deploy models
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+## make docs [CHECK=1]
+##     write docs/configuration.md from the config schema's field docs, and the README's command table
+##     from this help; CHECK=1 only checks that both are current
+docs: $(STAMP)
+	$(PY) -m deploy reference $(if $(CHECK),--check)
+
+## make venv
+##     set up .venv with the vLLM build for this machine (CUDA or CPU)
+venv: $(STAMP)
+
+## make clean
+##     remove logs/, reports/ and pytest's cache
 clean:
 	rm -rf logs reports .pytest_cache
+
+##
+## Variables:
+##   CONFIG=name              a config file, or a preset name under configs/ (default: default.yaml)
+##   SET='field=value ...'    override config fields: SET='speculation.num_speculative_tokens=2 server.port=8001'
+##   NO_SPEC=1                speculation off: the config's own baseline
+##   USERS=1,32               batch sizes: concurrent requests of a load test, running requests of a measurement

@@ -1,4 +1,5 @@
-"""Command line: `python -m deploy serve|check|models ...` (the Makefile's targets call these)."""
+"""Command line: `python -m deploy serve|check|models|k8s|observability|reference ...` (the Makefile's
+targets call these)."""
 
 from __future__ import annotations
 
@@ -132,7 +133,13 @@ def cmd_k8s(opts: argparse.Namespace) -> int:
     pod = Machine(gpus=par.world_size, gpu_memory_gib=opts.gpu_memory_gib, host_memory_gib=1024)
     resolved = preflight(config, resolve_config_path(opts.config).parent, pod, not opts.skip_memory_check,
                          environment=False)
-    print(render_manifests(resolved, image=opts.image, replicas=opts.replicas), end="")
+    manifests = render_manifests(resolved, image=opts.image, replicas=opts.replicas)
+    if opts.out is None:
+        print(manifests, end="")
+        return 0
+    opts.out.parent.mkdir(parents=True, exist_ok=True)
+    opts.out.write_text(manifests)
+    print(f"wrote {opts.out} (kubectl apply -f {opts.out})")
     return 0
 
 
@@ -151,6 +158,19 @@ def cmd_observability(opts: argparse.Namespace) -> int:
     print(f"wrote {opts.out / 'prometheus.yml'} (scraping {', '.join(targets)}) and "
           f"{opts.out / 'grafana-dashboard.json'} (import it in Grafana, pick the Prometheus data source)")
     return 0
+
+
+def cmd_reference(opts: argparse.Namespace) -> int:
+    from deploy.reference import DocsError, check, write
+
+    try:
+        problems = check() if opts.check else write()
+    except DocsError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    for problem in problems:
+        print(problem, file=sys.stderr if opts.check else sys.stdout)
+    return 1 if opts.check and problems else 0
 
 
 def cmd_models(opts: argparse.Namespace) -> int:
@@ -174,21 +194,25 @@ def main(argv: list[str] | None = None) -> int:
     models = sub.add_parser("models", help="build the embedded default model pair")
     models.add_argument("--force", action="store_true", help="rebuild the served pair even if cached")
     models.add_argument("--retrain", action="store_true",
-                        help="train the shipped weights anew with the recipe (10-15 min), then build the served pair")
+                        help="train the shipped weights anew with the recipe (about 16 min), then build the served pair")
     k8s = sub.add_parser("k8s", help="print Kubernetes manifests (Deployment + Service) for a config")
     _add_config_args(k8s)
     k8s.add_argument("--image", default="vllm/vllm-openai:v0.32.0", help="container image (default: %(default)s)")
     k8s.add_argument("--replicas", type=int, default=1)
     k8s.add_argument("--gpu-memory-gib", type=float, default=80, help="memory of one GPU of the node pool")
+    k8s.add_argument("--out", type=Path, default=None, help="write the manifests to this file (default: print them)")
     obs = sub.add_parser("observability", help="write a Prometheus scrape config and a Grafana dashboard")
     _add_config_args(obs)
     obs.add_argument("--target", action="append", default=[], metavar="HOST:PORT",
                      help="a server to scrape (repeatable; default: the config's host and port)")
     obs.add_argument("--out", type=Path, default=Path("observability"), help="folder to write (default: %(default)s)")
+    ref = sub.add_parser("reference", help="write docs/configuration.md from the config schema and the README's "
+                                           "command table from `make help`")
+    ref.add_argument("--check", action="store_true", help="write nothing; exit 1 when either is out of date")
     opts = parser.parse_args(argv)
     try:
         return {"serve": cmd_serve, "check": cmd_check, "models": cmd_models, "k8s": cmd_k8s,
-                "observability": cmd_observability}[opts.command](opts)
+                "observability": cmd_observability, "reference": cmd_reference}[opts.command](opts)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

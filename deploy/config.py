@@ -103,9 +103,9 @@ class SpeculationConfig(Section):
     draft_sampling: Literal["greedy", "probabilistic"] = "greedy"
     """How a draft model picks its tokens (vLLM's `draft_sample_method`); the output keeps the
     target's distribution either way, only acceptance differs. `greedy`: the draft's argmax, which
-    at temperature > 0 survives only with the target's probability of that one token (5% at T=1 on
+    at temperature > 0 survives only with the target's probability of that one token (5.1% at T=1 on
     the embedded default). `probabilistic`: sampled from the draft's distribution at the request's
-    temperature and verified against it (57% at T=1 there), at the cost of keeping the draft's
+    temperature and verified against it (62.9% at T=1 there; docs/results.md), at the cost of keeping the draft's
     probabilities (K x vocabulary floats per request). For vLLM's draft-model drafters only
     (small_model native, eagle, eagle3, mtp); greedy requests draft greedily either way."""
     temperatures: list[float] = Field(default_factory=lambda: [0.0], min_length=1)

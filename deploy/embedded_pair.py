@@ -2,7 +2,7 @@
 
 Two steps, so that a first `make serve` takes minutes, not the quarter of an hour training takes:
 
-1. **Training** (`make models REBUILD=1`, 10-15 min on 2 cores): a byte-level BPE tokenizer, a
+1. **Training** (`make models REBUILD=1`, about 16 min on 2 cores): a byte-level BPE tokenizer, a
    2M-parameter target and a 0.34M-parameter draft distilled from it, trained in float32 on the
    Python standard library's own sources by `Recipe`. The result is small (about 10 MB) and is
    shipped in the repository (`deploy/embedded_weights/`, with `training.json`: the recipe, its
@@ -22,7 +22,7 @@ tokens costs about one plain step; at batch 32 it is bound by arithmetic, so ver
 tokens costs about 4 plain steps; the draft costs under a tenth of a target step. On a CPU without
 bf16 arithmetic (AVX2 only) the target is served in float32 and widened 4 times (28M parameters),
 which meets the same goals there. `make models` measures these ratios on the engine
-(`loadtest.step_costs`) and keeps them beside the pair (`engine_costs.json`), with the goals they
+(`tuning.step_costs`) and keeps them beside the pair (`engine_costs.json`), with the goals they
 must meet (`GOALS`).
 
 A second, **plumbing** target is built beside it from the same weights: widened only twice (6
@@ -315,7 +315,7 @@ def ensure_pair(force: bool = False) -> EmbeddedPair:
     training = _shipped_training()
     if training.get("recipe_hash") != recipe_hash(RECIPE):
         log.warning("the shipped weights were trained with recipe %s, the code's recipe is %s: "
-                    "`make models REBUILD=1` retrains them (10-15 min on 2 cores)",
+                    "`make models REBUILD=1` retrains them (about 16 min on 2 cores)",
                     training.get("recipe_hash"), recipe_hash(RECIPE))
     log.info("building the embedded model pair from %s into %s (under a minute; set SPECDEPLOY_CACHE to build "
              "elsewhere)", WEIGHTS, root)
@@ -537,7 +537,7 @@ def _train(recipe: Recipe, out: Path) -> dict:
 
 def retrain() -> dict:
     """`make models REBUILD=1`: train the recipe and replace the shipped weights (then commit them)."""
-    log.info("training the embedded pair with the recipe into %s (10-15 min on 2 cores)", WEIGHTS)
+    log.info("training the embedded pair with the recipe into %s (about 16 min on 2 cores)", WEIGHTS)
     _build_locked(WEIGHTS, lambda: False, lambda tmp: train(RECIPE, tmp), "the embedded weights")
     pair_dir.cache_clear()
     return _shipped_training()
@@ -664,7 +664,7 @@ def main(argv: list[str] | None = None) -> int:
                                      description="Build (or show the cached) embedded target/draft pair.")
     parser.add_argument("--force", action="store_true", help="rebuild the served pair even if it is cached")
     parser.add_argument("--retrain", action="store_true",
-                        help=f"train the recipe anew and replace the shipped weights in {WEIGHTS} (10-15 min)")
+                        help=f"train the recipe anew and replace the shipped weights in {WEIGHTS} (about 16 min)")
     parser.add_argument("--json", action="store_true", help="print report.json instead of a table")
     opts = parser.parse_args(argv)
     if not logging.getLogger().handlers:

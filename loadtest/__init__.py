@@ -6,6 +6,5 @@
 Modules: workloads (prompts, request bodies), client (one measured streaming request),
 locustfile (the Locust user), locust_run (Locust as subprocesses, distributed too),
 prom (/metrics), stats (percentiles, speculation arithmetic), runner (the sweep),
-report (results.json, report.md, report.html, plots); bench_drafters (`make bench-drafters`,
-each drafter against no speculation on the embedded default).
+report (results.json, report.md, report.html, plots).
 """

@@ -8,9 +8,6 @@
     python -m loadtest run --url http://gpu1:8000 --baseline-url http://gpu1:8001 --slo ttft_p95=500ms
                                                                      # servers already running elsewhere
     python -m loadtest compare                                       # table of the newest report
-    python -m loadtest costs default.yaml                            # engine step costs: plain, verify, draft
-    python -m loadtest advise default.yaml --batches 1,8,32          # is the draft worth it, at which batch sizes
-    python -m loadtest tune default.yaml --batches 1,4,16,32         # K per batch size, into default-tuned.yaml
 """
 
 from __future__ import annotations
@@ -40,10 +37,6 @@ def _slo(text: str) -> str:
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
     return text
-
-
-# tune's --temperature is the list acceptance is averaged over, not a request's temperature.
-TUNE_REQUEST = ("workload", "max_tokens")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -108,119 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
     again = sub.add_parser("rejudge", help="judge a report's Locust-vs-benchmark agreement again with this code, "
                                             "from its kept records and benchmark results, and rewrite the report")
     again.add_argument("report", type=Path, help="report folder")
-    adv = sub.add_parser("advise", help="is this draft worth deploying, at which batch sizes: step costs, acceptance "
-                                        "and speedup on your workload, measured on the engine, and a verdict")
-    adv.add_argument("config", nargs="?", default=DEFAULT_CONFIG, help="config with a drafter (default: %(default)s)")
-    adv.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
-                     help="override a config field (repeatable)")
-    adv.add_argument("--batches", type=int_list, default=[1, 32], metavar="B,B",
-                     help="batch sizes (closed-loop users) to advise on (default: 1,32)")
-    request_settings.add_options(adv, only=("workload", "temperature", "max_tokens"),
-                                 helps={"temperature": "the temperature your users send"})
-    adv.add_argument("--requests", type=int, default=None, help="measured requests per batch size "
-                                                                "(default: max(32, 8 x batch))")
-    adv.add_argument("--cost-repeats", type=positive_int, default=3, help="measurements per step cost (default: 3)")
-    adv.add_argument("--repeat", type=positive_int, default=1,
-                     help="load-test runs per batch size; the measured speedup is their mean (default: 1)")
-    adv.add_argument("--vllm-bench", action="store_true", help="also run vLLM's serving benchmark after each run")
-    adv.add_argument("--out", type=Path, default=None, help="folder for advice.md (default: reports/advise-<config>-<time>)")
-    tun = sub.add_parser("tune", help="choose K for each batch size on the engine, write <config>-tuned.yaml with "
-                                      "speculation.schedule, and prove it with load tests")
-    tun.add_argument("config", nargs="?", default=DEFAULT_CONFIG,
-                     help="config to tune: vLLM's drafters take the schedule, the plugin drafters read it "
-                          "themselves (default: %(default)s)")
-    tun.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
-                     help="override a config field (repeatable)")
-    tun.add_argument("--batches", type=int_list, default=[1, 4, 16, 32], metavar="B,B",
-                     help="batch sizes to choose K for (default: 1,4,16,32)")
-    request_settings.add_options(tun, only=TUNE_REQUEST, defaults={"max_tokens": 64},
-                                 helps={"max_tokens": "output tokens per proof request"})
-    tun.add_argument("--temperature", type=temperature_list, default=None, metavar="T,T",
-                     help="temperatures acceptance is averaged over (default: the config's speculation.temperatures)")
-    tun.add_argument("--cost-repeats", type=positive_int, default=3, help="measurements per step time (default: 3)")
-    tun.add_argument("--no-prove", action="store_true", help="write the tuned config without the proving load tests")
-    tun.add_argument("--proof-temperature", type=temperature_list, default=[0.0, 1.0], metavar="T,T",
-                     help="temperatures of the proving load tests (default: 0,1)")
-    tun.add_argument("--proof-repeats", type=positive_int, default=2,
-                     help="runs of each proof level, each beside a baseline run; their mean is judged (default: 2, "
-                          "one in each order)")
-    tun.add_argument("--requests", type=int, default=None, help="measured requests per proof run "
-                                                                "(default: max(32, 8 x batch))")
-    tun.add_argument("--output", type=Path, default=None, help="the tuned YAML (default: <config>-tuned.yaml beside it)")
-    tun.add_argument("--out", type=Path, default=None, help="folder for tune.md (default: reports/tune-<config>-<time>)")
-    costs = sub.add_parser("costs", help="measure engine step costs: plain decode, verification of K tokens, "
-                                          "the config's drafter, at each batch size")
-    costs.add_argument("config", nargs="?", default=DEFAULT_CONFIG, help="config with a drafter (default: %(default)s)")
-    costs.add_argument("--k", type=int, default=None, help="K (default: the config's num_speculative_tokens)")
-    costs.add_argument("--batches", type=int_list, default=[1, 32], metavar="B,B", help="batch sizes (default: 1,32)")
-    costs.add_argument("--repeat", type=positive_int, default=5, help="measurements per point; the median is kept")
-    costs.add_argument("--out", type=Path, default=None, help="also write the figures to this JSON file")
-    costs.add_argument("--pair", action="store_true",
-                       help="keep the figures beside the embedded pair and check its goals (make models); "
-                            "measured once per pair unless --force")
-    costs.add_argument("--force", action="store_true", help="with --pair: measure again")
     return parser
-
-
-def cmd_advise(opts: argparse.Namespace) -> int:
-    from loadtest.advise import AdviceSettings, advise, describe
-
-    settings = AdviceSettings(opts.config, opts.overrides, sorted(set(opts.batches)), RequestSettings.from_options(opts),
-                              opts.requests, opts.cost_repeats, opts.repeat, opts.vllm_bench, opts.out)
-    try:
-        advice = advise(settings)
-    except (ConfigError, ValueError, OSError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    print(describe(advice))
-    print(f"advice: {Path(advice['out']) / 'advice.md'}")
-    # 0: measured and advised; 1: the draft is unsuitable or the measurement failed; 2: not measured here.
-    return {"advised": 0, "unsuitable": 1, "failed": 1, "cannot_measure": 2}[advice["status"]]
-
-
-def cmd_tune(opts: argparse.Namespace) -> int:
-    from loadtest.tune import TuneSettings, describe, tune
-
-    settings = TuneSettings(opts.config, opts.overrides, sorted(set(opts.batches)), RequestSettings.from_options(opts, only=TUNE_REQUEST),
-                            opts.temperature, opts.cost_repeats, not opts.no_prove, opts.proof_temperature,
-                            opts.requests, opts.output, opts.out, proof_repeats=opts.proof_repeats)
-    try:
-        result = tune(settings)
-    except (ConfigError, ValueError, OSError, RuntimeError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2 if not isinstance(exc, RuntimeError) else 1
-    print(describe(result))
-    print(f"tuning: {Path(result['out']) / 'tune.md'}")
-    # 0: tuned (and proven where asked); 1: the proof failed or the measurement did; 2: not measured here.
-    return {"tuned": 0, "proven": 0, "not_proven": 1, "failed": 1, "cannot_measure": 2}[result["status"]]
-
-
-def cmd_costs(opts: argparse.Namespace) -> int:
-    from deploy.embedded_pair import COSTS_FILE, FREE_RUNNING_TEMPERATURE, engine_costs, ensure_pair, goal_lines
-    from loadtest import step_costs
-    from loadtest.bench_drafters import code_prompts
-
-    # The pair's free-running goal: held-out prompts at vLLM's default temperature (deploy.embedded_pair.GOALS).
-    free_running = {"prompts": code_prompts(8, 600), "temperatures": [FREE_RUNNING_TEMPERATURE], "max_tokens": 128,
-                    "embedded": True}
-
-    pair = ensure_pair() if opts.pair else None
-    result = engine_costs(pair) if pair and not opts.force else None
-    if result is not None and "acceptance" not in result:
-        result = None  # measured before the pair had a free-running goal
-    if result is None:
-        result = step_costs.measure_costs(opts.config, opts.k, tuple(opts.batches), opts.repeat,
-                                          free_running=free_running if pair else None)
-        if pair:
-            step_costs.save(result, pair.root / COSTS_FILE)
-    else:
-        print(f"cached engine costs of the embedded pair ({pair.root / COSTS_FILE}; --force measures again)")
-    if opts.out:
-        step_costs.save(result, opts.out)
-    print(step_costs.describe(result))
-    if pair:
-        print("\n".join(["embedded pair goals:", *goal_lines(pair, result)]))
-    return 0
 
 
 def cmd_run(opts: argparse.Namespace) -> int:
@@ -368,8 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         datefmt="%H:%M:%S")
     opts = build_parser().parse_args(argv)
-    return {"run": cmd_run, "compare": cmd_compare, "costs": cmd_costs, "rejudge": cmd_rejudge,
-            "advise": cmd_advise, "tune": cmd_tune}[opts.command](opts)
+    return {"run": cmd_run, "compare": cmd_compare, "rejudge": cmd_rejudge}[opts.command](opts)
 
 
 if __name__ == "__main__":

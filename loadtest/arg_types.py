@@ -1,4 +1,4 @@
-"""argparse types shared by the commands (`python -m loadtest`, `python -m distill`): each refuses
+"""argparse types shared by the commands (`python -m loadtest`, `python -m tuning`, `python -m distill`): each refuses
 bad input with a message naming it, before any work starts."""
 
 from __future__ import annotations

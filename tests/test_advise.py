@@ -11,14 +11,14 @@ import pytest
 import yaml
 
 from deploy import load_config
-from loadtest.advise import sampled_remedy, verdict
+from tuning.advise import sampled_remedy, verdict
 from test_config import fake_model, write_tokenizer
 
 REPO = Path(__file__).resolve().parent.parent
 
 
 def advise_cli(*args: str, timeout: int = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "loadtest", "advise", *args], cwd=REPO, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "tuning", "advise", *args], cwd=REPO, capture_output=True,
                           text=True, timeout=timeout)
 
 

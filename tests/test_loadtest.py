@@ -794,11 +794,12 @@ def test_temperatures_are_parsed_or_refused_clearly() -> None:
     assert run.returncode == 2 and "numbers separated by commas" in run.stderr
 
 
-@pytest.mark.parametrize("argv", [["run", "default.yaml", "--repeat", "0"],
-                                  ["tune", "default.yaml", "--proof-repeats", "0"],
-                                  ["advise", "default.yaml", "--cost-repeats", "-1"]])
+@pytest.mark.parametrize("argv", [["loadtest", "run", "default.yaml", "--repeat", "0"],
+                                  ["tuning", "tune", "default.yaml", "--proof-repeats", "0"],
+                                  ["tuning", "advise", "default.yaml", "--cost-repeats", "-1"],
+                                  ["tuning", "bench-drafters", "--rounds", "0"]])
 def test_a_count_of_runs_below_one_is_refused_before_any_work(argv: list[str]) -> None:
-    run = subprocess.run([sys.executable, "-m", "loadtest", *argv], cwd=REPO, capture_output=True, text=True,
+    run = subprocess.run([sys.executable, "-m", *argv], cwd=REPO, capture_output=True, text=True,
                          timeout=120)
     assert run.returncode == 2 and "give a positive integer" in run.stderr, run.stderr
 

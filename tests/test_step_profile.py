@@ -16,7 +16,7 @@ import requests
 from conftest import LOG_DIR, complete
 from deploy import free_port, plan_from_config, start_server
 from plugins import step_profile
-from loadtest.bench_drafters import DrafterResult, markdown, settled_profile, summarize
+from tuning.bench_drafters import DrafterResult, markdown, settled_profile, summarize
 
 
 def figures(**seconds_and_calls: tuple[int, float]) -> dict[str, dict[str, float]]:
@@ -140,7 +140,7 @@ def test_bench_drafters_on_the_engine(tmp_path: Path, measurement) -> None:
     import subprocess
     import sys
 
-    run = subprocess.run([sys.executable, "-m", "loadtest.bench_drafters", "--prompts", "4", "--max-tokens", "96",
+    run = subprocess.run([sys.executable, "-m", "tuning", "bench-drafters", "--prompts", "4", "--max-tokens", "96",
                           "--rounds", "2", "--drafters", "none", "small_model (native)", "bigram",
                           "--out", str(tmp_path)], capture_output=True, text=True, timeout=2400)
     assert run.returncode == 0, run.stderr[-3000:]

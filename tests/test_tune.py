@@ -15,14 +15,14 @@ import yaml
 
 from deploy import load_config
 from loadtest.runner import SweepSettings, plan_variants
-from loadtest.tune import choose, deployed_k, out_of_reach, schedule_from, tuned_yaml
+from tuning.tune import choose, deployed_k, out_of_reach, schedule_from, tuned_yaml
 from plugins import k_for_batch
 
 REPO = Path(__file__).resolve().parent.parent
 
 
 def tune_cli(*args: str, timeout: int = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "loadtest", "tune", *args], cwd=REPO, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "tuning", "tune", *args], cwd=REPO, capture_output=True,
                           text=True, timeout=timeout)
 
 

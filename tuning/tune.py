@@ -37,13 +37,13 @@ from typing import Any
 from deploy import ConfigError, load_config, preflight
 from deploy.config import resolve_config_path
 from deploy.config_text import with_speculation
-from loadtest import step_costs
-from loadtest.advise import SECTIONS
 from loadtest.files import bullet_sections, write_atomic, write_json, write_result
 from loadtest.report import content_warnings, summarize_speedups, write_report
 from loadtest.request_settings import RequestSettings, settings_record
 from loadtest.runner import Sweep, SweepSettings, default_out_dir
 from loadtest.workloads import load_workload
+from tuning import step_costs
+from tuning.advise import SECTIONS
 
 log = logging.getLogger("specdeploy.tune")
 

@@ -39,7 +39,7 @@ its per-batch-size path, as a tuned server does) and, between measurements, caps
 the K its drafter drafts (`_set_worker_k`; the engine core gets the same cap, so K=0 steps skip
 the draft hand-off as a tuned server's do: plugins/k0_handoff.py), K=0..K in a rotating order
 each round. The K's then differ by what K costs, not by which engine happened to be faster.
-`python -m loadtest costs CONFIG` prints them; `make models` keeps them beside the embedded pair.
+`python -m tuning costs CONFIG` prints them; `make models` keeps them beside the embedded pair.
 """
 
 from __future__ import annotations
@@ -138,7 +138,7 @@ def _run_engine(job: dict[str, Any], env: dict[str, str]) -> dict[str, Any]:
         spec.write_text(json.dumps(job))
         # Insecure serialization lets collective_rpc send _time_drafter and _set_worker_k (functions)
         # to the worker.
-        proc = subprocess.run([sys.executable, "-m", "loadtest.step_costs", str(spec), str(out)],
+        proc = subprocess.run([sys.executable, "-m", "tuning.step_costs", str(spec), str(out)],
                               env={**os.environ, **env, "VLLM_ALLOW_INSECURE_SERIALIZATION": "1"},
                               capture_output=True, text=True, timeout=1800)
         if proc.returncode != 0 or not out.is_file():

@@ -24,11 +24,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import logging
 import os
 import platform
 import statistics
-import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass
@@ -39,6 +37,7 @@ from tqdm import tqdm
 
 from deploy import free_port, plan_from_config, start_server
 from loadtest import content
+from loadtest.arg_types import positive_int
 from loadtest.files import write_result
 from plugins import step_profile
 
@@ -293,8 +292,8 @@ def markdown(summary: list[dict], cost: dict[str, float], meta: dict) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m loadtest.bench_drafters", description=__doc__.split("\n\n")[0])
+def add_options(parser: argparse.ArgumentParser) -> None:
+    """The options of `python -m tuning bench-drafters`."""
     parser.add_argument("--prompts", type=int, default=8, help="code prompts (%(default)s)")
     parser.add_argument("--prompt-chars", type=int, default=600, help="characters per prompt (%(default)s)")
     parser.add_argument("--max-tokens", type=int, default=256, help="tokens generated per prompt (%(default)s)")
@@ -302,13 +301,13 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"subset of: {', '.join(DRAFTERS)}")
     parser.add_argument("--temperature", type=float, default=1.0,
                         help="sampling temperature (%(default)s: vLLM's default; 0: greedy)")
-    parser.add_argument("--rounds", type=int, default=3,
+    parser.add_argument("--rounds", type=positive_int, default=3,
                         help="rounds, each serving every drafter and the baseline (%(default)s)")
     parser.add_argument("--out", type=Path, default=OUT_DIR, help="report folder (%(default)s)")
-    opts = parser.parse_args(argv)
-    if opts.rounds < 1:
-        parser.error("--rounds must be at least 1")
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
+
+
+def bench(opts: argparse.Namespace) -> int:
+    """Serve and measure every drafter in `opts.drafters` for `opts.rounds` rounds; write the report."""
     prompts = code_prompts(opts.prompts, opts.prompt_chars)
     opts.out.mkdir(parents=True, exist_ok=True)
     names = list(dict.fromkeys(opts.drafters))
@@ -343,7 +342,3 @@ def main(argv: list[str] | None = None) -> int:
                                        "bigram_propose_cost": cost}, report)
     print(report)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -27,11 +27,11 @@ from typing import Any
 
 from deploy import ConfigError, load_config, preflight
 from deploy.config import resolve_config_path
-from loadtest import step_costs
 from loadtest.files import bullet_sections, write_result
 from loadtest.report import content_warnings, levels, summarize_speedups, write_report
 from loadtest.request_settings import RequestSettings, settings_record
 from loadtest.runner import Sweep, SweepSettings, default_out_dir
+from tuning import step_costs
 
 log = logging.getLogger("specdeploy.advise")
 

@@ -1,0 +1,12 @@
+"""Tuning a deployment: measure its engine and decide what to deploy.
+
+    python -m tuning costs default.yaml                  # engine step costs (`make models` keeps the pair's)
+    python -m tuning advise default.yaml --batches 1,32  # `make advise`
+    python -m tuning tune default.yaml                   # `make tune`
+    python -m tuning bench-drafters                      # `make bench-drafters`
+
+Modules: step_costs (what one engine step costs: plain decode, verification, drafting), advise
+(is this draft worth deploying, at which batch sizes), tune (K for each batch size, written into
+a tuned YAML and proven by load tests), bench_drafters (each drafter against no speculation on
+the embedded default). They use loadtest's sweeps and reports; loadtest does not use them.
+"""
