@@ -147,6 +147,9 @@ def headline(results: dict[str, Any]) -> list[str]:
     size, whether speculation pays and by how much."""
     entries = sorted(summarize_speedups(results), key=lambda e: (e["concurrency"], e["variant"]))
     lines = [w for e in entries for w in content_warnings(e)]
+    # Grouped sweeps (one server start per variant) pair runs by repeat, not by time.
+    grouped = ((results.get("plan") or {}).get("order") == "grouped")
+    paired = "each paired with the baseline's run of the same repeat" if grouped else "each beside a baseline run"
     for e in entries:
         parts = []
         for key, name in SPEEDUPS.items():
@@ -164,7 +167,7 @@ def headline(results: dict[str, Any]) -> list[str]:
                      + f"; {content.describe(e.get('content'))}"
                      + (f"; Locust {order['first']:.2f}x in runs before the baseline's, {order['second']:.2f}x "
                         "in runs after it" if order else "")
-                     + f" ({e['runs']} run{'s' if e['runs'] != 1 else ''}, each beside a baseline run)")
+                     + f" ({e['runs']} run{'s' if e['runs'] != 1 else ''}, {paired})")
     return lines + [vllm_bench.describe_systematic(e) for e in vllm_bench.systematic_by_level(results)] \
         + slo_lines(results)
 

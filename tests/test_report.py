@@ -75,6 +75,11 @@ def test_speedup_is_split_by_which_run_of_the_pair_went_first():
     [entry] = summarize_speedups(results)
     assert entry["speedup_by_order"] == pytest.approx({"first": 0.9, "second": 1.1})
     assert "Locust 0.90x in runs before the baseline's, 1.10x in runs after it" in headline(results)[0]
+    assert headline(results)[0].endswith("(2 runs, each beside a baseline run)")
+    # A grouped sweep (each server started once, on GPUs) pairs the runs by repeat, not in time.
+    results["plan"] = {"order": "grouped"}
+    assert headline(results)[0].endswith("(2 runs, each paired with the baseline's run of the same repeat)")
+    del results["plan"]
     # One order only (a single repeat, or results from before the order was recorded): no split.
     results["variants"][0]["levels"].pop()
     assert "speedup_by_order" not in summarize_speedups(results)[0]
