@@ -105,7 +105,8 @@ class SpeculationConfig(Section):
     target's distribution either way, only acceptance differs. `greedy`: the draft's argmax, which
     at temperature > 0 survives only with the target's probability of that one token (5.1% at T=1 on
     the embedded default). `probabilistic`: sampled from the draft's distribution at the request's
-    temperature and verified against it (62.9% at T=1 there; docs/results.md), at the cost of keeping the draft's
+    temperature and verified against it (62.9% at T=1 there; both measured on the earlier AVX-512
+    pair, before the content check: docs/results.md), at the cost of keeping the draft's
     probabilities (K x vocabulary floats per request). For vLLM's draft-model drafters only
     (small_model native, eagle, eagle3, mtp); greedy requests draft greedily either way."""
     temperatures: list[float] = Field(default_factory=lambda: [0.0], min_length=1)
@@ -115,9 +116,10 @@ class SpeculationConfig(Section):
     """Plugin drafters only (bigram, small_model with implementation: plugin): draft just for
     requests whose temperature is at most this; the others decode as on a plain server and cost the
     drafter nothing. The plugins draft greedily (vLLM 0.32 takes no draft probabilities from custom
-    proposers), and at T=1 their drafts were accepted 9-15% on the embedded pair, slower than plain
-    decoding at every K. `make tune` writes the largest of `temperatures` here, so a tuned plugin
-    config speculates only at the temperatures it was tuned for. None: every request drafts."""
+    proposers): at T=1 the small-model plugin's drafts were accepted 9-15% on the embedded pair,
+    slower than plain decoding at batch 1 (tuned schedule, K=1, K=2; docs/results.md). `make tune`
+    writes the largest of `temperatures` here, so a tuned plugin config speculates only at the
+    temperatures it was tuned for. None: every request drafts."""
     bigram: BigramOptions = Field(default_factory=BigramOptions)
     """Options of the bigram drafter."""
     extra: dict[str, Any] = Field(default_factory=dict)
@@ -231,8 +233,8 @@ class SpeculationConfig(Section):
         at = f"at temperature {listed}" if len(hot) == 1 else f"at temperatures {listed}"
         if self.samples_drafts:
             return (f"speculation.temperatures: {at} greedy drafts survive only with the target's probability of "
-                    f"the draft's argmax (5% at T=1 on the embedded default); set speculation.draft_sampling: "
-                    f"probabilistic")
+                    f"the draft's argmax (5.1% at T=1 on the earlier AVX-512 embedded pair, docs/results.md); set "
+                    f"speculation.draft_sampling: probabilistic")
         if self.drafter == "small_model":
             return (f"speculation.temperatures: {at} the small-model plugin drafts greedily (vLLM 0.32 gives custom "
                     f"proposers no sampling parameters, so they cannot return draft probabilities); use "
@@ -350,7 +352,7 @@ class ResourcesConfig(Section):
     cpu_start: Literal["fork", "spawn"] = "fork"
     """On CPU, how vLLM starts its engine-core and worker processes. `fork`: as copies of the API
     server, as vLLM does on GPUs (plugins/cpu_start.py); `spawn`: vLLM's CPU default, where each
-    imports vLLM and torch anew (about 37 s more per start on a 2-core AVX2 machine)."""
+    engine process imports vLLM and torch anew, so a server is slower to start."""
 
 
 class DeploymentConfig(Section):
