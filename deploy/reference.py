@@ -86,18 +86,17 @@ def type_text(annotation: Any) -> str:
     return getattr(annotation, "__name__", str(annotation))
 
 
+BOUNDS = ((Ge, "ge", "≥"), (Gt, "gt", ">"), (Le, "le", "≤"), (Lt, "lt", "<"))
+"""annotated_types bound, its attribute, and the sign the reference shows."""
+
+
 def constraint_text(info: FieldInfo) -> list[str]:
     """The field's declared bounds (`ge=1` -> `≥ 1`), length limits and pattern."""
     shown = []
     for item in info.metadata:
-        if isinstance(item, Ge):
-            shown.append(f"≥ {item.ge}")
-        elif isinstance(item, Gt):
-            shown.append(f"> {item.gt}")
-        elif isinstance(item, Le):
-            shown.append(f"≤ {item.le}")
-        elif isinstance(item, Lt):
-            shown.append(f"< {item.lt}")
+        bound = next(((attr, sign) for kind, attr, sign in BOUNDS if isinstance(item, kind)), None)
+        if bound:
+            shown.append(f"{bound[1]} {getattr(item, bound[0])}")
         elif isinstance(item, MinLen):
             shown.append(f"at least {item.min_length} item{'s' if item.min_length != 1 else ''}")
         elif isinstance(item, MaxLen):
