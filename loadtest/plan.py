@@ -37,13 +37,13 @@ UNKNOWN_WEIGHTS_GIB = 1.0
 
 # Assumptions for a machine that has not measured a server yet. Start: fixed seconds (engine
 # start, compilation, CUDA graphs) plus seconds per GiB of weights loaded; the embedded default
-# started in 37 s on a 2-core CPU. Speed: tokens/s per user at batch 1 and at batch 32
-# (interpolated on a log scale between, flat beyond): about the embedded default's on that CPU
-# (32 requests of 128 tokens in half a minute at batch 1, 256 at batch 32), and a guess for a
-# 70B-class target on 8 GPUs.
+# started in 29-37 s on a 2-core CPU. Speed: tokens/s per user at batch 1 and at batch 32
+# (interpolated on a log scale between, flat beyond): on a CPU, between the embedded default's
+# baseline and speculation on a 2-core AVX2 machine (38 and 75 tok/s at batch 1, 12.5 and 15 per
+# user at batch 32, docs/results.md); on GPUs a guess for a 70B-class target on 8 GPUs.
 ASSUMED_START = {"cuda": (120.0, 1.0), "cpu": (40.0, 10.0)}
-ASSUMED_USER_TPS = {"cuda": (30.0, 15.0), "cpu": (100.0, 30.0)}
-RUN_OVERHEAD_S = 15.0
+ASSUMED_USER_TPS = {"cuda": (30.0, 15.0), "cpu": (50.0, 13.0)}
+RUN_OVERHEAD_S = 30.0
 """Per run, besides generating tokens: Locust's and the benchmark's start-up, settled /metrics scrapes."""
 KEEP = 5
 """Measurements kept per key; the estimate is their median."""
