@@ -161,13 +161,14 @@ def headline(results: dict[str, Any]) -> list[str]:
         accept = (e.get("acceptance_rate") or {}).get("mean")
         order = e.get("speedup_by_order")
         valid = (e.get("valid_speedup") or {}).get("mean")
-        lines.append(f"batch {e['concurrency']}, {e['variant']}: speculation {e['verdict']}: " + "; ".join(parts)
-                     + (f"; acceptance {accept:.0%}" if accept is not None else "")
+        said = f"speculation {e['verdict']}: " + "; ".join(parts) + "; " if parts else f"{e['verdict']}; "
+        lines.append(f"batch {e['concurrency']}, {e['variant']}: {said}"
+                     + (f"acceptance {accept:.0%}" if accept is not None else "")
                      + (f"; {valid:.2f}x {VALID_SPEEDUP}" if valid is not None else "")
-                     + f"; {content.describe(e.get('content'))}"
+                     + f"{'; ' if accept is not None else ''}{content.describe(e.get('content'))}"
                      + (f"; Locust {order['first']:.2f}x in runs before the baseline's, {order['second']:.2f}x "
                         "in runs after it" if order else "")
-                     + f" ({e['runs']} run{'s' if e['runs'] != 1 else ''}, {paired})")
+                     + f" ({e['runs']} run{'s' if e['runs'] != 1 else ''}{', ' + paired if parts else ''})")
     return lines + [vllm_bench.describe_systematic(e) for e in vllm_bench.systematic_by_level(results)] \
         + slo_lines(results)
 

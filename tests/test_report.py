@@ -80,6 +80,10 @@ def test_speedup_is_split_by_which_run_of_the_pair_went_first():
     results["plan"] = {"order": "grouped"}
     assert headline(results)[0].endswith("(2 runs, each paired with the baseline's run of the same repeat)")
     del results["plan"]
+    # Without a baseline (--no-baseline) the line gives what was measured and claims no pairing.
+    alone = {**results, "variants": results["variants"][:1]}
+    assert headline(alone)[0].startswith("batch 32, spec-k2: no baseline to compare with; acceptance ")
+    assert headline(alone)[0].endswith("(2 runs)")
     # One order only (a single repeat, or results from before the order was recorded): no split.
     results["variants"][0]["levels"].pop()
     assert "speedup_by_order" not in summarize_speedups(results)[0]
