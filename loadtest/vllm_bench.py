@@ -333,11 +333,26 @@ def describe_systematic(entry: dict[str, Any]) -> str:
     drift = entry["output_tokens_per_s"].get("engine_drift_mean")
     engine = (f"; the engine itself ran {100 * abs(drift):.1f}% {'slower' if drift > 0 else 'faster'} under the "
               f"benchmark than under Locust" if drift is not None else "")
-    verdict = "agree" if entry["agrees"] else ("DISAGREE (beyond 5% on tok/s or 10% on TTFT / per-token, or the "
-                                               "engine slower under Locust)")
+    verdict = "agree" if entry["agrees"] else f"DISAGREE ({'; '.join(_why_not(entry))})"
     return (f"batch {entry['concurrency']}, {entry['variant']}: Locust against vLLM's benchmark, mean over {runs} "
             f"run{'s' if runs != 1 else ''} (engine drift taken out, latencies request by request): "
             f"{', '.join(parts)}{engine}: {verdict}")
+
+
+def _why_not(entry: dict[str, Any]) -> list[str]:
+    """Which figure of a level failed `systematic`'s check, and how: the line names it, so a reader
+    need not guess which of three figures and two rules it was."""
+    out = []
+    for key, name in (("output_tokens_per_s", "tok/s"), ("ttft_p50_ms", "TTFT"), ("per_token_p50_ms", "per-token")):
+        check = entry[key]
+        if check["agrees"] is not False:
+            continue
+        if abs(check["mean"]) > check["tolerance"]:
+            out.append(f"{name} {100 * check['mean']:+.1f}% beyond {100 * check['tolerance']:.0f}%")
+        else:
+            out.append(f"the engine's {name} {100 * abs(check['engine_drift_mean']):.1f}% slower under Locust "
+                       f"than under the benchmark, beyond {100 * check['tolerance']:.0f}%")
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -173,7 +173,8 @@ def test_a_client_that_is_off_in_every_run_is_caught_over_the_repeats() -> None:
         {"concurrency": 32, "vllm_bench_agreement": a} for a in (run(92, 100), run(93, 100), run(91, 100))]}]}
     [entry] = vllm_bench.systematic_by_level(results)
     line = vllm_bench.describe_systematic(entry)
-    assert "batch 32, baseline" in line and "tok/s -8.0%" in line and "DISAGREE" in line and "3 runs" in line
+    assert "batch 32, baseline" in line and "tok/s -8.0%" in line and "3 runs" in line
+    assert line.endswith("DISAGREE (tok/s -8.0% beyond 5%)")  # the line names the figure at fault
     assert line in headline(results)
     # With the engine's figures: drift taken out of each run, but a client that slows the
     # server in its own window in every run is caught by the engine's mean drift.
@@ -191,6 +192,8 @@ def test_a_client_that_is_off_in_every_run_is_caught_over_the_repeats() -> None:
     assert machine["agrees"] and abs(machine["output_tokens_per_s"]["mean"]) < 0.01  # the benchmark's windows were slow
     loader = vllm_bench.systematic([measured(92, 100, 0.087), measured(93, 100, 0.075), measured(91, 100, 0.1)])
     assert loader["output_tokens_per_s"]["engine_drift_mean"] < -0.05 and loader["agrees"] is False
+    said = vllm_bench.describe_systematic({"variant": "spec", "concurrency": 1, **loader})
+    assert "the engine's tok/s 8.0% slower under Locust than under the benchmark, beyond 5%" in said
 
 
 def test_benchmark_is_given_the_prompts_locust_sends(tmp_path) -> None:
