@@ -49,7 +49,6 @@ from loadtest.files import write_json
 from loadtest.locust_run import LocustJob, LocustOutcome, run_locust
 from loadtest.plan import (ServerInfo, SweepPlan, Timings, choose_order, duration_text, server_key,
                            servers_fit_together)
-from loadtest.plan import run_order  # noqa: F401 - the sweep's order, read here by the tuner and the tests
 from loadtest.request_settings import RequestSettings, settings_record
 from loadtest.results import CREATED_FORMAT, LevelResult, SweepResults, VariantResult
 from loadtest.workloads import Workload, load_workload

@@ -34,8 +34,9 @@ from loadtest import request_settings
 from loadtest.__main__ import build_parser
 from loadtest.locust_run import LocustJob, commands, run_locust
 from loadtest.request_settings import RequestSettings, settings_record
+from loadtest.plan import run_order
 from loadtest.report import compare_table, headline, write_report
-from loadtest.runner import Sweep, SweepSettings, load_records, plan_variants, requests_for, run_order
+from loadtest.runner import Sweep, SweepSettings, load_records, plan_variants, requests_for
 from loadtest.workloads import BUILTIN, load_workload, request_for
 
 REPO = Path(__file__).resolve().parent.parent

@@ -79,7 +79,7 @@ class TuneSettings:
     proof_repeats: int = 2
     """Runs of each proof level (each beside its own baseline run); the proof judges their mean.
     One run on a shared 2-core machine varies by ~5%, as much as the proof's 3% margin. Two,
-    because the variants' order flips from one repeat to the next (`runner.run_order`): with one
+    because the variants' order flips from one repeat to the next (`loadtest.plan.run_order`): with one
     run the tuned server always goes first."""
 
 
