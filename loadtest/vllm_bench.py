@@ -324,11 +324,13 @@ def systematic_by_level(results: dict[str, Any]) -> list[dict[str, Any]]:
     return [{"variant": name, "concurrency": c, **systematic(a)} for (name, c), a in groups.items()]
 
 
+JUDGED_NAMES = (("output_tokens_per_s", "tok/s"), ("ttft_p50_ms", "TTFT"), ("per_token_p50_ms", "per-token"))
+"""The figures `systematic` judges, as a level's line names them."""
+
+
 def describe_systematic(entry: dict[str, Any]) -> str:
     """One line: a level's mean differences over its runs, the engine's mean drift, the verdict."""
-    parts = [f"{name} {100 * entry[key]['mean']:+.1f}%" for key, name in
-             (("output_tokens_per_s", "tok/s"), ("ttft_p50_ms", "TTFT"), ("per_token_p50_ms", "per-token"))
-             if entry[key]["mean"] is not None]
+    parts = [f"{name} {100 * entry[key]['mean']:+.1f}%" for key, name in JUDGED_NAMES if entry[key]["mean"] is not None]
     runs = max(entry[key]["runs"] for key in AGREEMENT)
     drift = entry["output_tokens_per_s"].get("engine_drift_mean")
     engine = (f"; the engine itself ran {100 * abs(drift):.1f}% {'slower' if drift > 0 else 'faster'} under the "
@@ -343,7 +345,7 @@ def _why_not(entry: dict[str, Any]) -> list[str]:
     """Which figure of a level failed `systematic`'s check, and how: the line names it, so a reader
     need not guess which of three figures and two rules it was."""
     out = []
-    for key, name in (("output_tokens_per_s", "tok/s"), ("ttft_p50_ms", "TTFT"), ("per_token_p50_ms", "per-token")):
+    for key, name in JUDGED_NAMES:
         check = entry[key]
         if check["agrees"] is not False:
             continue
