@@ -717,22 +717,6 @@ def test_sweep_spec_and_baseline_report_agrees_with_server(servers, running_swee
 
 
 @pytest.mark.engine
-def test_a_schedule_gives_the_k_of_the_batch_size_and_the_sweep_reads_it(tmp_path, embedded_pair):
-    """A scheduled server started by the sweep (K=1 at 2 running requests, 4 alone): each level
-    records the schedule's K at its concurrency, and the K the engine gave from its counters."""
-    settings = SweepSettings("default", overrides=["speculation.schedule=[[1, 1, 4], [2, 64, 1]]"], baseline=False,
-                             users=[1, 2], repeat=1, requests=4, vllm_bench=False, out=tmp_path / "report", **FAST)
-    results = Sweep(settings).run()
-    assert results["status"] in ("ok", "flagged"), results["problems"]
-    assert results["plan"]["server_starts"] == 1
-    levels = {lv["concurrency"]: lv for lv in results["variants"][0]["levels"]}
-    assert levels[1]["configured_k"] == 4 and levels[1]["server"]["effective_k"] == pytest.approx(4, abs=0.5)
-    # Two users draft one token a step; a request running alone (at the start, the end) drafts four.
-    assert levels[2]["configured_k"] == 1 and 1 <= levels[2]["server"]["effective_k"] < 4
-    assert "1 (" in compare_table(results)
-
-
-@pytest.mark.engine
 def test_server_that_fails_to_start_gives_a_failed_run(tmp_path, embedded_pair):
     # vLLM itself refuses this (batched tokens below max_model_len): the server exits during start-up.
     settings = SweepSettings("default", overrides=["engine_args.max_num_batched_tokens=8"], no_spec=True,
@@ -750,10 +734,15 @@ def test_server_that_fails_to_start_gives_a_failed_run(tmp_path, embedded_pair):
 
 
 @pytest.mark.engine
-def test_server_killed_mid_run_keeps_partial_results(tmp_path, embedded_pair):
-    settings = SweepSettings("default", no_spec=True, users=[2, 4], repeat=1, requests=60, out=tmp_path / "report",
+def test_a_schedule_gives_the_k_of_the_batch_size_and_a_killed_server_keeps_partial_results(tmp_path, embedded_pair):
+    """One scheduled server started by the sweep (K=4 alone, 1 from 2 running requests), killed
+    during its third level. The levels before record the schedule's K at their concurrency and
+    the K the engine gave from its counters; the killed level keeps what finished; the next is
+    skipped. (One server for both checks: each engine start costs half a minute of `make test`.)"""
+    settings = SweepSettings("default", overrides=["speculation.schedule=[[1, 1, 4], [2, 64, 1]]"], baseline=False,
+                             users=[1, 2, 4, 8], repeat=1, requests=8, vllm_bench=False, out=tmp_path / "report",
                              **{**FAST, "request": replace(FAST["request"], max_tokens=64)})
-    records_dir = settings.out / "records" / "baseline-c2"
+    records_dir = settings.out / "records" / "tuned-c4"
 
     def kill_after_a_few_requests(server, variant) -> None:
         def killer() -> None:
@@ -771,16 +760,23 @@ def test_server_killed_mid_run_keeps_partial_results(tmp_path, embedded_pair):
     results = Sweep(settings, on_server_started=kill_after_a_few_requests).run()
     write_report(results, settings.out)
     assert time.monotonic() - started < 400
+    assert results["plan"]["server_starts"] == 1
     assert results["status"] == "failed"
     variant = results["variants"][0]
     assert variant["status"] == "failed"
-    first, second = variant["levels"]
-    assert first["status"] == "failed" and any("server process exited" in p for p in first["problems"])
-    assert first["client"]["ok"] >= 4  # partial results kept
-    assert second["status"] == "skipped"
+    alone, two, killed, after = variant["levels"]
+    for level in (alone, two):
+        assert level["status"] in ("ok", "flagged"), level["problems"]
+    assert alone["configured_k"] == 4 and alone["server"]["effective_k"] == pytest.approx(4, abs=0.5)
+    # Two users draft one token a step; a request running alone (at the start, the end) drafts four.
+    assert two["configured_k"] == 1 and 1 <= two["server"]["effective_k"] < 4
+    assert "1 (" in compare_table(results)
+    assert killed["status"] == "failed" and any("server process exited" in p for p in killed["problems"])
+    assert killed["client"]["ok"] >= 4  # partial results kept
+    assert after["status"] == "skipped"
     saved = json.loads((settings.out / "results.json").read_text())
-    assert saved["variants"][0]["levels"][0]["client"]["ok"] == first["client"]["ok"]
-    assert len(load_records(records_dir)) == first["client"]["requests"]
+    assert saved["variants"][0]["levels"][2]["client"]["ok"] == killed["client"]["ok"]
+    assert len(load_records(records_dir)) == killed["client"]["requests"]
 
 
 def test_temperatures_are_parsed_or_refused_clearly() -> None:
