@@ -11,7 +11,7 @@ STAMP   := .venv/.specdeploy-installed
 # CONFIG plus the shared command-line switches: SET="a.b=1 c.d=2", NO_SPEC=1.
 CONFIG_ARGS = $(CONFIG) $(foreach s,$(SET),--set $(s)) $(if $(NO_SPEC),--no-spec)
 
-.PHONY: help venv models serve check observability k8s test test-full bench-drafters loadtest compare advise tune distill docs clean
+.PHONY: help venv models serve check observability k8s test test-full bench-drafters soak loadtest compare advise tune distill docs clean
 
 # `make help` prints the `## ` lines of this file: each target's usage sits beside its recipe, so the
 # two cannot drift apart, and `make docs` copies that help into the README's command table.
@@ -87,6 +87,14 @@ distill: $(STAMP)
 ##     each drafter against no speculation on the embedded default
 bench-drafters: $(STAMP)
 	$(PY) -m tuning bench-drafters
+
+# Hours: not part of make test (tests/test_soak.py runs a short one on the engine).
+## make soak [SOAK_ARGS='--requests 5000 --rate 4']
+##     each drafter serves thousands of short requests open loop at a sustained rate (hours); its server's
+##     memory and latency over the last 500 requests against the first 500: within 10%, or which figure
+##     DRIFTS; report in reports/soak/; SOAK_ARGS: further options of python -m tuning soak
+soak: $(STAMP)
+	$(PY) -m tuning soak $(SOAK_ARGS)
 
 # prometheus.yml + a Grafana dashboard for the config's speculative-decoding metrics.
 ## make observability [CONFIG=...] [SET=...] [NO_SPEC=1]

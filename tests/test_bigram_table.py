@@ -422,3 +422,32 @@ def test_proposer_reads_its_options_and_refuses_another_tokenizer(corpus: dict, 
         BigramProposer(vllm_config(options, 3, corpus["other"]))
     with pytest.raises(ValueError, match="start the server through specdeploy"):
         BigramProposer(SimpleNamespace(additional_config={}, speculative_config=None, model_config=None))
+
+
+def test_context_state_stays_bounded_over_thousands_of_requests(chain_table: Path) -> None:
+    """What `make soak` checks on the engine, at the unit level: 2,000 short requests pass through
+    8 rows (each lives a few steps, then another takes its row); the context counts' arrays are
+    sized by the rows, never by the requests served."""
+    rng = np.random.default_rng(11)
+    vocab = [10, 11, 12, 13, 14, 20, 21, 33, 34, 35]
+    d = drafter(chain_table, 4, context_weight=4.0, min_probability=0.1, max_batch_size=0)
+
+    def new_request() -> tuple[list[int], int]:
+        return list(rng.choice(vocab, size=rng.integers(2, 40))), int(rng.integers(1, 6))
+
+    rows = [new_request() for _ in range(8)]
+    served, sizes = 8, None
+    while served < 2000:
+        histories = [h for h, _ in rows]
+        drafts = d.propose(*batch(histories))
+        c = d.context
+        now = (c.slots, c.slot_state.nbytes, c.pairs.nbytes, c.tokens.nbytes)
+        sizes = sizes or now
+        assert now == sizes, f"after {served} requests"
+        for i, ((h, left), got) in enumerate(zip(rows, drafts)):
+            if left <= 1:
+                rows[i] = new_request()
+                served += 1
+            else:
+                rows[i] = (h + got[:1] + [int(rng.choice(vocab))], left - 1)
+    assert sizes[0] <= 2 * 8

@@ -13,6 +13,7 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
@@ -309,6 +310,51 @@ def test_a_failing_draft_step_gives_empty_drafts_and_a_warning(caplog: pytest.Lo
     assert any("drafting failed" in r.getMessage() and "out of memory" in r.getMessage() for r in caplog.records)
     model.forward = real_forward
     assert [len(d) for d in drafter.propose([[5], [10], [15]], lengths, tokens)] == [4, 4, 4]  # it recovers
+
+
+@pytest.fixture
+def one_torch_thread() -> Iterator[None]:
+    """A tiny model's forward pass on 2 busy cores runs about 100x faster on one thread than on two."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_draft_caches_are_freed_as_requests_finish(one_torch_thread: None) -> None:
+    """What `make soak` checks on the engine, at the unit level: 120 short requests pass through 4
+    rows (each lives a few steps, then another takes its row, or the rows condense); the drafter
+    keeps a cache only for the running requests, each no longer than its history and drafts."""
+    model, _ = _tiny_draft()
+    k = 2
+    drafter = SmallModelDrafter(model, k, max_model_len=256)
+    rng = np.random.default_rng(5)
+
+    def new_request() -> tuple[list[int], int]:
+        return list(rng.integers(0, 64, rng.integers(3, 20))), int(rng.integers(1, 5))
+
+    rows = [new_request() for _ in range(4)]
+    served = 4
+    while served < 120:
+        tokens = np.zeros((8, 256), np.int32)
+        lengths = np.zeros(8, np.int32)
+        for i, (h, _) in enumerate(rows):
+            tokens[i, :len(h)], lengths[i] = h, len(h)
+        drafts = drafter.propose([[1]] * len(rows), lengths, tokens)
+        assert len(drafter._rows) == len(rows)
+        assert drafter.cached_tokens <= sum(len(h) + k - 1 for h, _ in rows), f"after {served} requests"
+        nxt = []
+        for (h, left), got in zip(rows, drafts):
+            if left > 1:
+                nxt.append((h + got[:1] + [int(rng.integers(0, 64))], left - 1))
+            elif rng.random() < 0.5:  # finished: a new request takes the row
+                nxt.append(new_request())
+                served += 1
+            else:  # finished, and the batch condenses (one row fewer until a request joins)
+                served += 1
+        while len(nxt) < 4:
+            nxt.append(new_request())
+        rows = nxt
 
 
 def test_draft_caches_stay_within_their_memory_budget() -> None:

@@ -5,6 +5,7 @@
     python -m tuning advise default.yaml --batches 1,8,32   # is the draft worth it, at which batch sizes
     python -m tuning tune default.yaml --batches 1,4,16,32  # K per batch size, into default-tuned.yaml
     python -m tuning bench-drafters --rounds 3              # every drafter against none, on the embedded default
+    python -m tuning soak --requests 5000                   # every drafter's memory and latency over a long run
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from deploy.config import DEFAULT_CONFIG
 from loadtest import request_settings
 from loadtest.arg_types import int_list, positive_int, temperature_list
 from loadtest.request_settings import RequestSettings
-from tuning import bench_drafters
+from tuning import bench_drafters, soak
 
 # tune's --temperature is the list acceptance is averaged over, not a request's temperature.
 TUNE_REQUEST = ("workload", "max_tokens")
@@ -85,6 +86,10 @@ def build_parser() -> argparse.ArgumentParser:
                                                    "no speculation, round after round (a benchmark, not a test)",
                            description=bench_drafters.__doc__.split("\n\n")[0])
     bench_drafters.add_options(bench)
+    soaked = sub.add_parser("soak", help="serve each drafter thousands of short requests at a sustained rate: "
+                                         "memory and latency of the last requests against the first (hours)",
+                            description=soak.__doc__.split("\n\n")[0])
+    soak.add_options(soaked)
     return parser
 
 
@@ -149,12 +154,15 @@ def cmd_costs(opts: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    opts = build_parser().parse_args(argv)
-    # bench-drafters shows its progress in a bar and its figures at the end: warnings only.
-    logging.basicConfig(level=logging.WARNING if opts.command == "bench-drafters" else logging.INFO,
+    parser = build_parser()
+    opts = parser.parse_args(argv)
+    if opts.command == "soak":
+        soak.validate(parser, opts)
+    # bench-drafters and soak show their progress in bars and their figures at the end: warnings only.
+    logging.basicConfig(level=logging.WARNING if opts.command in ("bench-drafters", "soak") else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     return {"costs": cmd_costs, "advise": cmd_advise, "tune": cmd_tune,
-            "bench-drafters": bench_drafters.bench}[opts.command](opts)
+            "bench-drafters": bench_drafters.bench, "soak": soak.soak}[opts.command](opts)
 
 
 if __name__ == "__main__":

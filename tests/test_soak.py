@@ -1,0 +1,227 @@
+"""`make soak` (tuning/soak.py, tuning/soak_report.py): the drift judgement, the memory sampling
+and the report, fast and without an engine; then one short soak of one drafter on the engine."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from loadtest.client import RequestRecord
+from loadtest.workloads import Item, Workload, load_workload
+from tuning import soak, soak_report
+from tuning.__main__ import main as tuning_main
+
+REPO = Path(__file__).resolve().parent.parent
+GIB = soak_report.GIB
+
+
+def records(n: int, e2e=lambda i: 1.0, ttft=lambda i: 0.1, tpot=lambda i: 0.03, failed=(), gap: float = 0.5
+            ) -> list[RequestRecord]:
+    """`n` requests sent `gap` seconds apart (handed over shuffled: the judgement sorts them)."""
+    out = [RequestRecord(f"code-{i % 12}", "/v1/completions", start=1000.0 + gap * i, ok=i not in failed,
+                         e2e_s=e2e(i), ttft_s=ttft(i), per_token_latency_s=tpot(i)) for i in range(n)]
+    return out[1::2] + out[::2]
+
+
+def samples(until: float, rss=lambda t: 2.0 * GIB, every: float = 2.0) -> list[list[float]]:
+    t, out = 999.0, []
+    while t <= until:
+        out.append([t, rss(t), 3])
+        t += every
+    return out
+
+
+def test_a_steady_run_is_within_the_tolerance() -> None:
+    v = soak_report.judge(records(200), samples(1101), window=50, tolerance=0.1, expected=200)
+    assert v["status"] == "ok" and v["drifts"] == [] and v["failed"] == 0
+    assert v["first"]["requests"] == v["last"]["requests"] == 50
+    assert v["first"]["e2e_mean_ms"] == pytest.approx(1000) and v["last"]["ttft_p50_ms"] == pytest.approx(100)
+    assert v["first"]["tpot_p50_ms"] == pytest.approx(30) and v["first"]["rss_mean_gib"] == pytest.approx(2.0)
+    assert all(abs(c) < 1e-9 for c in v["change"].values())
+    line = soak_report.verdict_line("bigram", {"verdict": v, "rate": 2.0})
+    assert line.startswith("bigram: within 10% (") and "last 50 vs first 50 of 200 requests at 2/s, 0 failed" in line
+
+
+def test_the_last_window_is_held_against_the_first_and_the_drifting_figure_named() -> None:
+    # TTFT grows over the run: the last 50 requests' median is 20% above the first 50's.
+    v = soak_report.judge(records(200, ttft=lambda i: 0.1 if i < 150 else 0.12), samples(1101), 50, 0.1)
+    assert v["status"] == "drifts" and v["drifts"] == ["ttft_p50_ms"]
+    assert v["change"]["ttft_p50_ms"] == pytest.approx(0.2)
+    line = soak_report.verdict_line("ngram", {"verdict": v})
+    assert line.startswith("ngram: DRIFTS beyond 10%: TTFT p50 +20.0%")
+    # Within the tolerance, however the middle of the run looks; a fall beyond it drifts too.
+    assert soak_report.judge(records(200, e2e=lambda i: 1.0 + (i >= 150) * 0.09), samples(1101), 50, 0.1)["drifts"] == []
+    assert soak_report.judge(records(200, e2e=lambda i: 5.0 if 60 < i < 140 else 1.0), samples(1101), 50, 0.1)[
+        "drifts"] == []
+    assert soak_report.judge(records(200, tpot=lambda i: 0.03 if i < 150 else 0.025), samples(1101), 50, 0.1)[
+        "drifts"] == ["tpot_p50_ms"]
+
+
+def test_memory_that_keeps_growing_drifts_in_its_mean_and_its_end_value() -> None:
+    # 2 GiB, growing 1 MiB a second: the windows' means 74 s apart, +3.6%.
+    slow = samples(1101, rss=lambda t: 2 * GIB + (t - 999) * 2**20)
+    v = soak_report.judge(records(200), slow, 50, 0.1)
+    assert v["status"] == "ok" and v["change"]["rss_mean_gib"] == pytest.approx(74 / 2062)
+    # The end of the first window: the first sample after its last response (request 49: 1024.5 + 1 s).
+    assert v["first"]["rss_end_gib"] == pytest.approx((2 * GIB + 28 * 2**20) / GIB)
+    assert v["last"]["rss_end_gib"] == pytest.approx(slow[-1][1] / GIB)
+    fast = samples(1101, rss=lambda t: 2 * GIB + (t - 999) * 8 * 2**20)  # 8 MiB a second
+    v = soak_report.judge(records(200), fast, 50, 0.1)
+    assert v["drifts"] == ["rss_mean_gib", "rss_end_gib"]
+    assert "RSS mean +" in soak_report.verdict_line("x", {"verdict": v})
+
+
+def test_failed_requests_are_counted_and_fail_the_run() -> None:
+    v = soak_report.judge(records(200, failed={3, 190}), samples(1101), 50, 0.1, expected=200)
+    assert v["status"] == "failed" and v["failed"] == 2 and v["drifts"] == []
+    assert v["first"]["failed"] == 1 and v["last"]["failed"] == 1
+    assert "2 of 200 requests failed" in soak_report.verdict_line("bigram", {"verdict": v})
+    short = soak_report.judge(records(60), samples(1101), 50, 0.1, expected=200)
+    assert short["status"] == "failed" and "only 60 of 200 requests finished" in short["problems"]
+    assert "cannot fill two windows of 50" in soak_report.verdict_line("bigram", {"verdict": short})
+    assert not soak_report.passed({"verdict": short}) and soak_report.passed(
+        {"verdict": soak_report.judge(records(200), samples(1101), 50, 0.1)})
+
+
+def test_open_loop_requests_are_windowed_by_arrival_and_unsent_ones_fail_the_run() -> None:
+    recs = records(40)
+    for r in recs:
+        r.arrival = int(round((r.start - 1000.0) / 0.5))
+    late = next(r for r in recs if r.arrival == 3)
+    late.start += 30.0  # sent long after its schedule (a stalled generator): still the 4th arrival
+    assert [r.arrival for r in soak_report.in_send_order(recs)] == list(range(40))
+    unsent = next(r for r in recs if r.arrival == 39)
+    unsent.ok, unsent.e2e_s, unsent.error = False, None, "unsent: the run ended before its arrival time"
+    v = soak_report.judge(recs, samples(1101), 10, 0.1, expected=40)
+    assert v["first"]["requests"] == 10 and v["last"]["failed"] == 1 and v["status"] == "failed"
+    assert v["outcomes"] == {"served": 39, "unsent": 1} and "1 of 40 requests failed (1 unsent)" in v["problems"]
+
+
+def test_a_window_between_two_samples_takes_the_next_one() -> None:
+    sparse = [[900.0, 1 * GIB, 3], [2000.0, 3 * GIB, 3]]  # none while the first window's requests ran
+    v = soak_report.judge(records(200), sparse, 10, 0.1)
+    assert v["first"]["rss_mean_gib"] == v["first"]["rss_end_gib"] == pytest.approx(3.0)
+
+
+MEMORY_TREE = """
+import subprocess, sys, time
+blob = bytearray(80 * 2**20)  # touched, so resident
+for i in range(0, len(blob), 4096):
+    blob[i] = 1
+if sys.argv[1] == "parent":
+    child = subprocess.Popen([sys.executable, "-c", sys.argv[2], "child", sys.argv[2]])
+print("ready", flush=True)
+time.sleep(60)
+"""
+
+
+def test_resident_memory_is_summed_over_the_process_tree() -> None:
+    """This test's own child, which starts a grandchild; each holds 80 MiB."""
+    proc = subprocess.Popen([sys.executable, "-c", MEMORY_TREE, "parent", MEMORY_TREE], stdout=subprocess.PIPE)
+    try:
+        assert proc.stdout.readline().strip() == b"ready"
+        deadline = time.monotonic() + 30
+        while soak.tree_rss(proc.pid)[1] < 2 or soak.tree_rss(proc.pid)[0] < 160 * 2**20:
+            assert time.monotonic() < deadline, soak.tree_rss(proc.pid)
+            time.sleep(0.1)
+        rss, count = soak.tree_rss(proc.pid)
+        assert count == 2 and 160 * 2**20 < rss < 400 * 2**20
+        mine, mine_count = soak.tree_rss(os.getpid())
+        assert mine_count >= 3 and mine > rss  # this process and its children, those two included
+        with soak.RssSampler(proc.pid, every_s=0.05) as sampler:
+            time.sleep(0.4)
+        times = [s[0] for s in sampler.samples]
+        assert len(times) >= 4 and times == sorted(times)
+        assert all(s[2] == 2 and s[1] > 160 * 2**20 for s in sampler.samples)
+    finally:
+        proc.kill()
+        proc.wait()
+    time.sleep(0.2)
+    with pytest.raises(soak.psutil.NoSuchProcess):
+        soak.tree_rss(proc.pid)
+    gone = soak.RssSampler(proc.pid)
+    gone.sample()
+    assert gone.samples == []  # a server that died: no sample, no crash
+
+
+def test_consecutive_prompts_must_differ() -> None:
+    for name in ("code", "edit", "mixed"):
+        soak.check_varied(load_workload(name))
+    with pytest.raises(ValueError, match="prompt 2 repeats the one before"):
+        soak.check_varied(Workload("w", (Item("a", "x"), Item("b", "y"), Item("c", "y"))))
+    with pytest.raises(ValueError, match="one prompt"):
+        soak.check_varied(Workload("w", (Item("a", "x"),)))
+
+
+def test_the_rate_probe_counts_successful_requests_over_the_interval() -> None:
+    probe = records(8, e2e=lambda i: 1.0, gap=0.5, failed={0})  # sent over 3.5 s, the last done at 4.5 s
+    assert soak.capacity(probe) == pytest.approx(7 / 4.5)
+    assert soak.capacity(records(2, failed={0, 1})) is None
+
+
+def test_settings_that_cannot_be_judged_are_refused_before_any_server(capsys: pytest.CaptureFixture) -> None:
+    for argv, message in ((["--requests", "900"], "cannot fill two windows of --window 500"),
+                          (["--rate", "0"], "--rate must be above 0"),
+                          (["--tolerance", "10"], "--tolerance is a fraction"),
+                          (["--drafters", "none"], "invalid choice")):
+        with pytest.raises(SystemExit) as exit_:
+            tuning_main(["soak", *argv])
+        assert exit_.value.code == 2 and message in capsys.readouterr().err
+    assert set(soak.DRAFTERS) == {"small_model (native)", "small_model (plugin)", "bigram", "ngram"}
+
+
+def test_the_report_leads_with_a_verdict_per_drafter(tmp_path: Path) -> None:
+    def drafter(name: str, ttft) -> dict:
+        recs, rss = records(200, ttft=ttft), samples(1101)
+        return {"drafter": name, "rate": 2.0, "rate_source": "--rate", "startup_s": 40.0, "run_s": 100.0,
+                "processes": 3, "verdict": soak_report.judge(recs, rss, 50, 0.1, expected=200),
+                "series": soak_report.series(recs, rss)}
+
+    meta = {"requests": 200, "window": 50, "tolerance": 0.1, "max_tokens": 32, "workload": "code", "prompts": 12,
+            "temperature": 1.0, "seed": 0, "sample_every_s": 2.0, "rate_rule": "2 requests/s for every drafter",
+            "machine": "x86_64, 2 CPUs", "date": "2026-01-01 00:00:00"}
+    report = {"meta": meta, "drafters": [drafter("bigram", lambda i: 0.1),
+                                         drafter("small_model (plugin)", lambda i: 0.1 + (i >= 150) * 0.05),
+                                         {"drafter": "ngram", "error": "vLLM exited with code 1 during start-up"}]}
+    written = soak_report.write(report, tmp_path)
+    md = written["markdown"].read_text()
+    first = md.splitlines()[:3]
+    assert first[0].startswith("- bigram: within 10%")
+    assert first[1].startswith("- small_model (plugin): DRIFTS beyond 10%: TTFT p50 +50.0%")
+    assert first[2] == "- ngram: FAILED: vLLM exited with code 1 during start-up"
+    assert "| TTFT p50 (ms) | 100.0 | 150.0 | +50.0% | DRIFTS |" in md
+    assert "![bigram](soak-bigram.png)" in md and (tmp_path / "soak-small_model-plugin.png").stat().st_size > 1000
+    html = written["html"].read_text()
+    assert "data:image/png;base64," in html and "DRIFTS" in html
+    saved = json.loads((tmp_path / "soak.json").read_text())
+    assert [d["drafter"] for d in saved["drafters"]] == ["bigram", "small_model (plugin)", "ngram"]
+    assert len(saved["drafters"][0]["series"]["e2e_ms"]) == 200
+    assert soak_report.rolling_mean([1.0, None, 3.0, 5.0], 2) == [1.0, 1.0, 3.0, 4.0]
+
+
+@pytest.mark.engine
+def test_a_short_soak_of_one_drafter_on_the_engine(tmp_path: Path) -> None:
+    """`make soak`, shortened: vLLM's n-gram drafter, 40 requests open loop at 2/s, windows of 10."""
+    out = tmp_path / "soak"
+    run = subprocess.run([sys.executable, "-m", "tuning", "soak", "--drafters", "ngram", "--requests", "40",
+                          "--rate", "2", "--max-tokens", "16", "--window", "10", "--warmup", "2",
+                          "--sample-every", "0.5", "--out", str(out)],
+                         cwd=REPO, capture_output=True, text=True, timeout=900,
+                         env={**os.environ, "SPECDEPLOY_NO_PROGRESS": "1"})
+    saved = json.loads((out / "soak.json").read_text())
+    [ngram] = saved["drafters"]
+    assert "error" not in ngram, ngram.get("error")
+    v = ngram["verdict"]
+    # Windows of 10 requests are too short for the verdict to mean much: it must be there.
+    assert v["requests"] == 40 and v["failed"] == 0 and v["status"] in ("ok", "drifts"), run.stdout[-2000:]
+    assert set(v["change"]) == set(soak_report.FIGURES) and ngram["rate"] == 2
+    assert ngram["processes"] >= 2 and len(ngram["series"]["rss"]) >= 10  # API server and engine core, 20 s
+    assert run.returncode == (0 if v["status"] == "ok" else 1), run.stderr[-2000:]
+    assert (out / "soak.md").read_text().startswith("- ngram: ")
+    assert run.stdout.splitlines()[0].startswith("ngram: ")

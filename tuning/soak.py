@@ -1,0 +1,279 @@
+"""Soak each drafter on the embedded default: `make soak` (hours; a check, not a test).
+
+For each drafter of `make bench-drafters` (small_model native and plugin, bigram, ngram; the same
+config overrides), one server: warm-up requests, then `--requests` short requests (32 output
+tokens) sent open loop, Poisson arrivals at a sustained rate, prompts of a built-in workload in
+turn. Meanwhile the resident memory of the server's process tree (API server, engine core,
+workers) is sampled every few seconds. The last `--window` requests are then held against the
+first (`tuning.soak_report`): memory and latency within 10%, or the figure that DRIFTS. A drafter
+whose per-request state grows without bound (caches, counts keyed by requests long finished)
+shows here as rising memory and, often, latency.
+
+The rate: `--rate` for every drafter, or per drafter `RATE_FRACTION` of the requests per second
+it completed in a short closed-loop probe at `PROBE_USERS` concurrent users, so the server keeps
+up and the queue stays short (an overloaded server's latency grows with its queue, which is no
+drift of the drafter). Files in `--out` (default reports/soak): soak.json (after each drafter),
+soak.md and soak.html, a plot per drafter, the server and Locust logs and each request's record.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import threading
+import time
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import psutil
+from tqdm import tqdm
+
+from deploy import ConfigError, Server, ServerStartError, free_port, plan_from_config
+from loadtest import request_settings
+from loadtest.arg_types import positive_int
+from loadtest.locust_run import LocustJob, run_locust
+from loadtest.request_settings import RequestSettings
+from loadtest.runner import _Progress, load_records
+from loadtest.workloads import Workload, load_workload
+from tuning import bench_drafters, soak_report
+
+OUT_DIR = Path("reports/soak")
+CONFIG = bench_drafters.CONFIG
+DRAFTERS: dict[str, list[str]] = {name: overrides for name, overrides in bench_drafters.DRAFTERS.items()
+                                  if name != "none"}
+"""name -> overrides of the embedded default: bench-drafters' drafters, its baseline left out."""
+WINDOW = 500
+TOLERANCE = 0.10
+PROBE_USERS = 4
+PROBE_REQUESTS = 32
+RATE_FRACTION = 0.5
+"""Of the probe's requests/s: Poisson bursts then find room, and the server's queue stays short."""
+
+
+def tree_rss(pid: int) -> tuple[int, int]:
+    """Resident bytes of process `pid` and all its descendants, summed, and how many processes
+    they are. Raises psutil.NoSuchProcess when `pid` itself is gone; a child that exits meanwhile
+    is skipped."""
+    root = psutil.Process(pid)
+    total, count = 0, 0
+    for proc in [root, *root.children(recursive=True)]:
+        try:
+            total += proc.memory_info().rss
+            count += 1
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            if proc is root:
+                raise
+    return total, count
+
+
+class RssSampler:
+    """Samples `tree_rss(pid)` every `every_s` seconds in a thread, from entering to leaving (one
+    sample at each end too): `samples` holds [epoch seconds, bytes, processes]."""
+
+    def __init__(self, pid: int, every_s: float = 2.0):
+        self.pid = pid
+        self.every_s = every_s
+        self.samples: list[list[float]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="rss-sampler", daemon=True)
+
+    def sample(self) -> None:
+        try:
+            rss, count = tree_rss(self.pid)
+        except psutil.Error:
+            return  # the server is gone: the run notices that itself
+        self.samples.append([time.time(), rss, count])
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every_s):
+            self.sample()
+
+    @property
+    def latest_gib(self) -> float | None:
+        return self.samples[-1][1] / soak_report.GIB if self.samples else None
+
+    def __enter__(self) -> RssSampler:
+        self.sample()
+        self._thread.start()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.sample()
+
+
+def check_varied(workload: Workload) -> None:
+    """The run sends the workload's prompts in turn: refuse one whose consecutive prompts (the
+    last and the first included) are the same, so that no two requests in a row are alike."""
+    items = workload.items
+    same = [i for i in range(len(items)) if (items[i].prompt, items[i].messages) ==
+            (items[(i + 1) % len(items)].prompt, items[(i + 1) % len(items)].messages)]
+    if len(items) < 2 or same:
+        raise ValueError(f"workload {workload.name}: a soak needs prompts that vary from one request to the next; "
+                         + ("it has one prompt" if len(items) < 2 else f"prompt {same[0] + 1} repeats the one before"))
+
+
+def capacity(records: list[Any]) -> float | None:
+    """Requests per second a closed-loop run completed: successful requests over the interval from
+    the first sent to the last finished."""
+    ok = [r for r in records if r.ok]
+    if not ok:
+        return None
+    span = max(r.end for r in records) - min(r.start for r in records)
+    return len(ok) / span if span > 0 else None
+
+
+class _Run:
+    """One drafter's server and the Locust jobs sent to it."""
+
+    def __init__(self, name: str, opts: argparse.Namespace):
+        self.name = name
+        self.opts = opts
+        self.slug = soak_report.slug(name)
+        # Checked here, so that a config this machine cannot serve fails this drafter only.
+        self.resolved, self.plan = plan_from_config(CONFIG, [*DRAFTERS[name], f"server.port={free_port()}"])
+        self.server = Server(self.plan, opts.out / "logs" / f"server-{self.slug}.log")
+        self.request = RequestSettings.from_options(opts, only=("workload", "max_tokens", "temperature",
+                                                                "request_timeout_s"))
+
+    def job(self, phase: str, requests: int, users: int = 1, rate: float = 0.0) -> LocustJob:
+        """A Locust job on this server: closed loop at `users`, or open loop at `rate` requests/s
+        (Poisson arrivals, whatever is in flight; `users` then does not count)."""
+        return LocustJob(host=self.server.base_url, users=users, model=self.plan.served_name, request=self.request,
+                         requests=requests, rate=rate, seed=self.opts.seed,
+                         records_dir=self.opts.out / "records" / f"{self.slug}-{phase}",
+                         log_path=self.opts.out / "logs" / f"locust-{self.slug}-{phase}.log",
+                         api_key_env=self.resolved.config.server.api_key_env or "")
+
+    def server_gone(self) -> str | None:
+        return None if self.server.alive() else self.server.exit_reason()
+
+    def closed_loop(self, phase: str, requests: int) -> list[Any]:
+        job = self.job(phase, requests, users=PROBE_USERS)
+        with _Progress(f"{self.name} {phase}", requests, job.records_dir) as bar:
+            outcome = run_locust(job, self.request.request_timeout_s * requests, self.server_gone, bar.tick)
+        records = load_records(job.records_dir)
+        if outcome.aborted:
+            raise RuntimeError(f"{phase}: {outcome.aborted}")
+        if not any(r.ok for r in records):
+            raise RuntimeError(f"{phase}: every request failed: {records[0].error if records else 'none finished'}")
+        return records
+
+    def soak(self) -> dict[str, Any]:
+        """Start, warm up, find the rate, run the soak; the server is stopped whatever happens."""
+        opts = self.opts
+        result: dict[str, Any] = {"drafter": self.name, "overrides": DRAFTERS[self.name]}
+        started = time.monotonic()
+        tqdm.write(f"{self.name}: starting vLLM, log {self.server.log_path}")
+        try:
+            self.server.start()
+            result["startup_s"] = self.server.wait_healthy(self.resolved.config.server.startup_timeout_s)
+            self.closed_loop("warmup", opts.warmup)
+            if opts.rate:
+                result.update(rate=opts.rate, rate_source="--rate")
+            else:
+                measured = capacity(self.closed_loop("probe", PROBE_REQUESTS))
+                if not measured:
+                    raise RuntimeError("the rate probe measured no throughput")
+                result.update(rate=RATE_FRACTION * measured, probe_requests_per_s=measured,
+                              rate_source=f"{RATE_FRACTION:g} x {measured:.2f}/s, the closed-loop probe at "
+                                          f"{PROBE_USERS} users")
+            tqdm.write(f"{self.name}: {opts.requests} requests at {result['rate']:.2f}/s "
+                       f"(about {opts.requests / result['rate'] / 60:.0f} min)")
+            job = self.job("soak", opts.requests, rate=result["rate"])
+            # Open loop: the run lasts requests / rate; twice that, and a request's timeout, bound it.
+            deadline = 2 * opts.requests / result["rate"] + self.request.request_timeout_s
+            began = time.monotonic()
+            with _Progress(f"{self.name} soak", opts.requests, job.records_dir) as bar, \
+                    RssSampler(self.server.process.pid, opts.sample_every) as sampler:
+                def tick() -> None:
+                    bar.tick()
+                    if sampler.latest_gib is not None:
+                        bar.bar.set_description_str(f"{self.name} soak, RSS {sampler.latest_gib:.2f} GiB",
+                                                    refresh=False)
+
+                outcome = run_locust(job, deadline, self.server_gone, tick)
+            result["run_s"] = time.monotonic() - began
+            records = load_records(job.records_dir)
+            result["processes"] = int(max((s[2] for s in sampler.samples), default=0))
+            result["verdict"] = soak_report.judge(records, sampler.samples, opts.window, opts.tolerance,
+                                                  expected=opts.requests)
+            if outcome.aborted:
+                result["verdict"]["problems"].append(outcome.aborted)
+                if result["verdict"]["status"] == "ok":
+                    result["verdict"]["status"] = "failed"
+            result["series"] = soak_report.series(records, sampler.samples)
+        except (ServerStartError, RuntimeError, OSError) as exc:
+            result["error"] = str(getattr(exc, "reason", None) or exc)
+        finally:
+            self.server.stop()
+        result["wall_s"] = time.monotonic() - started
+        return result
+
+
+def add_options(parser: argparse.ArgumentParser) -> None:
+    """The options of `python -m tuning soak`."""
+    parser.add_argument("--drafters", nargs="*", default=list(DRAFTERS), choices=list(DRAFTERS), metavar="NAME",
+                        help=f"subset of: {', '.join(DRAFTERS)}")
+    parser.add_argument("--requests", type=positive_int, default=5000, help="requests per drafter (%(default)s)")
+    parser.add_argument("--rate", type=float, default=None,
+                        help=f"requests per second for every drafter (default: per drafter, {RATE_FRACTION:g} x what "
+                             f"it completes in a closed-loop probe at {PROBE_USERS} users)")
+    parser.add_argument("--window", type=positive_int, default=WINDOW,
+                        help="requests in each compared window, the first and the last (%(default)s)")
+    parser.add_argument("--tolerance", type=float, default=TOLERANCE,
+                        help="largest change of a figure, last window against first, that passes (%(default)s)")
+    parser.add_argument("--sample-every", type=float, default=2.0, help="seconds between RSS samples (%(default)s)")
+    parser.add_argument("--warmup", type=positive_int, default=8, help="warm-up requests, not judged (%(default)s)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the Poisson arrivals (%(default)s)")
+    request_settings.add_options(parser, only=("workload", "max_tokens", "temperature", "request_timeout_s"),
+                                 defaults={"max_tokens": 32})
+    parser.add_argument("--out", type=Path, default=OUT_DIR, help="report folder (%(default)s)")
+
+
+def validate(parser: argparse.ArgumentParser, opts: argparse.Namespace) -> None:
+    """Refuse settings that cannot be judged, before any server starts."""
+    if opts.requests < 2 * opts.window:
+        parser.error(f"--requests {opts.requests} cannot fill two windows of --window {opts.window}")
+    if opts.rate is not None and opts.rate <= 0:
+        parser.error("--rate must be above 0")
+    if not 0 < opts.tolerance < 1:
+        parser.error("--tolerance is a fraction between 0 and 1, e.g. 0.1")
+    if opts.sample_every <= 0:
+        parser.error("--sample-every must be above 0")
+    try:
+        check_varied(load_workload(opts.workload))
+    except ValueError as exc:
+        parser.error(str(exc))
+
+
+def soak(opts: argparse.Namespace) -> int:
+    """Soak every drafter in `opts.drafters`; write the report after each. 0: every drafter
+    stayed within the tolerance with no failed request; 1: otherwise."""
+    names = list(dict.fromkeys(opts.drafters))
+    workload = load_workload(opts.workload)
+    rule = (f"{opts.rate:g} requests/s for every drafter (--rate)" if opts.rate else
+            f"each drafter's rate {RATE_FRACTION:g} x the requests/s it completed in a closed-loop probe of "
+            f"{PROBE_REQUESTS} requests at {PROBE_USERS} users")
+    meta = {"config": CONFIG, "requests": opts.requests, "window": opts.window, "tolerance": opts.tolerance,
+            "max_tokens": opts.max_tokens, "workload": opts.workload, "prompts": len(workload.items),
+            "temperature": opts.temperature, "seed": opts.seed, "warmup": opts.warmup,
+            "sample_every_s": opts.sample_every, "rate_rule": rule,
+            "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
+            "date": time.strftime("%Y-%m-%d %H:%M:%S")}
+    report: dict[str, Any] = {"meta": meta, "drafters": []}
+    for name in names:
+        try:
+            result = _Run(name, opts).soak()
+        except (ConfigError, OSError, ValueError) as exc:
+            result = {"drafter": name, "overrides": DRAFTERS[name], "error": f"config: {exc}"}
+        report["drafters"].append(result)
+        soak_report.write(report, opts.out)
+        tqdm.write(soak_report.verdict_line(name, result))
+    print("\n".join(soak_report.verdict_line(r["drafter"], r) for r in report["drafters"]))
+    print(f"report: {opts.out / 'soak.md'}")
+    return 0 if all(soak_report.passed(r) for r in report["drafters"]) else 1

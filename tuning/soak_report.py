@@ -1,0 +1,274 @@
+"""What a soak run shows: each drafter's last requests against its first, and the report.
+
+A drafter's run is judged on two windows of `window` requests in the order they were sent: the
+first and the last. In each: the resident memory of the server's process tree (the mean of the
+samples taken while the window's requests ran, and the sample at the window's end: after the
+first window, and the final one), the mean end-to-end latency, and the medians of TTFT and
+TPOT over the window's successful requests. A figure of the last window more than `tolerance`
+away from the first's (either way) DRIFTS. Requests that failed are counted; a run with any
+does not pass either.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import statistics
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from loadtest.client import RequestRecord
+from loadtest.files import write_atomic, write_json
+from loadtest.stats import percentile
+
+GIB = 2**30
+FIGURES: dict[str, str] = {
+    "rss_mean_gib": "RSS mean (GiB)",
+    "rss_end_gib": "RSS at the window's end (GiB)",
+    "e2e_mean_ms": "e2e mean (ms)",
+    "tpot_p50_ms": "TPOT p50 (ms)",
+    "ttft_p50_ms": "TTFT p50 (ms)",
+}
+"""The judged figures, as the report names them."""
+SHORT = {"rss_mean_gib": "RSS mean", "rss_end_gib": "RSS at end", "e2e_mean_ms": "e2e mean",
+         "tpot_p50_ms": "TPOT p50", "ttft_p50_ms": "TTFT p50"}
+
+Sample = Sequence[float]
+"""One RSS sample: [epoch seconds, resident bytes of the process tree, processes in it]."""
+
+
+def in_send_order(records: Sequence[RequestRecord]) -> list[RequestRecord]:
+    """Open loop: by place in the arrival schedule (a request never sent has one too); else by start."""
+    return sorted(records, key=lambda r: (r.arrival is None, r.arrival or 0, r.start))
+
+
+def rss_at(samples: Sequence[Sample], when: float) -> float | None:
+    """The first sample taken at or after `when` (the last one if none was)."""
+    if not samples:
+        return None
+    return next((s[1] for s in samples if s[0] >= when), samples[-1][1])
+
+
+def rss_mean(samples: Sequence[Sample], start: float, end: float) -> float | None:
+    """Mean of the samples taken in [start, end]; a window shorter than the sampling interval
+    may hold none: then the sample at its end."""
+    inside = [s[1] for s in samples if start <= s[0] <= end]
+    return statistics.fmean(inside) if inside else rss_at(samples, end)
+
+
+def window_figures(window: Sequence[RequestRecord], samples: Sequence[Sample], end_rss: float | None) -> dict[str, Any]:
+    """The judged figures of one window of requests (see the module doc)."""
+    ok = [r for r in window if r.ok]
+    start, end = min(r.start for r in window), max(r.end for r in window)
+    mean = rss_mean(samples, start, end)
+
+    def ms(values: list[float], p: float | None = None) -> float | None:
+        if not values:
+            return None
+        return 1000 * (statistics.fmean(values) if p is None else percentile(values, p))
+
+    sent = sorted(r.planned_start or r.start for r in window)
+    return {
+        "requests": len(window), "failed": len(window) - len(ok), "start": start, "end": end,
+        # The load the window offered (not judged): Poisson arrivals make it differ between windows.
+        "arrivals_per_s": (len(sent) - 1) / (sent[-1] - sent[0]) if sent[-1] > sent[0] else None,
+        "rss_mean_gib": None if mean is None else mean / GIB,
+        "rss_end_gib": None if end_rss is None else end_rss / GIB,
+        "e2e_mean_ms": ms([r.e2e_s for r in ok if r.e2e_s is not None]),
+        "tpot_p50_ms": ms([r.per_token_latency_s for r in ok if r.per_token_latency_s is not None], 50),
+        "ttft_p50_ms": ms([r.ttft_s for r in ok if r.ttft_s is not None], 50),
+    }
+
+
+def judge(records: Sequence[RequestRecord], samples: Sequence[Sample], window: int, tolerance: float,
+          expected: int | None = None) -> dict[str, Any]:
+    """The first and the last `window` requests' figures, each figure's change, and the verdict:
+    `ok` (every figure within `tolerance`, no request failed), `drifts` (a figure beyond it) or
+    `failed` (requests failed, or too few finished to fill two windows)."""
+    ordered = in_send_order(records)
+    failed = sum(not r.ok for r in ordered)
+    outcomes: dict[str, int] = {}
+    for r in ordered:
+        outcomes[r.outcome] = outcomes.get(r.outcome, 0) + 1
+    out: dict[str, Any] = {"requests": len(ordered), "failed": failed, "outcomes": outcomes, "window": window,
+                           "tolerance": tolerance, "problems": []}
+    if expected and len(ordered) < expected:
+        out["problems"].append(f"only {len(ordered)} of {expected} requests finished")
+    if failed:
+        how = ", ".join(f"{n} {k.replace('_', ' ')}" for k, n in outcomes.items() if k != "served")
+        out["problems"].append(f"{failed} of {len(ordered)} requests failed ({how})")
+    if len(ordered) < 2 * window:
+        out["problems"].append(f"{len(ordered)} requests cannot fill two windows of {window}")
+        out.update(status="failed", drifts=[], change={})
+        return out
+    head, tail = ordered[:window], ordered[-window:]
+    first = window_figures(head, samples, rss_at(samples, max(r.end for r in head)))
+    last = window_figures(tail, samples, samples[-1][1] if samples else None)
+    change = {k: (last[k] / first[k] - 1 if first[k] and last[k] is not None else None) for k in FIGURES}
+    drifts = [k for k, c in change.items() if c is not None and abs(c) > tolerance]
+    missing = [k for k, c in change.items() if c is None]
+    if missing:
+        out["problems"].append("not measured: " + ", ".join(SHORT[k] for k in missing))
+    status = "drifts" if drifts else ("failed" if failed or missing or out["problems"] else "ok")
+    out.update(first=first, last=last, change=change, drifts=drifts, status=status)
+    return out
+
+
+def _pct(value: float | None) -> str:
+    return "n/a" if value is None else f"{100 * value:+.1f}%"
+
+
+def verdict_line(name: str, result: dict[str, Any]) -> str:
+    """One line per drafter: the verdict, then what it rests on."""
+    if result.get("error"):
+        return f"{name}: FAILED: {result['error']}"
+    v = result["verdict"]
+    tol = f"{100 * v['tolerance']:g}%"
+    window = v["window"]
+    basis = (f"last {window} vs first {window} of {v['requests']} requests"
+             + (f" at {result['rate']:.2g}/s" if result.get("rate") else "") + f", {v['failed']} failed")
+    changes = ", ".join(f"{SHORT[k]} {_pct(c)}" for k, c in v["change"].items())
+    if v["status"] == "drifts":
+        drifted = ", ".join(f"{SHORT[k]} {_pct(v['change'][k])}" for k in v["drifts"])
+        return f"{name}: DRIFTS beyond {tol}: {drifted} ({basis})"
+    if v["status"] == "failed":
+        return f"{name}: FAILED: {'; '.join(v['problems'])} ({basis})"
+    return f"{name}: within {tol} ({changes}; {basis})"
+
+
+def passed(result: dict[str, Any]) -> bool:
+    return not result.get("error") and result.get("verdict", {}).get("status") == "ok"
+
+
+def series(records: Sequence[RequestRecord], samples: Sequence[Sample]) -> dict[str, Any]:
+    """What the plots draw, kept in soak.json: RSS over time and each request's latencies in send order."""
+    ordered = in_send_order(records)
+    t0 = min([r.start for r in ordered] + [s[0] for s in samples[:1]], default=0.0)
+
+    def ms(value: float | None) -> float | None:
+        return None if value is None else round(1000 * value, 2)
+
+    return {"t0": t0,
+            "rss": [[round(s[0] - t0, 2), int(s[1]), int(s[2])] for s in samples],
+            "e2e_ms": [ms(r.e2e_s) if r.ok else None for r in ordered],
+            "ttft_ms": [ms(r.ttft_s) if r.ok else None for r in ordered],
+            "tpot_ms": [ms(r.per_token_latency_s) if r.ok else None for r in ordered]}
+
+
+def rolling_mean(values: Sequence[float | None], width: int) -> list[float | None]:
+    """At each index, the mean of the values of the last `width` requests that have one."""
+    out: list[float | None] = []
+    for i in range(len(values)):
+        kept = [v for v in values[max(0, i - width + 1):i + 1] if v is not None]
+        out.append(statistics.fmean(kept) if kept else None)
+    return out
+
+
+def plot(name: str, result: dict[str, Any], path: Path) -> Path | None:
+    """RSS over time and rolling latencies over request index, the two windows shaded."""
+    s = result.get("series")
+    if not s or not s["e2e_ms"]:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    window = result["verdict"]["window"]
+    width = max(window // 10, 1)
+    fig, (mem, lat) = plt.subplots(1, 2, figsize=(11, 4))
+    if s["rss"]:
+        mem.plot([r[0] / 60 for r in s["rss"]], [r[1] / GIB for r in s["rss"]], "-", color="C0")
+    v = result["verdict"]
+    for key, color in (("first", "C2"), ("last", "C3")):
+        if key in v:
+            mem.axvspan((v[key]["start"] - s["t0"]) / 60, (v[key]["end"] - s["t0"]) / 60, color=color, alpha=0.12,
+                        label=f"{key} {window}")
+    mem.set(title=f"{name}: resident memory of the server's processes", xlabel="minutes", ylabel="RSS (GiB)")
+    n = len(s["e2e_ms"])
+    for key, label, color in (("e2e_ms", "e2e", "C0"), ("ttft_ms", "TTFT", "C1"), ("tpot_ms", "TPOT", "C4")):
+        lat.plot(range(n), rolling_mean(s[key], width), "-", color=color, label=f"{label} (mean of {width})")
+    lat.axvspan(0, min(window, n), color="C2", alpha=0.12)
+    lat.axvspan(max(n - window, 0), n, color="C3", alpha=0.12)
+    lat.set_yscale("log")
+    lat.set(title=f"{name}: latency over the run", xlabel="request (in send order)", ylabel="ms")
+    for ax in (mem, lat):
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def slug(name: str) -> str:
+    return name.replace(" ", "-").replace("(", "").replace(")", "")
+
+
+def _fmt(key: str, value: float | None) -> str:
+    if value is None:
+        return "n/a"
+    return f"{value:.3f}" if key.startswith("rss") else f"{value:.1f}"
+
+
+def markdown(soak: dict[str, Any], plots: dict[str, str]) -> str:
+    """soak.md: a verdict line per drafter first, then how it ran, then a table and a plot per drafter."""
+    meta = soak["meta"]
+    window = meta["window"]
+    lines = [f"- {verdict_line(r['drafter'], r)}" for r in soak["drafters"]]
+    lines += ["", "# Soak: each drafter on the embedded default", "",
+              f"{meta['requests']} requests per drafter, open loop (Poisson arrivals, seed {meta['seed']}) at each "
+              f"drafter's rate, {meta['max_tokens']} output tokens each (ignore_eos), workload `{meta['workload']}` "
+              f"({meta['prompts']} prompts in turn, no two consecutive alike), temperature {meta['temperature']:g}; "
+              f"{meta['rate_rule']}. Resident memory: RSS summed over the server's process tree (API server, engine "
+              f"core, workers), sampled every {meta['sample_every_s']:g} s. Each figure of the last {window} requests "
+              f"(in send order) against the first {window}: within {100 * meta['tolerance']:g}% either way, or "
+              f"DRIFTS. Latencies over the window's successful requests; RSS mean over the samples taken while "
+              f"its requests ran, RSS at the end: the sample after the first window's last response, and the final "
+              f"one. {meta['machine']}; {meta['date']}.", ""]
+    for r in soak["drafters"]:
+        lines += [f"## {r['drafter']}", ""]
+        if r.get("error"):
+            lines += [f"Failed: {r['error']}", ""]
+            continue
+        v = r["verdict"]
+        lines += [f"Rate {r['rate']:.2f} requests/s ({r['rate_source']}); server start {r['startup_s']:.0f} s; "
+                  f"the run took {r['run_s'] / 60:.1f} min; {v['requests']} requests, {v['failed']} failed; "
+                  f"{r['processes']} processes in the server's tree."
+                  + (" Problems: " + "; ".join(v["problems"]) + "." if v["problems"] else ""), ""]
+        if "first" in v:
+            lines += [f"| figure | first {window} | last {window} | change | |", "|---|---:|---:|---:|---|"]
+            for key, title in FIGURES.items():
+                change = v["change"][key]
+                mark = "DRIFTS" if key in v["drifts"] else ("within" if change is not None else "n/a")
+                lines.append(f"| {title} | {_fmt(key, v['first'][key])} | {_fmt(key, v['last'][key])} | "
+                             f"{_pct(change)} | {mark} |")
+            lines.append(f"| failed requests | {v['first']['failed']} | {v['last']['failed']} | | |")
+            rates = [v[w].get("arrivals_per_s") for w in ("first", "last")]
+            lines.append("| arrivals/s (the load offered, not judged) | "
+                         + " | ".join("n/a" if x is None else f"{x:.2f}" for x in rates) + " | | |")
+            lines.append("")
+        if r["drafter"] in plots:
+            lines += [f"![{r['drafter']}]({plots[r['drafter']]})", ""]
+    return "\n".join(lines)
+
+
+def write(soak: dict[str, Any], out: Path) -> dict[str, Path]:
+    """soak.json, the plots, soak.md and a self-contained soak.html (plots embedded) in `out`."""
+    from loadtest.report import HTML_STYLE, render_html
+
+    out.mkdir(parents=True, exist_ok=True)
+    written = {"json": write_json(out / "soak.json", soak)}
+    plots = {}
+    for r in soak["drafters"]:
+        path = plot(r["drafter"], r, out / f"soak-{slug(r['drafter'])}.png") if not r.get("error") else None
+        if path:
+            plots[r["drafter"]] = path
+    written["markdown"] = write_atomic(out / "soak.md", markdown(soak, {k: p.name for k, p in plots.items()}))
+    embedded = {k: "data:image/png;base64," + base64.b64encode(p.read_bytes()).decode() for k, p in plots.items()}
+    body = render_html(markdown(soak, embedded))
+    written["html"] = write_atomic(out / "soak.html", "<!doctype html><html><head><meta charset='utf-8'><title>"
+                                   f"{html.escape('Soak')}</title><style>{HTML_STYLE}</style></head><body>\n"
+                                   + body + "\n</body></html>\n")
+    return written
