@@ -41,17 +41,18 @@ check: $(STAMP)
 LOADTEST_SERVERS = $(if $(URL),--url $(URL) $(if $(BASELINE_URL),--baseline-url $(BASELINE_URL)) \
 	$(if $(filter-out file,$(origin CONFIG)),$(CONFIG)),$(CONFIG_ARGS))
 
-## make loadtest [CONFIG=...] [SET=...] [NO_SPEC=1] [USERS=1,32] [DRY_RUN=1] [ORDER=grouped|alternate] [WORKERS=N] [SLO=ttft_p95=500ms,tpot_p95=50ms] [LOADTEST_ARGS='--k 2,8']
+## make loadtest [CONFIG=...] [SET=...] [NO_SPEC=1] [USERS=1,32] [RATES=0.5,1,2,4] [DRY_RUN=1] [ORDER=grouped|alternate] [WORKERS=N] [SLO=ttft_p95=500ms,tpot_p95=50ms] [LOADTEST_ARGS='--k 2,8']
 ##     start the config's server and its baseline (speculation off), load each at every batch size in USERS,
+##     or with RATES open loop instead: requests arriving at each rate (requests/s) whatever is in flight;
 ##     write a report under reports/; the plan (servers, starts, levels, estimated duration) comes first,
 ##     DRY_RUN=1 prints it and stops; ORDER: each server once per sweep (grouped, the default on GPUs)
 ##     or the variants taking turns every run (alternate, the default on a CPU); WORKERS=N: Locust worker processes (0: one process);
 ##     SLO: latency targets the report checks; LOADTEST_ARGS: further options of python -m loadtest run
-## make loadtest URL=http://host:port [BASELINE_URL=http://host:port] [CONFIG=...] [USERS=1,32] [WORKERS=N] [SLO=...] [LOADTEST_ARGS=...]
+## make loadtest URL=http://host:port [BASELINE_URL=http://host:port] [CONFIG=...] [USERS=1,32] [RATES=...] [WORKERS=N] [SLO=...] [LOADTEST_ARGS=...]
 ##     the same against servers already running (make serve, elsewhere): URL is the server with speculation,
 ##     BASELINE_URL one without; CONFIG is read only when given
 loadtest: $(STAMP)
-	$(PY) -m loadtest run $(LOADTEST_SERVERS) --users $(USERS) --workers $(WORKERS) \
+	$(PY) -m loadtest run $(LOADTEST_SERVERS) $(if $(RATES),--rates $(RATES),--users $(USERS)) --workers $(WORKERS) \
 	  $(if $(SLO),--slo $(SLO)) $(if $(ORDER),--order $(ORDER)) $(if $(DRY_RUN),--dry-run) $(LOADTEST_ARGS)
 
 ## make compare [REPORT=reports/...]

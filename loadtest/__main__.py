@@ -2,6 +2,7 @@
 
     python -m loadtest run default.yaml --users 1,32                 # spec vs baseline, batch 1 and 32
     python -m loadtest run default.yaml --users 1,8,32 --k 2,8       # plus K=2 and K=8 variants
+    python -m loadtest run default.yaml --rates 0.5,1,2,4            # open loop: Poisson arrivals at each rate
     python -m loadtest run default.yaml --workers 2 --duration 60    # Locust master + 2 workers, 60 s a level
     python -m loadtest run default.yaml --temperature 0,0.7,1        # acceptance and speedup per temperature
     python -m loadtest run llama70b-7b.yaml --dry-run                # the plan (servers, starts, time), then exit
@@ -25,7 +26,7 @@ from types import FrameType
 from deploy import ConfigError, load_config
 from deploy.config import DEFAULT_CONFIG
 from loadtest import capacity_cli, request_settings
-from loadtest.arg_types import int_list, positive_int, temperature_list
+from loadtest.arg_types import int_list, positive_int, rate_list, temperature_list
 from loadtest.plan import ORDERS
 from loadtest.report import compare_table, load_results, newest_report, write_report
 from loadtest.request_settings import RequestSettings
@@ -55,8 +56,13 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--no-spec", action="store_true", help="run the baseline (speculation off) only")
     run.add_argument("--no-baseline", action="store_true", help="skip the baseline variant")
     run.add_argument("--k", type=int_list, default=[], metavar="K,K", help="extra speculative variants with these K")
-    run.add_argument("--users", type=int_list, default=[1, 32], metavar="C,C",
-                     help="concurrency levels (closed-loop users) (default: 1,32)")
+    levels = run.add_mutually_exclusive_group()
+    levels.add_argument("--users", type=int_list, default=None, metavar="C,C",
+                        help="concurrency levels (closed-loop users) (default: 1,32)")
+    levels.add_argument("--rates", type=rate_list, default=None, metavar="R,R",
+                        help="open loop instead: arrival rates in requests/s; requests arrive by a Poisson process "
+                             "whether or not earlier ones finished, nothing caps those in flight (so queueing shows); "
+                             "speculation and baseline get the same arrivals (docs/load-tests.md)")
     run.add_argument("--repeat", type=positive_int, default=3,
                      help="runs of every variant at every concurrency; speedups get a 95%% interval (default: 3)")
     run.add_argument("--order", choices=ORDERS, default="auto",
@@ -66,9 +72,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--dry-run", action="store_true",
                      help="print the plan (servers, starts, levels, estimated duration) and exit; starts nothing")
     run.add_argument("--requests", type=int, default=None,
-                     help="measured requests per run (default: max(32, 8 x concurrency))")
+                     help="measured requests per run (default: max(32, 8 x concurrency); with --rates: "
+                          "max(32, 60 s x rate))")
     run.add_argument("--duration", type=float, default=None, metavar="S",
-                     help="measure each level for S seconds instead of a request count")
+                     help="measure each level for S seconds instead of a request count (with --rates: the "
+                          "requests arriving in S seconds)")
     run.add_argument("--warmup", type=int, default=1, help="warm-up requests per user before each level (default: 1)")
     request_settings.add_options(run, skip=("temperature",))
     run.add_argument("--temperature", type=temperature_list, default=[1.0], metavar="T,T",
@@ -117,7 +125,8 @@ def cmd_run(opts: argparse.Namespace) -> int:
         return 2
     settings = SweepSettings(
         config=opts.config or ("" if opts.url else DEFAULT_CONFIG), overrides=opts.overrides, no_spec=opts.no_spec, baseline=not opts.no_baseline,
-        extra_k=opts.k, users=sorted(dict.fromkeys(opts.users)), repeat=opts.repeat, order=opts.order,
+        extra_k=opts.k, users=sorted(dict.fromkeys(opts.users or [1, 32])),
+        rates=sorted(dict.fromkeys(opts.rates or [])), repeat=opts.repeat, order=opts.order,
         requests=opts.requests,
         duration_s=opts.duration, vllm_bench=not opts.no_vllm_bench,
         warmup=opts.warmup, request=RequestSettings.from_options(opts, temperature=opts.temperature[0]),

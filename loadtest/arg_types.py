@@ -34,3 +34,14 @@ def temperature_list(text: str) -> list[float]:
         return parse_temperatures(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def rate_list(text: str) -> list[float]:
+    """Arrival rates in requests/s, e.g. 0.5,1,2,4: positive and finite."""
+    try:
+        values = [float(x) for x in text.replace(" ", "").split(",") if x]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a comma-separated list of rates (requests/s)") from None
+    if not values or any(not 0 < v < float("inf") for v in values):
+        raise argparse.ArgumentTypeError("give positive rates in requests/s, e.g. 0.5,1,2,4")
+    return values

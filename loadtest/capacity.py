@@ -305,7 +305,8 @@ def crossover(points: Sequence[dict[str, Any]], key: str = "speedup") -> dict[st
         return {**out, "kind": "pays throughout" if pts[0][1] >= 1 else "never pays", "rate": None}
     first_down = next((c for c in crossings if c["direction"] == "down"), None)
     chosen = first_down or crossings[0]
-    return {**out, "kind": "stops paying" if chosen is first_down else "starts paying", "rate": chosen["rate"]}
+    return {**out, "kind": "stops paying" if chosen is first_down else "starts paying", "rate": chosen["rate"],
+            "between": chosen["between"]}
 
 
 # ---------------------------------------------------------------------------------- the first lines
@@ -322,7 +323,7 @@ def _interval(c: dict[str, Any]) -> str:
     lo, hi = c["interval"]
     if lo is None:
         return f"none passing down to {_rate(c.get('lowest_tried'))}"
-    return f"{_rate(lo)}-{_rate(hi)}" if hi is not None else f"{_rate(lo)} and above (none failed)"
+    return f"{_rate(lo)}-{_rate(hi)}" if hi is not None else f"at least {_rate(lo)} (none failed)"
 
 
 def headline(result: dict[str, Any]) -> list[str]:
@@ -370,7 +371,7 @@ def _capacity_change(base: dict[str, Any], mine: dict[str, Any]) -> str:
               f", so at least {_pct(low)}" if low is not None else f", so at most {_pct(high)}" if high is not None
               else "")
     if b == a:
-        text = f"speculation leaves capacity at {_capacity_text(base)} req/s ({_pct(0.0)})"
+        text = f"speculation leaves capacity unchanged: {_capacity_text(base)} req/s ({_pct(0.0)})"
     else:
         text = (f"speculation {'raises' if b > a else 'lowers'} capacity from {_capacity_text(base)} to "
                 f"{_capacity_text(mine)} req/s ({_pct((b - a) / a)})")
@@ -388,12 +389,14 @@ def _crossover_text(cross: dict[str, Any]) -> str:
     span = f"{_rate(rng[0])}-{_rate(rng[1])} req/s"
     lo, hi = cross["speedups"]
     seen = f"per-token latency p50 {lo:.2f}x-{hi:.2f}x the baseline's speed"
+    between = cross.get("between") or [None, None]
+    more = (f"; it crosses 1.0 {len(cross['crossings'])} times in all: near 1.0 the speedup is within the noise"
+            if len(cross.get("crossings") or []) > 1 else "")
     if kind == "stops paying":
         return (f"speculation stops paying above {_rate(cross['rate'])} req/s (its per-token speedup crosses 1.0 "
-                f"between {_rate(cross['crossings'][0]['between'][0])} and "
-                f"{_rate(cross['crossings'][0]['between'][1])} req/s; {seen} over {span})")
+                f"between {_rate(between[0])} and {_rate(between[1])} req/s; {seen} over {span}{more})")
     if kind == "starts paying":
-        return (f"speculation pays only above {_rate(cross['rate'])} req/s (slower below it; {seen} over {span})")
+        return f"speculation pays only above {_rate(cross['rate'])} req/s (slower below it; {seen} over {span}{more})"
     if kind == "pays throughout":
         return f"speculation pays at every rate measured ({span}): {seen}; no crossover in the range measured"
     return f"speculation does not pay at any rate measured ({span}): {seen}; no crossover in the range measured"

@@ -234,8 +234,10 @@ def report_markdown(result: dict[str, Any], plots: list[Path], sources: Mapping[
          _level_rows(result)),
         ("Second opinion: Locust against vLLM's benchmark",
          "Below the smaller capacity, each variant with vLLM's serving benchmark run beside Locust's level on the "
-         "same server, arrivals and prompts; they agree within 5% on tokens/s and 10% on TTFT and per-token p50 "
-         "(differences with the engine's own drift between the two windows taken out).",
+         "same server, arrivals and prompts; they agree within 5% on tokens/s and 10% on TTFT and per-token p50. "
+         "The difference in brackets is the one judged, as in a sweep's second opinion: latencies request by "
+         "request (the median ratio of the same request in both clients), with the engine's own drift between the "
+         "two windows taken out, so it can differ from the ratio of the two p50s beside it.",
          _second_opinion_rows(result)),
         ("Overload", "Each variant at twice its capacity: the server must still answer its health check "
          "afterwards, and every request sent must have ended served, refused, timed out or failed. Peak resident "

@@ -42,6 +42,17 @@ class LocustJob:
     html: Path | None = None
     log_path: Path | None = None
     api_key_env: str = ""
+    rate: float = 0.0
+    """Open loop: requests arrive by a Poisson process at this many a second, whatever is in
+    flight (needs `requests`; `users` is then ignored: one dispatcher per Locust process).
+    0: closed loop, `users` users each waiting for its response."""
+    seed: int = 0
+    """Open loop: seed of the arrival times; the same seed gives the same schedule (`loadtest.arrivals`)."""
+
+    @property
+    def locust_users(self) -> int:
+        """Users Locust starts: the closed loop's users, or one dispatcher per process (open loop)."""
+        return max(1, self.workers) if self.rate > 0 else self.users
 
 
 @dataclass
@@ -61,6 +72,8 @@ def _user_args(job: LocustJob) -> list[str]:
             "--worker-count", str(max(0, job.workers)), "--records-dir", str(job.records_dir)]
     if job.api_key_env:
         args += ["--api-key-env", job.api_key_env]
+    if job.rate > 0:
+        args += ["--rate", repr(float(job.rate)), "--seed", str(job.seed)]
     return args
 
 
@@ -69,7 +82,10 @@ def commands(job: LocustJob, deadline_s: float) -> list[list[str]]:
     base = [sys.executable, "-m", "locust", "-f", str(LOCUSTFILE)]
     # Safety net: Locust stops itself at the deadline even if nobody tells it to.
     run_time = job.duration_s if job.duration_s else deadline_s
-    main = [*base, "--headless", "-H", job.host, "-u", str(job.users), "-r", str(min(max(job.users, 1) * 10, 100)),
+    if job.rate > 0 and job.requests <= 0:
+        raise ValueError("an open-loop Locust job (rate > 0) needs a request count")
+    users = job.locust_users
+    main = [*base, "--headless", "-H", job.host, "-u", str(users), "-r", str(min(max(users, 1) * 10, 100)),
             "--run-time", f"{max(1, int(run_time))}s", "--stop-timeout", str(int(job.request.request_timeout_s)),
             "--only-summary", "--loglevel", "INFO", "--exit-code-on-error", "0"]
     if job.csv_prefix:

@@ -1,7 +1,17 @@
-"""Locust user for vLLM's OpenAI-compatible API: closed loop, streaming, per-token metrics.
+"""Locust user for vLLM's OpenAI-compatible API: closed or open loop, streaming, per-token metrics.
 
-Each user sends one streaming request, waits for it to finish, and sends the next (closed
-loop: users = concurrency). Besides the usual request row ("POST /v1/completions": end-to-end
+Closed loop (the default): each user sends one streaming request, waits for it to finish, and
+sends the next (users = concurrency).
+Open loop (`--rate R --requests N`): requests arrive by a Poisson process at R requests/s
+(`loadtest.arrivals`, the same schedule as vLLM's benchmark with `--request-rate R --seed S`),
+whether or not earlier ones finished; nothing caps the requests in flight, so a server slower than
+the arrivals builds a queue. One dispatcher per Locust process spawns a greenlet per request at its
+scheduled time and never waits for a response; distributed, worker w takes the arrivals whose
+index % workers == w. Request i sends the workload's i-th prompt of the single-process order, so
+every run with the same seed sends the same prompts at the same offsets. The run quits when all N
+requests ended; a request still unsent when the run is stopped is written as `unsent`.
+
+Besides the usual request row ("POST /v1/completions": end-to-end
 latency, output tokens as the size), every request adds rows to Locust's own statistics:
   TTFT   time to first token
   TPOT   per-token latency: time after the first token / tokens after it (size: those tokens)
@@ -32,11 +42,13 @@ import gevent
 import requests
 from locust import User, constant, events, task
 from locust.exception import StopUser
+from requests.adapters import HTTPAdapter
 from locust.runners import WORKER_REPORT_INTERVAL, MasterRunner, WorkerRunner
 from locust.stats import CSV_STATS_INTERVAL_SEC
 
 from loadtest import request_settings
-from loadtest.client import RequestRecord, auth_headers, stream_request
+from loadtest.arrivals import poisson_arrivals
+from loadtest.client import UNSENT, RequestRecord, auth_headers, stream_request
 from loadtest.request_settings import RequestSettings
 from loadtest.workloads import load_workload, request_for, share
 
@@ -45,6 +57,7 @@ _user_counter = itertools.count()
 _workload = functools.lru_cache(maxsize=None)(load_workload)  # read a user's file once per process
 _records_file = None
 _users_done = 0
+_dispatching = False  # open loop: this process's dispatcher has started
 _loop_lags: list[float] = []
 _stalls: list[tuple[float, float]] = []  # (lag, of which runnable but off the CPU), seconds
 LOOP_PROBE_S = 0.01
@@ -58,6 +71,11 @@ def _add_options(parser: Any) -> None:
     parser.add_argument("--requests", type=int, default=0,
                         help="requests the users send in all, each taking the next while any are left "
                              "(as vLLM's benchmark does); quit when all are done (0: run until --run-time)")
+    parser.add_argument("--rate", type=float, default=0.0,
+                        help="open loop: requests arrive by a Poisson process at this many a second, whether or not "
+                             "earlier ones finished (needs --requests); 0: closed loop, each user waits for its response")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="open loop: seed of the arrival times (as vLLM's benchmark's --seed)")
     parser.add_argument("--worker-count", type=int, default=0,
                         help="Locust workers sharing --requests (each sends its share); 0: one local process")
     parser.add_argument("--records-dir", default="", help="write one JSON line per request to a file in this folder")
@@ -182,6 +200,15 @@ class LLMUser(User):
         self.session = requests.Session()
         self.headers = auth_headers(opts.api_key_env)
         self.last_end: float | None = None
+        if opts.rate > 0:
+            if opts.requests <= 0:
+                raise ValueError("--rate (open loop) needs --requests N")
+            # Open loop: any number of requests in flight share this session; without a pool that
+            # large, urllib3 would open and close a connection for each beyond its default 10.
+            adapter = HTTPAdapter(pool_connections=1, pool_maxsize=max(16, opts.requests), pool_block=False)
+            self.session.mount("http://", adapter)
+            self.session.mount("https://", adapter)
+            return
         # Distributed, worker w's n-th user is user n x workers + w of the whole run.
         self.index = next(_user_counter) * max(1, opts.worker_count) + getattr(self.environment.runner, "worker_index", 0)
         start_at = opts.start_at or time.time() + opts.start_delay
@@ -191,6 +218,9 @@ class LLMUser(User):
     @task
     def generate(self) -> None:
         opts = self.environment.parsed_options
+        if opts.rate > 0:
+            self._dispatch()
+            return
         ticket = next(_request_counter)
         if opts.requests and ticket >= _budget(self.environment):
             # The budget is shared, so no user waits on its own quota while others are idle:
@@ -207,6 +237,68 @@ class LLMUser(User):
         self.last_end = time.perf_counter()  # reporting the record below counts as the next request's lag
         record.send_lag_s = lag
         record.user, record.planned_start, self.planned_start = self.index, self.planned_start, None
+        self._report(record)
+        _write_record(self.environment, record)
+
+    # ------------------------------------------------------------------ open loop
+    def _dispatch(self) -> None:
+        """Send this process's arrivals at their scheduled times, each in a greenlet of its own,
+        wait for all of them to end, then report this process done. One dispatcher per process:
+        any other user of it just stops."""
+        global _dispatching
+        if _dispatching:
+            _user_finished(self.environment)
+            raise StopUser()
+        _dispatching = True
+        opts = self.environment.parsed_options
+        workers = max(1, opts.worker_count)
+        mine = getattr(self.environment.runner, "worker_index", 0) if opts.worker_count > 0 else 0
+        start_at = opts.start_at or time.time() + opts.start_delay
+        schedule = [(i, start_at + offset) for i, offset in enumerate(poisson_arrivals(opts.requests, opts.rate,
+                                                                                        opts.seed))
+                    if i % workers == mine]
+        flights: list[gevent.Greenlet] = []
+        try:
+            for index, planned in schedule:
+                wait = planned - time.time()
+                if wait > 0:
+                    gevent.sleep(wait)
+                flights.append(gevent.spawn(self._one_arrival, index, planned))
+            gevent.joinall(flights)
+        except gevent.GreenletExit:
+            # The run was stopped (deadline, Ctrl-C): the requests in flight end as timed out, the
+            # arrivals not sent yet are written as unsent: no request of the schedule goes missing.
+            gevent.killall(flights)
+            for index, planned in schedule[len(flights):]:
+                self._keep(RequestRecord(item_id=self.workload.item_for(index).id, path="", start=planned,
+                                         error=f"{UNSENT}: the run ended before its arrival time",
+                                         planned_start=planned, arrival=index))
+            raise
+        _user_finished(self.environment)
+        raise StopUser()
+
+    def _one_arrival(self, index: int, planned: float) -> None:
+        opts = self.environment.parsed_options
+        rs = self.request
+        # The i-th arrival sends the i-th prompt of the single-process order, on every worker:
+        # vLLM's benchmark gets the same prompts in the same order (`Workload.sequence(n)`).
+        item = self.workload.item_for(index)
+        path, body = request_for(item, opts.model, rs.max_tokens, rs.temperature, rs.fixed_length, rs.api)
+        sent = time.time()
+        try:
+            record = stream_request(self.session, self.host.rstrip("/"), path, body, item.id, rs.request_timeout_s,
+                                    rs.max_tokens if rs.fixed_length else None, self.headers)
+        except gevent.GreenletExit:
+            # Stopped mid-stream: the response never came within the run.
+            record = RequestRecord(item_id=item.id, path=path, start=sent, e2e_s=time.time() - sent,
+                                   error="timeout: the run ended before the response did")
+            record.planned_start, record.arrival, record.send_lag_s = planned, index, sent - planned
+            self._keep(record)
+            raise
+        record.planned_start, record.arrival, record.send_lag_s = planned, index, record.start - planned
+        self._keep(record)
+
+    def _keep(self, record: RequestRecord) -> None:
         self._report(record)
         _write_record(self.environment, record)
 

@@ -47,6 +47,8 @@ RUN_OVERHEAD_S = 30.0
 """Per run, besides generating tokens: Locust's and the benchmark's start-up, settled /metrics scrapes."""
 KEEP = 5
 """Measurements kept per key; the estimate is their median."""
+RATE_WARMUP_USERS = 2
+"""Closed-loop users of the warm-up before an open-loop level (each sends `warmup` requests)."""
 
 
 def choose_order(requested: str, together: bool, devices: set[str]) -> tuple[str, str]:
@@ -225,6 +227,14 @@ class SweepPlan:
     skipped: list[str] = field(default_factory=list)
     """Checks this machine fails, not applied to a dry run's plan (it is made for the config's machine)."""
     notes: list[str] = field(default_factory=list)
+    rates: list[float] = field(default_factory=list)
+    """Open loop: the levels are these arrival rates (requests/s) instead of `users`; `requests`
+    is keyed by rate."""
+
+    @property
+    def levels(self) -> list[Any]:
+        """The levels each variant runs at: the rates (open loop), else the concurrencies."""
+        return list(self.rates) or list(self.users)
 
     # ------------------------------------------------------------------ the steps
     @property
@@ -234,7 +244,7 @@ class SweepPlan:
     @property
     def steps(self) -> list[tuple[int, int, ServerInfo]]:
         """(repeat, concurrency, server) in the order one sweep runs them."""
-        return run_order(self.servers, self.users, self.repeat, self.together, self.order_name == "grouped")
+        return run_order(self.servers, self.levels, self.repeat, self.together, self.order_name == "grouped")
 
     def starts(self) -> list[ServerInfo]:
         """Server starts of one sweep, in order."""
@@ -254,6 +264,9 @@ class SweepPlan:
 
     def run_tokens(self, server: ServerInfo, users: int) -> float:
         """Output tokens a run generates: warm-up, the measured requests, and vLLM's benchmark's."""
+        if self.rates:  # `users` is a rate
+            return (RATE_WARMUP_USERS * self.warmup + self.requests[users] * (2 if self.vllm_bench else 1)) \
+                * self.max_tokens
         if self.duration_s:
             measured = self.duration_s * assumed_tokens_per_s(server.device, users) / self.max_tokens
         else:
@@ -261,11 +274,22 @@ class SweepPlan:
         return (users * self.warmup + measured * (2 if self.vllm_bench else 1)) * self.max_tokens
 
     def run_estimate(self, server: ServerInfo, users: int) -> Estimate:
+        if self.rates:
+            return Estimate(self.rate_run_s(server, users), False)
         tokens = self.run_tokens(server, users)
         per_token = self.timings.seconds_per_token(server.key, users)
         if per_token is not None:
             return Estimate(tokens * per_token, True)
         return Estimate(tokens / assumed_tokens_per_s(server.device, users) + RUN_OVERHEAD_S, False)
+
+    def rate_run_s(self, server: ServerInfo, rate: float) -> float:
+        """An open-loop run's seconds (always assumed): the schedule's length, or the time the
+        server takes for its tokens where it cannot keep up, plus the last request's own time,
+        for Locust and again for vLLM's benchmark; the warm-up; the run's overhead."""
+        n, one = self.requests[rate], self.max_tokens / assumed_tokens_per_s(server.device, 1)
+        client = max(n / rate, n * self.max_tokens / assumed_tokens_per_s(server.device, 32)) + one
+        warm = RATE_WARMUP_USERS * self.warmup * self.max_tokens / assumed_tokens_per_s(server.device, RATE_WARMUP_USERS)
+        return client * (2 if self.vllm_bench else 1) + warm + RUN_OVERHEAD_S
 
     def step_seconds(self, measured: dict[Any, float] | None = None) -> list[tuple[float, float]]:
         """(server start, run) seconds of each step of one sweep, the start 0 where its server is up;
@@ -317,17 +341,29 @@ class SweepPlan:
             lines += self._per_server("    each starts in {}", "    {} starts in {}",
                                       {s.name: self._start_text(s) for s in self.servers})
         temps = ", ".join(f"{t:g}" for t in self.temperatures)
-        lines.append(f"  levels: concurrency {', '.join(map(str, self.users))}; temperature {temps}"
+        levels = (f"rates {', '.join(f'{r:g}' for r in self.rates)} requests/s (open loop: Poisson arrivals, "
+                  f"nothing caps the requests in flight)" if self.rates else
+                  f"concurrency {', '.join(map(str, self.users))}")
+        lines.append(f"  levels: {levels}; temperature {temps}"
                      + (" (one sweep each, servers started anew)" if sweeps > 1 else "")
                      + f"; {self.repeat} repeat(s); {len(self.steps) * sweeps} runs")
-        per_run = (f"{self.duration_s:g} s measured" if self.duration_s else
-                   ", ".join(f"{self.requests[c]} requests at c={c}" for c in self.users))
-        lines.append(f"  each run: {self.warmup} warm-up request(s) per user, then {per_run}, {self.max_tokens} "
-                     f"output tokens each" + (", then vLLM's benchmark with the same requests" if self.vllm_bench else ""))
-        runs = {s.name: ", ".join(f"c={c} {duration_text(e.seconds)}{'' if e.measured else '*'}"
-                                  for c in self.users for e in [self.run_estimate(s, c)]) for s in self.servers}
+        if self.rates:
+            per_run = ", ".join(f"{self.requests[r]} requests at {r:g}/s" for r in self.rates)
+            lines.append(f"  each run: {self.warmup * RATE_WARMUP_USERS} warm-up request(s) (closed loop, "
+                         f"{RATE_WARMUP_USERS} users), then {per_run} (the same arrival times for every variant of "
+                         f"a repeat), {self.max_tokens} output tokens each"
+                         + (", then vLLM's benchmark with the same requests and arrivals" if self.vllm_bench else ""))
+        else:
+            per_run = (f"{self.duration_s:g} s measured" if self.duration_s else
+                       ", ".join(f"{self.requests[c]} requests at c={c}" for c in self.users))
+            lines.append(f"  each run: {self.warmup} warm-up request(s) per user, then {per_run}, {self.max_tokens} "
+                         f"output tokens each"
+                         + (", then vLLM's benchmark with the same requests" if self.vllm_bench else ""))
+        name = (lambda x: f"{x:g}/s") if self.rates else (lambda x: f"c={x}")
+        runs = {s.name: ", ".join(f"{name(c)} {duration_text(e.seconds)}{'' if e.measured else '*'}"
+                                  for c in self.levels for e in [self.run_estimate(s, c)]) for s in self.servers}
         lines += self._per_server("    a run takes about {} (each variant)", "    a run of {} takes about {}", runs)
-        guessed = any(not self.run_estimate(s, c).measured for s in self.servers for c in self.users)
+        guessed = any(not self.run_estimate(s, c).measured for s in self.servers for c in self.levels)
         if guessed:
             assumed = "; ".join(f"{d}: {a:g} tok/s per user at batch 1, {b:g} at 32"
                                 for d, (a, b) in ASSUMED_USER_TPS.items() if d in {s.device for s in self.servers})

@@ -26,11 +26,105 @@ COST_MODEL = stats.__doc__.strip().split("\n", 1)[1].strip() if stats.__doc__ el
 
 # ---------------------------------------------------------------------------------- derived numbers
 def levels(results: dict[str, Any]) -> Iterator[tuple[dict[str, Any], dict[str, Any]]]:
-    """(variant, level) pairs that have client numbers."""
+    """(variant, level) pairs of closed-loop levels that have client numbers (open-loop levels:
+    `rate_levels`)."""
     for variant in results.get("variants", []):
         for level in variant.get("levels", []):
-            if level.get("client", {}).get("ok"):
+            if level.get("client", {}).get("ok") and "rate" not in level:
                 yield variant, level
+
+
+def rate_levels(results: dict[str, Any]) -> Iterator[tuple[dict[str, Any], dict[str, Any]]]:
+    """(variant, level) pairs of open-loop levels (a `rate`), measured or not."""
+    for variant in results.get("variants", []):
+        for level in variant.get("levels", []):
+            if "rate" in level:
+                yield variant, level
+
+
+def level_name(level: dict[str, Any]) -> str:
+    """`32` for a concurrency, `2/s` for an arrival rate."""
+    return f"{level['rate']:g}/s" if "rate" in level else str(level.get("concurrency"))
+
+
+def _ratio(base: float | None, mine: float | None) -> float | None:
+    return base / mine if base and mine else None
+
+
+def derive_rates(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per open-loop level: asked and achieved rate, in-flight, outcomes, latencies,
+    throughput, acceptance, vLLM's benchmark beside; for speculation, what a user sees against
+    the baseline's run at the same rate and repeat (same arrivals): the baseline's TPOT p50 over
+    this one's, and its mean end-to-end latency over this one's (above 1: speculation faster)."""
+    base = {(lv["rate"], lv.get("repeat", 1)): lv for v, lv in rate_levels(results) if v["name"] == "baseline"}
+    rows = []
+    for variant, level in rate_levels(results):
+        c, ol, server = level.get("client") or {}, level.get("open_loop") or {}, level.get("server") or {}
+        bench = level.get("vllm_bench") or {}
+        b = (base.get((level["rate"], level.get("repeat", 1))) or {}).get("client") or {}
+        row = {"variant": variant["name"], "rate": level["rate"], "repeat": level.get("repeat", 1),
+               "status": level.get("status"), "achieved_rate": ol.get("achieved_rate"), "behind": ol.get("behind"),
+               "in_flight_max": ol.get("in_flight_max"), "in_flight_mean": ol.get("in_flight_mean"),
+               "outcomes": level.get("outcomes") or ol.get("outcomes") or {},
+               "ttft_ms": c.get("ttft_ms") or {}, "tpot_ms": c.get("per_token_latency_ms") or {},
+               "e2e_ms": c.get("e2e_ms") or {}, "output_tokens_per_s": c.get("output_tokens_per_s"),
+               "acceptance": server.get("acceptance_rate"),
+               "bench": {"output_tokens_per_s": bench.get("output_tokens_per_s"),
+                         "ttft_p50_ms": (bench.get("ttft_ms") or {}).get("p50"),
+                         "tpot_p50_ms": (bench.get("per_token_latency_ms") or {}).get("p50"),
+                         "agrees": (level.get("vllm_bench_agreement") or {}).get("agrees"),
+                         "error": bench.get("error")}}
+        if variant["name"] != "baseline" and b:
+            row["tpot_p50_speedup"] = _ratio((b.get("per_token_latency_ms") or {}).get("p50"), row["tpot_ms"].get("p50"))
+            row["e2e_mean_speedup"] = _ratio((b.get("e2e_ms") or {}).get("mean"), row["e2e_ms"].get("mean"))
+        rows.append(row)
+    return sorted(rows, key=lambda r: (r["rate"], r["repeat"], r["variant"] == "baseline", r["variant"]))
+
+
+def rate_headline(results: dict[str, Any]) -> list[str]:
+    """Per speculative variant and rate: the speedups a user sees, averaged over the repeats; and
+    each run whose generator fell behind its schedule."""
+    groups: dict[tuple[str, float], list[dict[str, Any]]] = {}
+    lines = []
+    for row in derive_rates(results):
+        if row["behind"]:
+            lines.append(f"rate {row['rate']:g}/s, {row['variant']} run {row['repeat']}: the load generator fell "
+                         f"behind (achieved {_fmt(row['achieved_rate'], 2)}/s): that run's offered load was lower")
+        if row.get("tpot_p50_speedup") is not None or row.get("e2e_mean_speedup") is not None:
+            groups.setdefault((row["variant"], row["rate"]), []).append(row)
+    for (variant, rate), rows in sorted(groups.items(), key=lambda g: (g[0][1], g[0][0])):
+        parts = []
+        for key, what in (("tpot_p50_speedup", "per token (TPOT p50)"), ("e2e_mean_speedup", "end to end (mean)")):
+            m = stats.mean_interval([r[key] for r in rows if r.get(key) is not None])
+            if m["mean"] is not None:
+                spread = f" (95% interval {m['low']:.2f}-{m['high']:.2f})" if m.get("low") is not None else ""
+                parts.append(f"{m['mean']:.2f}x {what}{spread}")
+        served = sum(r["outcomes"].get("served", 0) for r in rows)
+        total = sum(sum(r["outcomes"].values()) for r in rows)
+        lines.append(f"rate {rate:g}/s, {variant}: against the baseline at the same arrivals, " + "; ".join(parts)
+                     + f"; {served}/{total} requests served ({len(rows)} run{'s' if len(rows) != 1 else ''})")
+    return lines
+
+
+RATE_COLUMNS = ["rate asked", "variant", "run", "achieved req/s", "in flight max", "served/refused/timed out/failed/unsent",
+                "TTFT p50/p95 ms", "TPOT p50/p95 ms", "output tok/s", "acceptance", "TPOT p50 speedup",
+                "e2e mean speedup", "vLLM bench tok/s, TTFT p50, TPOT p50", "bench agrees", "status"]
+
+
+def rate_table_rows(results: dict[str, Any]) -> list[list[str]]:
+    out = []
+    for r in derive_rates(results):
+        o, b = r["outcomes"], r["bench"]
+        out.append([f"{r['rate']:g}", r["variant"], str(r["repeat"]),
+                    _fmt(r["achieved_rate"], 2) + (" BEHIND" if r["behind"] else ""), _fmt(r["in_flight_max"], 0),
+                    "/".join(str(o.get(k, 0)) for k in ("served", "refused", "timed_out", "failed", "unsent")),
+                    f"{_fmt(r['ttft_ms'].get('p50'))} / {_fmt(r['ttft_ms'].get('p95'))}",
+                    f"{_fmt(r['tpot_ms'].get('p50'), 2)} / {_fmt(r['tpot_ms'].get('p95'), 2)}",
+                    _fmt(r["output_tokens_per_s"]), _fmt(r["acceptance"], pct=True),
+                    _cell("speedup", r.get("tpot_p50_speedup")), _cell("speedup", r.get("e2e_mean_speedup")),
+                    b["error"] or f"{_fmt(b['output_tokens_per_s'])}, {_fmt(b['ttft_p50_ms'])}, {_fmt(b['tpot_p50_ms'], 2)}",
+                    _cell("bench_agrees", b["agrees"]), str(r["status"])])
+    return out
 
 
 def _level_at(results: dict[str, Any], variant_name: str, concurrency: int, repeat: int = 1) -> dict[str, Any] | None:
@@ -181,7 +275,13 @@ def slo_lines(results: dict[str, Any]) -> list[str]:
     described = ", ".join(t.describe() for t in slo.parse_targets(targets))
     lines = []
     for variant in results.get("variants", []):
-        measured = [lv for lv in variant.get("levels", []) if lv.get("slo")]
+        at_rates = [lv for lv in variant.get("levels", []) if lv.get("slo") and "rate" in lv]
+        if at_rates:
+            met = [lv["rate"] for lv in at_rates if lv["slo"].get("met")
+                   and all(x["slo"].get("met") for x in at_rates if x["rate"] == lv["rate"])]
+            lines.append(f"service targets ({described}), {variant['name']}: "
+                         + (f"met up to {max(met):g} requests/s (open loop)" if met else "not met at any measured rate"))
+        measured = [lv for lv in variant.get("levels", []) if lv.get("slo") and "rate" not in lv]
         if not measured:
             continue
         best = slo.highest_concurrency(measured)
@@ -222,7 +322,7 @@ def compare_rows(results: dict[str, Any], concurrencies: list[int] | None = None
         for repeat in repeats:
             for variant in results.get("variants", []):
                 level = next((lv for lv in variant.get("levels", [])
-                              if lv["concurrency"] == c and lv.get("repeat", 1) == repeat), None)
+                              if lv.get("concurrency") == c and lv.get("repeat", 1) == repeat), None)
                 if level is not None:
                     rows.append(_compare_row(variant, level, derived.get((variant["name"], c, repeat), {})))
     return rows
@@ -293,6 +393,8 @@ def _cell(key: str, value: Any) -> str:
 
 def compare_table(results: dict[str, Any], concurrencies: list[int] | None = None) -> str:
     """Plain-text table for the terminal."""
+    if any(True for _ in rate_levels(results)):
+        return _rate_table_text(results)
     rows = compare_rows(results, concurrencies)
     top = [line for line in headline(results) if not concurrencies or not line.startswith("batch ")
            or int(line.split(",")[0].removeprefix("batch ")) in concurrencies]
@@ -309,11 +411,25 @@ def compare_table(results: dict[str, Any], concurrencies: list[int] | None = Non
         previous = r["concurrency"]
         lines.append("  ".join(c.rjust(w) if i > 1 else c.ljust(w) for i, (c, w) in enumerate(zip(b, widths))))
     notes = [f"{v['name']} c={lv['concurrency']} run {lv.get('repeat', 1)}: {n}" for v in results.get("variants", [])
-             for lv in v.get("levels", []) if not concurrencies or lv["concurrency"] in concurrencies
+             for lv in v.get("levels", []) if "concurrency" in lv and (not concurrencies or lv["concurrency"] in concurrencies)
              for n in (lv.get("problems") or []) + (lv.get("notes") or [])]
     if notes:
         lines += ["", *[f"note: {n}" for n in notes]]
     return "\n".join(lines)
+
+
+def _rate_table_text(results: dict[str, Any]) -> str:
+    """The open-loop levels' table for the terminal, with their headline and notes."""
+    top = rate_headline(results) + slo_lines(results)
+    body = rate_table_rows(results)
+    widths = [max(len(h), *(len(b[i]) for b in body)) if body else len(h) for i, h in enumerate(RATE_COLUMNS)]
+    lines = [*top, *([""] if top else [])]
+    lines.append("  ".join(h.ljust(w) for h, w in zip(RATE_COLUMNS, widths)))
+    lines.append("  ".join("-" * w for w in widths))
+    lines += ["  ".join(c.ljust(w) for c, w in zip(b, widths)) for b in body]
+    notes = [f"{v['name']} {level_name(lv)} run {lv.get('repeat', 1)}: {n}" for v, lv in rate_levels(results)
+             for n in (lv.get("problems") or []) + (lv.get("notes") or [])]
+    return "\n".join(lines + (["", *[f"note: {n}" for n in notes]] if notes else []))
 
 
 def _md_cell(text: str) -> str:
@@ -408,7 +524,7 @@ def _trust_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
                 return f"{_fmt(mine)} / {_fmt(theirs * 1000 if theirs is not None else None)}"
 
             diff = k.get("relative_error")
-            rows.append([variant["name"], str(level["concurrency"]), str(level.get("repeat", 1)), level["status"],
+            rows.append([variant["name"], level_name(level), str(level.get("repeat", 1)), level["status"],
                          _fmt(k.get("client_output_tokens"), 0), _fmt(k.get("server_generation_tokens"), 0),
                          "-" if diff is None else f"{100 * diff:.2f}%" + ("" if k.get("ok") else " FLAG"),
                          _fmt(c.get("output_tokens_per_s")), _fmt(s.get("output_tokens_per_s")),
@@ -622,9 +738,11 @@ PREFORMATTED = "Speculation: acceptance, expected tokens and break-even"  # its 
 def _sections(results: dict[str, Any]) -> list[Section]:
     """(title, prose as Markdown, table) of the report."""
     s = results.get("settings", {})
-    per_level = {lv["concurrency"]: lv["requests"]
-                 for v in results.get("variants", []) for lv in v.get("levels", []) if lv.get("requests")}
-    load = (f"{s.get('duration_s')} s a run" if s.get("duration_s") else
+    per_level = {lv["concurrency"]: lv["requests"] for v in results.get("variants", []) for lv in v.get("levels", [])
+                 if lv.get("requests") and "concurrency" in lv}
+    per_rate = {lv["rate"]: lv["requests"] for _, lv in rate_levels(results) if lv.get("requests")}
+    load = ("measured requests per run: " + ", ".join(f"{n} at {r:g}/s" for r, n in sorted(per_rate.items()))
+            if per_rate else f"{s.get('duration_s')} s a run" if s.get("duration_s") else
             "measured requests per run: " + ", ".join(f"{n} at batch {c}" for c, n in sorted(per_level.items())))
     load += f", {s.get('repeat', 1)} run(s) of each"
     if s.get("vllm_bench"):
@@ -633,8 +751,10 @@ def _sections(results: dict[str, Any]) -> list[Section]:
              f"{s.get('max_tokens')} output tokens per request"
              f"{' (fixed: ignore_eos)' if s.get('fixed_length') else _free_lengths(results)}, "
              f"temperature {s.get('temperature')}, "
-             f"closed loop at concurrency {s.get('users')}"
-             + (f" (users start {1000 * s['arrival_gap_s']:.0f} ms apart)" if s.get("arrival_gap_s") else "")
+             + (f"open loop at rates {', '.join(f'{r:g}' for r in s['rates'])} requests/s (Poisson arrivals, the same "
+                f"for every variant of a repeat)" if s.get("rates") else
+                f"closed loop at concurrency {s.get('users')}"
+                + (f" (users start {1000 * s['arrival_gap_s']:.0f} ms apart)" if s.get("arrival_gap_s") else ""))
              + f", {load}, {s.get('warmup')} warm-up request(s) per user "
              f"excluded, Locust workers: {s.get('workers') or 'none (one process)'}. "
              f"Machine: {results.get('machine', {}).get('cpus')} CPUs, vLLM {results.get('machine', {}).get('vllm')}, "
@@ -643,7 +763,7 @@ def _sections(results: dict[str, Any]) -> list[Section]:
     if plan:
         intro += (f" Order: {plan['order']} ({plan['why']}); {plan['server_starts']} server start(s), "
                   f"estimated {plan['estimated_s'] / 60:.0f} min beforehand.")
-    findings = [f"- {line}" for line in headline(results)]
+    findings = [f"- {line}" for line in rate_headline(results) + headline(results)]
     if findings:
         intro = "\n".join(findings) + "\n\n" + intro
     problems = results.get("problems") or []
@@ -653,11 +773,14 @@ def _sections(results: dict[str, Any]) -> list[Section]:
                  v.get("error") or ""] for v in results.get("variants", [])]
     cmp_rows = compare_rows(results)
     compare = ([t for _, t in COMPARE_COLUMNS], [[_cell(k, r[k]) for k, _ in COMPARE_COLUMNS] for r in cmp_rows])
+    open_loop = [("Open loop: each variant at each arrival rate", OPEN_LOOP_PROSE, (RATE_COLUMNS, rate_table_rows(results)))
+                 ] if any(True for _ in rate_levels(results)) else []
     return [
         ("Summary", intro + ("\n\nProblems: " + "; ".join(problems) if problems else ""), None),
         ("Variants", "Each variant ran on its own server: started by the sweep (start-up times, one per start) "
          "or already running (its address; its speculative config as read from its /metrics).",
          (["variant", "label", "status", "start-up s or address", "speculative_config", "error"], variants)),
+        *open_loop,
         ("Batch comparison", "tok/s system: output tokens of all successful requests / measured interval. "
          "tok/s per user: median over requests of output tokens / end-to-end latency. Speedup: system tok/s of "
          "the variant / the baseline's run of the same repeat at the same concurrency. Acceptance and "
@@ -705,10 +828,25 @@ def _sections(results: dict[str, Any]) -> list[Section]:
     ]
 
 
+OPEN_LOOP_PROSE = (
+    "Requests arrived by a Poisson process at the asked rate whether or not earlier ones had finished (nothing caps "
+    "the requests in flight, so a server slower than the arrivals queues them and latencies grow). Every variant "
+    "of a repeat got the same arrival times and prompts. Achieved: requests sent over the span of the actual "
+    "sends; BEHIND: the load generator sent under 95% of the asked rate, or its send lag (actual send minus "
+    "scheduled arrival) had a p99 over 100 ms, or left requests unsent. In flight max: most requests sent and not "
+    "yet ended at once. Outcomes: served, refused (an HTTP error status such as 429 or 503, or no connection), "
+    "timed out, failed (a broken stream), unsent. TTFT and TPOT count from the actual send. Speedups: the "
+    "baseline's TPOT p50 over the variant's, and the baseline's mean end-to-end latency over the variant's, at "
+    "the same rate and repeat (above 1: speculation faster for a user). vLLM bench: vLLM's serving benchmark "
+    "right after, at the same rate and seed (the same arrival times), flagged where output tokens/s differ by "
+    "more than 5% or TTFT or TPOT p50 by more than 10%.")
+
+
 def _free_lengths(results: dict[str, Any]) -> str:
     """Without a fixed length: how long the outputs came out (each request ended at the model's end
     of text or at max_tokens)."""
     lengths = [(lv["client"].get("output_tokens_per_request") or {}) for _, lv in levels(results)]
+    lengths += [(lv.get("client") or {}).get("output_tokens_per_request") or {} for _, lv in rate_levels(results)]
     lengths = [d for d in lengths if d.get("n")]
     if not lengths:
         return " at most (not fixed: each ends at the model's end of text)"
@@ -723,7 +861,8 @@ def _locust_links(results: dict[str, Any]) -> list[tuple[str, str]]:
         for level in variant.get("levels", []):
             loc = level.get("locust")
             if loc:
-                out.append((f"{variant['name']} c={level['concurrency']}", loc["html"]))
+                out.append((f"{variant['name']} " + (level_name(level) if "rate" in level else f"c={level['concurrency']}"),
+                            loc["html"]))
     return out
 
 
@@ -782,6 +921,8 @@ def write_report(results: dict[str, Any], out: Path) -> dict[str, Path]:
     out.mkdir(parents=True, exist_ok=True)
     # A copy: the sweep's own results (what Sweep.save keeps) stay as measured.
     results = {**results, "comparisons": derive(results)}
+    if any(True for _ in rate_levels(results)):
+        results["rate_comparisons"] = derive_rates(results)
     write_json(out / "results.json", results)
     plots = plot(results, out)
     return {"json": out / "results.json", "markdown": write_markdown(results, out, plots),

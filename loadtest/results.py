@@ -15,9 +15,18 @@ Status = Literal["running", "starting", "ok", "flagged", "failed", "skipped", "i
 
 
 class LevelResult(TypedDict, total=False):
-    """One measured run of a variant at one concurrency."""
+    """One measured run of a variant at one concurrency (closed loop) or one arrival rate (open
+    loop: `rate` instead of `concurrency`)."""
 
     concurrency: int
+    rate: float
+    """Open loop: the arrival rate asked (requests/s); what was achieved is in `open_loop`."""
+    seed: int
+    """Open loop: the arrival schedule's seed (the same for every variant of a repeat)."""
+    open_loop: dict[str, Any]
+    """Open loop: `stats.open_loop` (achieved rate, send lag, in-flight series, behind, outcomes)."""
+    outcomes: dict[str, int]
+    """Open loop: how the requests ended (served, refused, timed_out, failed, unsent)."""
     repeat: int
     sequence: int
     """The run's place in the sweep (1 = first): says which of a pair of runs went first."""

@@ -8,6 +8,13 @@ snapshot, the measured Locust run (closed loop, a request count or a duration), 
 snapshot, then vLLM's serving benchmark with the same prompts, output length, temperature,
 concurrency and request count. `--repeat N` makes N runs of every (variant, concurrency).
 
+Open loop (`rates`): each level is an arrival rate instead of a concurrency. A run: warm-up (closed
+loop, `RATE_WARMUP_USERS` users), a snapshot, the open-loop Locust run (`requests_for_rate`
+requests arriving by a Poisson process, seeded by the repeat so every variant of a repeat gets the
+same arrivals and prompts), a snapshot, then vLLM's benchmark at the same rate and seed. The level
+keeps `rate` (asked), `seed`, `open_loop` (`stats.open_loop`: achieved rate, send lag, in-flight
+series, `behind`), `outcomes`, the client's figures, `slo` and the server's delta.
+
 Order (`loadtest.plan`): on a CPU every variant's server stays up where they fit (an idle vLLM
 server costs no CPU) and the variants take turns at each run, so spec and baseline of the same
 repeat are measured minutes apart and share the machine's mood; each speedup is paired within its
@@ -29,10 +36,12 @@ import logging
 import os
 import platform
 import re
+import math
 import shutil
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,12 +52,13 @@ from deploy import ConfigError, Server, ServerStartError, free_port, load_config
 from deploy.embedded_pair import is_built, is_pair_folder
 from deploy.preflight import GIB, Machine, ResolvedDeployment, choose_device
 from loadtest import prom, slo, stats, vllm_bench
+from loadtest.arrivals import poisson_arrivals
 from loadtest.client import RequestRecord, auth_headers
 from loadtest.endpoint import EndpointError, RemoteServer, discover
 from loadtest.files import write_json
 from loadtest.locust_run import LocustJob, LocustOutcome, run_locust
-from loadtest.plan import (ServerInfo, SweepPlan, Timings, choose_order, duration_text, server_key,
-                           servers_fit_together)
+from loadtest.plan import (RATE_WARMUP_USERS, ServerInfo, SweepPlan, Timings, choose_order, duration_text,
+                           server_key, servers_fit_together)
 from loadtest.request_settings import RequestSettings, settings_record
 from loadtest.results import CREATED_FORMAT, LevelResult, SweepResults, VariantResult
 from loadtest.workloads import Workload, load_workload
@@ -70,16 +80,20 @@ class SweepSettings:
     alternatives: list[tuple[str, list[str]]] = field(default_factory=list)
     """More speculative variants, each (name, overrides) of the config: another draft model, say."""
     users: list[int] = field(default_factory=lambda: [1, 32])
+    rates: list[float] = field(default_factory=list)
+    """Open loop: the levels are these arrival rates (requests/s), not `users`; empty: closed loop."""
     repeat: int = 3
     """Runs of every (variant, concurrency); speedups get a 95% interval over them."""
     order: str = "auto"
     """`alternate`, `grouped` or `auto` (`loadtest.plan.choose_order`)."""
     requests: int | None = None
-    """Measured requests of each run, shared by its users; default: see `requests_for`."""
+    """Measured requests of each run, shared by its users; default: see `requests_for` (open loop:
+    `requests_for_rate`)."""
     duration_s: float | None = None
-    """Measure for this long per level instead of a request count."""
+    """Measure for this long per level instead of a request count (open loop: the requests that
+    arrive in this long at the level's rate)."""
     warmup: int = 1
-    """Warm-up requests per user before each run (not measured)."""
+    """Warm-up requests per user before each run (not measured; open loop: per warm-up user)."""
     request: RequestSettings = field(default_factory=RequestSettings)
     """What each request looks like (workload, length, temperature, ...) and how users start."""
     workers: int = 0
@@ -115,6 +129,31 @@ def requests_for(concurrency: int, requested: int | None) -> int:
     """Measured requests of a run: `requested`, or max(32, 8 x concurrency): on the embedded
     default about half a minute a run at batch 1 and at batch 32 without speculation."""
     return max(1, requested or max(32, 8 * concurrency))
+
+
+OPEN_LOOP_SECONDS = 60.0
+"""An open-loop level's default length: the requests that arrive in about this long."""
+OPEN_LOOP_MIN_REQUESTS = 32
+
+
+def requests_for_rate(rate: float, requested: int | None, duration_s: float | None = None) -> int:
+    """Measured requests of an open-loop run: `requested`, else those arriving in `duration_s`,
+    else in OPEN_LOOP_SECONDS, at least OPEN_LOOP_MIN_REQUESTS (percentiles need some)."""
+    if requested:
+        return max(1, requested)
+    if duration_s:
+        return max(1, round(duration_s * rate))
+    return max(OPEN_LOOP_MIN_REQUESTS, math.ceil(OPEN_LOOP_SECONDS * rate))
+
+
+def level_key(level: LevelResult) -> float:
+    """A level's place in the sweep: its rate (open loop) or its concurrency."""
+    return level["rate"] if "rate" in level else level["concurrency"]
+
+
+def seed_for(repeat: int) -> int:
+    """The arrival schedule's seed of an open-loop run: one per repeat, shared by all variants."""
+    return repeat
 
 
 @dataclass(frozen=True)
@@ -223,6 +262,9 @@ class _LevelRun:
     title: str
     total: int
     """Measured requests (0: a run of `settings.duration_s`)."""
+    rate: float = 0.0
+    """Open loop: the arrival rate of the measured run (requests/s); 0: closed loop at `users`."""
+    seed: int = 0
 
     @property
     def server(self) -> Server | RemoteServer:
@@ -243,7 +285,21 @@ class _LevelRun:
 
 
 class Sweep:
-    """Runs the sweep and keeps `results` (the future results.json) up to date."""
+    """Runs the sweep and keeps `results` (the future results.json) up to date.
+
+    `run()` runs the whole sweep: every variant at every level and repeat. A search that picks its
+    levels as it goes (a capacity search over rates) runs one level at a time instead:
+
+        sweep = Sweep(SweepSettings(config, ...))   # rates need not be set
+        with sweep.serving():                         # prepares the variants; servers stop on exit
+            level = sweep.rate_level("baseline", 2.0, repeat=1)   # -> LevelResult
+            level = sweep.rate_level("spec-k4", 2.0, repeat=1)    # same arrivals as the baseline's
+
+    `rate_level(variant_name, rate, repeat)` starts the variant's server on first use (stopping
+    the others first where servers cannot be up together) and keeps it up until `serving()`
+    ends; each level is appended to `results` and saved. Variant names: `variants()` inside
+    `serving()` (from `plan_variants`, or "spec-kK"/"server" and "baseline" for `url`/`baseline_url`).
+    """
 
     def __init__(self, settings: SweepSettings, on_server_started: Callable[[Server, Variant], None] | None = None,
                  timings: Timings | None = None):
@@ -260,6 +316,10 @@ class Sweep:
         self.workload: Workload | None = None
         """The workload, read once before any server starts (vLLM's benchmark's dataset)."""
         self.targets = slo.parse_targets(settings.slo) if settings.slo else []
+        self._serving: tuple[dict[str, Variant], dict[str, _Running], SweepPlan] | None = None
+        """Inside `serving()`: the variants by name, their servers, the plan."""
+        self._on_demand = 0
+        """Levels `rate_level` ran: their `sequence`."""
         s = settings_record(settings)
         self.results: SweepResults = {
             "schema": RESULTS_SCHEMA, "status": "running", "config": settings.config or settings.url,
@@ -306,24 +366,44 @@ class Sweep:
         order, why = choose_order(s.order, together, {x.device for x in servers})
         self.sweep_plan = SweepPlan(
             config=s.config or s.url, servers=servers, order_name=order, why=why, together=together, users=s.users,
-            repeat=s.repeat, requests={} if s.duration_s else {c: requests_for(c, s.requests) for c in s.users},
+            repeat=s.repeat, rates=list(s.rates),
+            requests=({r: requests_for_rate(r, s.requests, s.duration_s) for r in s.rates} if s.rates else
+                      {} if s.duration_s else {c: requests_for(c, s.requests) for c in s.users}),
             duration_s=s.duration_s, warmup=s.warmup, max_tokens=s.request.max_tokens,
             temperatures=[s.request.temperature], vllm_bench=s.vllm_bench, timings=self.timings,
             skipped=skipped or [], notes=notes or [])
         return self.sweep_plan
 
-    def run(self) -> SweepResults:
+    def _setup(self) -> tuple[list[Variant], dict[str, _Running], SweepPlan]:
+        """Read the workload and prepare every variant (or find the running servers); raises
+        ConfigError, EndpointError, ValueError or OSError before any server starts."""
         self.out.mkdir(parents=True, exist_ok=True)
+        # Read once; a bad workload fails here, before any server starts.
+        self.workload = load_workload(self.settings.request.workload)
+        if self.settings.url:
+            variants, running = self._running_servers()
+            plan = self._make_plan([self._servers[v.name] for v in variants], together=True)
+        else:
+            variants = plan_variants(self.settings)
+            running = {v.name: self._prepare(v) for v in variants}
+            plan = self._plan_started(running)
+        return variants, running, plan
+
+    def _finish(self, running: dict[str, _Running]) -> None:
+        """Whatever happened (failure, Ctrl-C), no server is left running; statuses and the file follow."""
+        for state in running.values():
+            self._stop(state)
+            self._finish_variant(state)
+        for entry in vllm_bench.systematic_by_level(self.results):
+            if entry["agrees"] is False:
+                self.results["problems"].append(vllm_bench.describe_systematic(entry))
+        if self.results["status"] != "interrupted":
+            self.results["status"] = overall_status(self.results)
+        self.save()
+
+    def run(self) -> SweepResults:
         try:
-            # Read once; a bad workload fails here, before any server starts.
-            self.workload = load_workload(self.settings.request.workload)
-            if self.settings.url:
-                variants, running = self._running_servers()
-                plan = self._make_plan([self._servers[v.name] for v in variants], together=True)
-            else:
-                variants = plan_variants(self.settings)
-                running = {v.name: self._prepare(v) for v in variants}
-                plan = self._plan_started(running)
+            variants, running, plan = self._setup()
         except (ConfigError, EndpointError, ValueError, OSError) as exc:
             self.results["status"] = "failed"
             self.results["problems"].append(str(exc))
@@ -338,45 +418,127 @@ class Sweep:
         log.info("load test of %s: report in %s", self.settings.config or self.settings.url, self.out)
         began = time.monotonic()
         try:
-            for n, (repeat, users, variant) in enumerate(order, 1):
-                state = running[variant.name]
-                if not state.broken and state.server is not None and not state.server.alive():
-                    state.broken, state.died = "server no longer running", True
-                if state.broken:
-                    if state.died:
-                        state.entry["levels"].append({"concurrency": users, "repeat": repeat, "status": "skipped",
-                                                      "problems": [state.broken]})
-                    continue
-                if plan.one_at_a_time:  # the others stop first
-                    for other in running.values():
-                        if other is not state:
-                            self._stop(other)
-                position = f"{n}/{len(order)}"
-                if state.server is None and not self._start(state, variant, f"{position}, {self._clock(began, n)}"):
-                    continue
-                title = (f"[{position}] {variant.name} c={users} run {repeat}/{self.settings.repeat} "
-                         f"({self._clock(began, n, started=True)})")
-                run_began = time.monotonic()
-                level = self._run_level(state, variant, users, repeat, title)
-                self._record_run(state, variant, level, time.monotonic() - run_began)
-                state.entry["levels"].append({**level, "sequence": n})
-                self.save()
+            for n, (repeat, at, variant) in enumerate(order, 1):
+                self._step(running, plan, variant, at, repeat, n,
+                           lambda started: f"{n}/{len(order)}, {self._clock(began, n, started)}",
+                           f"[{n}/{len(order)}]", lambda: self._clock(began, n, started=True))
         except KeyboardInterrupt:
             self.results["problems"].append("interrupted")
             self.results["status"] = "interrupted"
             raise
         finally:
-            # Whatever happened (failure, Ctrl-C), no server is left running.
-            for state in running.values():
-                self._stop(state)
-                self._finish_variant(state)
-            for entry in vllm_bench.systematic_by_level(self.results):
-                if entry["agrees"] is False:
-                    self.results["problems"].append(vllm_bench.describe_systematic(entry))
-            if self.results["status"] != "interrupted":
-                self.results["status"] = overall_status(self.results)
-            self.save()
+            self._finish(running)
         return self.results
+
+    def _step(self, running: dict[str, _Running], plan: SweepPlan, variant: Variant, at: float, repeat: int,
+              sequence: int, where: Callable[[bool], str], position: str,
+              clock: Callable[[], str], tag_suffix: str = "") -> LevelResult | None:
+        """One run of `variant` at level `at` (a concurrency, or a rate when the sweep has rates):
+        its server started first where needed; the level appended to the results, or None where the
+        variant is broken."""
+        state = running[variant.name]
+        rate = bool(self.settings.rates)
+        if not state.broken and state.server is not None and not state.server.alive():
+            state.broken, state.died = "server no longer running", True
+        if state.broken:
+            if state.died:
+                skipped: LevelResult = {("rate" if rate else "concurrency"): at, "repeat": repeat,  # type: ignore[misc]
+                                        "status": "skipped", "problems": [state.broken]}
+                state.entry["levels"].append(skipped)
+                return skipped
+            return None
+        if plan.one_at_a_time:  # the others stop first
+            for other in running.values():
+                if other is not state:
+                    self._stop(other)
+        if state.server is None and not self._start(state, variant, where(False)):
+            return None
+        title = (f"{position} {variant.name} {f'{at:g}/s' if rate else f'c={at}'} run {repeat}/{self.settings.repeat} "
+                 f"({clock()})")
+        run_began = time.monotonic()
+        level = (self._run_rate_level(state, variant, float(at), repeat, title, tag_suffix) if rate
+                 else self._run_level(state, variant, int(at), repeat, title))
+        self._record_run(state, variant, level, time.monotonic() - run_began)
+        level = {**level, "sequence": sequence}  # type: ignore[typeddict-item]
+        state.entry["levels"].append(level)
+        self.save()
+        return level
+
+    # ------------------------------------------------------------------ one level on demand
+    @contextmanager
+    def serving(self) -> Iterator[Sweep]:
+        """Prepare the variants for `rate_level`; on exit stop every server the sweep started and
+        finish the results (statuses, results.json). Raises what `_setup` raises (a bad config,
+        an unreachable URL) before any server starts."""
+        variants, running, plan = self._setup()
+        self._serving = ({v.name: v for v in variants}, running, plan)
+        self.results["plan"] = {"order": "on demand", "why": "levels chosen one at a time (rate_level)",
+                                "servers_together": plan.together, "server_starts": 0, "estimated_s": 0}
+        try:
+            yield self
+        except KeyboardInterrupt:
+            self.results["problems"].append("interrupted")
+            self.results["status"] = "interrupted"
+            raise
+        finally:
+            self._serving = None
+            for state in running.values():
+                if not state.entry["levels"] and not state.broken:
+                    state.entry["status"] = "skipped"  # the search never asked for it
+            self._finish(running)
+
+    def variants(self) -> list[str]:
+        """The variants' names `rate_level` takes (inside `serving()`)."""
+        if self._serving is None:
+            raise RuntimeError("Sweep.variants() is available inside `with sweep.serving():`")
+        return list(self._serving[0])
+
+    def server_health(self, variant_name: str) -> str | None:
+        """Inside `serving()`: None while the variant's server answers /health, else why not (an
+        overload must leave it up; a server not started yet is not asked)."""
+        if self._serving is None:
+            raise RuntimeError("Sweep.server_health() is available inside `with sweep.serving():`")
+        state = self._serving[1][variant_name]
+        if state.broken:
+            return state.broken
+        server = state.server
+        if server is None:
+            return None
+        if isinstance(server, Server):
+            return None if server.alive() and server.healthy() else (
+                server.exit_reason() if not server.alive() else f"server at {server.base_url} does not answer /health")
+        return None if server.alive() else server.exit_reason()
+
+    def rate_level(self, variant_name: str, rate: float, repeat: int = 1) -> LevelResult:
+        """One open-loop level of one variant at `rate` requests/s, now (inside `serving()`): the
+        same run and result shape as a level of `run()` with rates (warm-up, snapshots, the
+        open-loop Locust run of `requests_for_rate(rate, settings.requests, settings.duration_s)`
+        requests seeded by `repeat`, vLLM's benchmark unless `settings.vllm_bench` is off). Its
+        server starts on first use. A variant whose server failed or died gets a level with status
+        `failed`/`skipped` and the reason in `problems`."""
+        if self._serving is None:
+            raise RuntimeError("Sweep.rate_level() runs inside `with sweep.serving():`")
+        by_name, running, plan = self._serving
+        if variant_name not in by_name:
+            raise ValueError(f"no variant {variant_name!r}; the sweep has {', '.join(by_name)}")
+        if rate <= 0:
+            raise ValueError(f"an arrival rate must be positive, not {rate}")
+        rates = self.settings.rates
+        self.settings.rates = rates or [rate]  # the level runs as an open-loop step
+        try:
+            self._on_demand += 1
+            # Its files are named by its place among the levels asked for, so a level asked for
+            # again (the same variant, rate and repeat) keeps the earlier one's.
+            level = self._step(running, plan, by_name[variant_name], rate, repeat, self._on_demand,
+                               lambda started: f"on demand {self._on_demand}", f"[{self._on_demand}]",
+                               lambda: "on demand", tag_suffix=f"-n{self._on_demand}")
+        finally:
+            self.settings.rates = rates
+        if level is None:
+            state = running[variant_name]
+            level = {"rate": rate, "repeat": repeat, "status": "failed",
+                     "problems": [state.broken or "server not running"]}
+        return level
 
     def _prepare(self, variant: Variant, plan_only: bool = False) -> _Running:
         """The variant's server planned (`plan_only`: for the machine its config describes, as a dry
@@ -484,9 +646,9 @@ class Sweep:
         client = level.get("client") or {}
         if level.get("status") not in ("ok", "flagged") or not client.get("requests"):
             return
-        self._measured[(variant.name, level["concurrency"])] = wall_s
-        if state.entry.get("url"):
-            return  # another machine's server: not this machine's timings
+        self._measured[(variant.name, level_key(level))] = wall_s
+        if state.entry.get("url") or "rate" in level:
+            return  # another machine's server, or an open loop (its length is the schedule's): no timings
         s = self.settings
         tokens = (level["concurrency"] * s.warmup + client["requests"]
                   + ((level.get("vllm_bench") or {}).get("completed") or 0)) * s.request.max_tokens
@@ -523,7 +685,7 @@ class Sweep:
 
     def _finish_variant(self, state: _Running) -> None:
         entry = state.entry
-        if entry["status"] == "failed" and not entry["levels"]:
+        if entry["status"] in ("failed", "skipped") and not entry["levels"]:
             return
         failed = [lv for lv in entry["levels"] if lv["status"] in ("failed", "skipped")]
         entry["status"] = "failed" if failed or not entry["levels"] else (
@@ -555,12 +717,45 @@ class Sweep:
         _log_level(run.tag, level)
         return level
 
+    def _run_rate_level(self, state: _Running, variant: Variant, rate: float, repeat: int,
+                        title: str, tag_suffix: str = "") -> LevelResult:
+        """An open-loop level: closed-loop warm-up -> settled snapshot -> the open-loop Locust run
+        at `rate` -> snapshot -> judge (vLLM's benchmark at the same rate and seed)."""
+        s = self.settings
+        total = requests_for_rate(rate, s.requests, s.duration_s)
+        tag = f"{variant.name}-rate{rate:g}" + (f"-r{repeat}" if s.repeat > 1 else "") + tag_suffix
+        run = _LevelRun(state, RATE_WARMUP_USERS, tag, title, total, rate=rate, seed=seed_for(repeat))
+        level: LevelResult = {"rate": rate, "repeat": repeat, "seed": run.seed, "requests": total,
+                              "configured_k": None if variant.no_speculation else variant.k, "problems": []}
+        failed = self._warm_up(run)
+        before = None
+        if not failed and run.metrics:
+            before, failed = self._snapshot(run, "/metrics before the run")
+        if failed:
+            level.update(status="failed", problems=[failed])
+            return level
+        outcome, records = self._measure(run, level)
+        after = None
+        if before is not None and run.server.alive():
+            after, problem = self._snapshot(run, "/metrics after the run")
+            if problem:
+                level["problems"].append(problem)
+        ol = level["open_loop"]
+        if ol["behind"]:
+            level["problems"].append("the load generator fell behind the arrival schedule: "
+                                     + "; ".join(ol["behind_reasons"]) + " (the offered load was not the rate asked)")
+        self._judge(run, level, outcome, [r for r in records if r.outcome != "unsent"], before, after)
+        _log_level(run.tag, level)
+        return level
+
     def _locust_job(self, run: _LevelRun, phase: str, requests: int, measured: bool) -> LocustJob:
         s, tag = self.settings, run.tag
         return LocustJob(
             host=run.server.base_url, users=run.users, records_dir=self.out / "records" / f"{tag}{phase}",
             model=run.state.served_name, request=s.request, requests=requests,
-            duration_s=s.duration_s if measured else None, workers=s.workers,
+            # Open loop: the measured run only (the warm-up is a closed loop), a request count, no duration.
+            rate=run.rate if measured else 0.0, seed=run.seed,
+            duration_s=s.duration_s if measured and not run.rate else None, workers=s.workers,
             log_path=self.out / "logs" / f"locust-{tag}{phase}.log", api_key_env=run.state.api_key_env,
             csv_prefix=self.out / "locust" / tag if measured else None,
             html=self.out / "locust" / f"{tag}.html" if measured else None)
@@ -604,10 +799,21 @@ class Sweep:
         if outcome.aborted:
             level["problems"].append(outcome.aborted)
         records = load_records(job.records_dir)
-        level["client"] = stats.summarize(records, run.state.embedded)
-        level["load_generator"] = load_generator_lag(records, job.records_dir)
+        if run.rate:
+            # Every request of the schedule ends as one outcome; the client's figures are over those
+            # sent, timed from the schedule's start as vLLM's benchmark times its run.
+            sent = [r for r in records if r.outcome != "unsent"]
+            level["client"] = stats.summarize(sent, run.state.embedded, schedule_start(sent, run.rate, run.total,
+                                                                                       run.seed))
+            level["open_loop"] = stats.open_loop(records, run.rate, run.total)
+            level["outcomes"] = level["open_loop"]["outcomes"]
+            level["load_generator"] = load_generator_lag(sent, job.records_dir)
+        else:
+            level["client"] = stats.summarize(records, run.state.embedded)
+            level["load_generator"] = load_generator_lag(records, job.records_dir)
         if self.targets and records:
-            level["slo"] = slo.evaluate(records, self.targets, level["client"]["duration_s"])
+            # Open loop: unsent requests are in `records` too, and meet no target.
+            level["slo"] = slo.evaluate(records, self.targets, level["client"].get("duration_s") or 0.0)
         return outcome, records
 
     def _judge(self, run: _LevelRun, level: LevelResult, outcome: LocustOutcome, records: list[RequestRecord],
@@ -629,7 +835,7 @@ class Sweep:
                     f"throughput disagrees with the server: client {check['client_output_tokens']} tokens vs "
                     f"server counter {d.generation_tokens:.0f} over the same interval")
         level["notes"] = (delivery_notes(client, level.get("server"), outcome, s.workers)
-                          + load_generator_notes(outcome, s.workers, level["load_generator"]))
+                          + load_generator_notes(outcome, s.workers, level["load_generator"], open_loop=bool(run.rate)))
         if not run.metrics:
             level["notes"].append("the server's /metrics could not be read: the engine's histograms, acceptance "
                                   "and the token-count check are missing for this run")
@@ -640,15 +846,17 @@ class Sweep:
             level["problems"].append(f"only {client['requests']} of {run.total} requests finished")
         broken = outcome.aborted or not client["ok"] or (run.metrics and after is None)
         if s.vllm_bench and not broken:
-            self._second_opinion(run.state, level, run.users, run.tag, run.title, after, run.auth, records)
+            self._second_opinion(run.state, level, run.users, run.tag, run.title, after, run.auth, records,
+                                 rate=run.rate, seed=run.seed)
         level["status"] = "failed" if broken else ("flagged" if level["problems"] else "ok")
 
     def _second_opinion(self, state: _Running, level: LevelResult, users: int, tag: str, title: str,
                         before: prom.Snapshot | None, auth: dict[str, str] | None,
-                        records: list[RequestRecord]) -> None:
-        """vLLM's serving benchmark on the same server, prompts, length and concurrency; compared,
-        with the engine's counters over its window (from `before`, the snapshot that closed
-        Locust's run) telling how far the server itself drifted between the two clients."""
+                        records: list[RequestRecord], rate: float = 0.0, seed: int = 0) -> None:
+        """vLLM's serving benchmark on the same server, prompts, length and concurrency (open loop:
+        the same rate and seed, so the same arrival times); compared, with the engine's counters
+        over its window (from `before`, the snapshot that closed Locust's run) telling how far the
+        server itself drifted between the two clients."""
         s, server = self.settings, state.server
         assert server is not None and self.workload is not None
         if not state.tokenizer:
@@ -660,14 +868,16 @@ class Sweep:
         job = vllm_bench.BenchJob(
             base_url=server.base_url, model=state.served_name, tokenizer=state.tokenizer,
             workload=self.workload, request=s.request, concurrency=users,
-            num_prompts=level["client"]["requests"], out_dir=self.out / "vllm-bench" / tag, workers=s.workers,
-            api_key_env=state.api_key_env, timeout_s=s.level_timeout_s, embedded=state.embedded)
+            # Open loop: the whole schedule (its length fixes the arrival times), prompts in arrival order.
+            num_prompts=level["requests"] if rate else level["client"]["requests"],
+            out_dir=self.out / "vllm-bench" / tag, workers=0 if rate else s.workers,
+            api_key_env=state.api_key_env, timeout_s=s.level_timeout_s, embedded=state.embedded, rate=rate, seed=seed)
         bench = vllm_bench.run(job)
         level["vllm_bench"] = bench
         if "error" in bench:
             level["problems"].append(bench["error"])
             return
-        if bench.get("open_loop_requests"):
+        if bench.get("open_loop_requests") and not rate:
             level["problems"].append(
                 f"vLLM's benchmark: {bench['open_loop_requests']} requests found a free slot on arrival, so it ran "
                 f"below {users} users at times; its arrivals ({1 / s.request.arrival_gap_s:.0f}/s) did not outpace the "
@@ -687,10 +897,13 @@ def judge_second_opinion(level: LevelResult, bench: dict[str, Any], records: lis
                          workload: Workload, workers: int) -> None:
     """Compare a level's Locust run with the benchmark's (`vllm_bench.compare`, request by request
     where the two match) and keep the verdict, and a problem where they disagree, in the level."""
-    sequence = [item.id for item in workload.sequence(level["client"]["requests"], workers)]
+    open_loop = "rate" in level
+    # Open loop: request i is the workload's i-th prompt in one process's order, whatever the workers.
+    sequence = [item.id for item in workload.sequence(level["requests"] if open_loop else level["client"]["requests"],
+                                                      0 if open_loop else workers)]
     matched = vllm_bench.matched_ratios(records, bench, sequence)
     agreement = vllm_bench.compare(level["client"], bench, level.get("server"), level.get("vllm_bench_server"),
-                                   matched)
+                                   matched, open_loop=open_loop)
     level["vllm_bench_agreement"] = agreement
     off = [f"{k} {100 * (v['difference_adjusted'] if v['difference_adjusted'] is not None else v['difference']):+.1f}%"
            f" (tolerance {100 * v['tolerance']:.0f}%"
@@ -714,7 +927,7 @@ def rejudge(results: SweepResults, out: Path) -> SweepResults:
             if "vllm_bench_agreement" not in level or not raw_file.is_file():
                 continue
             level["vllm_bench"] = {**level["vllm_bench"],
-                                   **vllm_bench.summarize(json.loads(raw_file.read_text()), level["concurrency"])}
+                                   **vllm_bench.summarize(json.loads(raw_file.read_text()), level.get("concurrency"))}
             records = load_records(out / level["locust"]["records"])
             judge_second_opinion(level, level["vllm_bench"], records, workload, s.get("workers", 0))
             if level["status"] != "failed":
@@ -728,6 +941,16 @@ def rejudge(results: SweepResults, out: Path) -> SweepResults:
     if results["status"] in ("ok", "flagged"):
         results["status"] = overall_status(results)
     return results
+
+
+def schedule_start(records: list[RequestRecord], rate: float, requests: int, seed: int) -> float | None:
+    """Epoch time an open-loop run's schedule began (its offsets count from there): a record's
+    scheduled arrival less its offset (`loadtest.arrivals`); None without one."""
+    offsets = poisson_arrivals(requests, rate, seed)
+    for r in records:
+        if r.planned_start is not None and r.arrival is not None and 0 <= r.arrival < len(offsets):
+            return r.planned_start - offsets[r.arrival]
+    return None
 
 
 def load_records(folder: Path) -> list[RequestRecord]:
@@ -790,7 +1013,8 @@ SEND_LAG_P99_MS = 20.0
 LOOP_LAG_MAX_MS = 100.0
 
 
-def load_generator_notes(outcome: LocustOutcome, workers: int, lag: dict[str, Any] | None = None) -> list[str]:
+def load_generator_notes(outcome: LocustOutcome, workers: int, lag: dict[str, Any] | None = None,
+                         open_loop: bool = False) -> list[str]:
     """Warn when Locust itself was busy or late enough to limit the numbers (it shares the machine)."""
     notes = []
     share = _locust_share(outcome, workers)
@@ -798,7 +1022,9 @@ def load_generator_notes(outcome: LocustOutcome, workers: int, lag: dict[str, An
         notes.append(f"the load generator used {100 * share:.0f}% of a core per Locust process: it may limit the "
                      f"measurement; use more Locust workers (--workers N) or another machine")
     send = ((lag or {}).get("send_lag_ms") or {}).get("p99")
-    if send is not None and send > SEND_LAG_P99_MS:
+    if open_loop:
+        pass  # an open loop's send lag is judged by `stats.open_loop` (`behind`), against its schedule
+    elif send is not None and send > SEND_LAG_P99_MS:
         notes.append(f"the load generator sent requests late (p99 {send:.0f} ms after the previous response "
                      f"ended): the offered load was lower than the concurrency says")
     loop = (lag or {}).get("loop_lag_ms") or {}

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from loadtest import content
-from loadtest.client import RequestRecord
+from loadtest.client import OUTCOMES, RequestRecord
 
 PERCENTILES = (50, 90, 95, 99)
 
@@ -131,10 +131,13 @@ def speculation_analysis(acceptance: float | None, accepted_length: float | None
     return out
 
 
-def summarize(records: Sequence[RequestRecord], embedded: bool = False) -> dict[str, Any]:
+def summarize(records: Sequence[RequestRecord], embedded: bool = False,
+              interval_start: float | None = None) -> dict[str, Any]:
     """Client-side numbers of one measured phase (warm-up already excluded), with the content
     check of its outputs (`content`; `embedded`: the embedded pair served, so its held-out code is
-    the reference where the prompts are too short to be one)."""
+    the reference where the prompts are too short to be one). The measured interval runs from the
+    first send, or from `interval_start` (an open loop's schedule start, as vLLM's benchmark
+    counts it), to the last end."""
     ok = [r for r in records if r.ok]
     failed = [r for r in records if not r.ok]
     out: dict[str, Any] = {"requests": len(records), "ok": len(ok), "failed": len(failed)}
@@ -148,7 +151,7 @@ def summarize(records: Sequence[RequestRecord], embedded: bool = False) -> dict[
     if not records:
         return out
     # The measured interval: first request sent -> last response finished (all of them, failed too).
-    start = min(r.start for r in records)
+    start = min(r.start for r in records) if interval_start is None else interval_start
     end = max(r.end for r in records)
     wall = max(end - start, 1e-9)
     out_tokens = sum(r.output_tokens or 0 for r in ok)
@@ -205,3 +208,77 @@ def agreement(client_tokens: float, server_tokens: float, tolerance: float = 0.0
         return {"ok": client_tokens == 0, "relative_error": None, "tolerance": tolerance}
     error = abs(client_tokens - server_tokens) / server_tokens
     return {"ok": error <= tolerance, "relative_error": error, "tolerance": tolerance}
+
+
+# An open-loop generator is behind when it sent under this share of the asked rate, or when its
+# send lag's p99 (actual send minus scheduled arrival) passed OPEN_LOOP_LAG_P99_S: then the
+# offered load was not the Poisson process asked for. 100 ms: on a shared 2-core machine the
+# event loop stalls for tens of ms now and then (`LOOP_LAG_MAX_MS` in the runner), which moves a
+# few sends without changing the load; a p99 beyond it means sends queued in the generator.
+OPEN_LOOP_MIN_RATE_SHARE = 0.95
+OPEN_LOOP_LAG_P99_S = 0.1
+
+
+def in_flight_series(records: Sequence[RequestRecord]) -> list[list[float]]:
+    """Requests in flight over time, [[t_s, n], ...] from the first send (t_s = 0): one point at
+    each send and each end, n counted after it. A request in flight is one sent whose response
+    has not ended (queued in the server or being generated)."""
+    events = sorted([(r.start, 1) for r in records] + [(r.end, -1) for r in records], key=lambda e: (e[0], e[1]))
+    if not events:
+        return []
+    t0, n, out = events[0][0], 0, []
+    for t, step in events:
+        n += step
+        out.append([round(t - t0, 4), n])
+    return out
+
+
+def open_loop(records: Sequence[RequestRecord], asked_rate: float,
+              asked_requests: int | None = None) -> dict[str, Any]:
+    """What an open-loop run offered and how its requests ended.
+
+    - achieved_rate: sends over the span of the actual sends, (sent - 1) / (last send - first
+      send); `scheduled_rate` is the same over the scheduled arrivals of those requests (the asked
+      rate up to the random draw: vLLM's schedule ends at n / rate, so for n >= 20 it is never
+      below 95% of the asked rate).
+    - send_lag_ms: actual send minus scheduled arrival, distribution with its max.
+    - in_flight: the series of `in_flight_series`, its max and its time-weighted mean over the
+      first send to the last end.
+    - behind: achieved_rate < 95% of the asked rate (of the scheduled rate, where that is lower),
+      or send lag p99 > OPEN_LOOP_LAG_P99_S.
+    - outcomes: counts of `RequestRecord.outcome`; with `asked_requests`, requests with no record
+      at all (a Locust process killed) count as unsent too.
+    """
+    outcomes = {k: 0 for k in OUTCOMES}
+    for r in records:
+        outcomes[r.outcome] += 1
+    if asked_requests is not None and asked_requests > len(records):
+        outcomes["unsent"] += asked_requests - len(records)
+    sent = sorted((r for r in records if r.outcome != "unsent"), key=lambda r: r.start)
+    out: dict[str, Any] = {"asked_rate": asked_rate, "requests": asked_requests if asked_requests is not None
+                           else len(records), "sent": len(sent), "outcomes": outcomes}
+    span = sent[-1].start - sent[0].start if len(sent) > 1 else 0.0
+    out["achieved_rate"] = (len(sent) - 1) / span if span > 0 else None
+    planned = sorted(r.planned_start for r in sent if r.planned_start is not None)
+    planned_span = planned[-1] - planned[0] if len(planned) > 1 else 0.0
+    out["scheduled_rate"] = (len(planned) - 1) / planned_span if planned_span > 0 else None
+    lags = [r.send_lag_s for r in sent if r.send_lag_s is not None]
+    out["send_lag_ms"] = {**distribution(lags, 1000), "max": 1000 * max(lags) if lags else None}
+    series = in_flight_series(sent)
+    out["in_flight"] = series
+    out["in_flight_max"] = max((n for _, n in series), default=0)
+    total = series[-1][0] if series else 0.0
+    # Time-weighted: each level of the series held from its point to the next.
+    out["in_flight_mean"] = sum(a[1] * (b[0] - a[0]) for a, b in zip(series, series[1:])) / total if total > 0 else None
+    reference = min(asked_rate, out["scheduled_rate"] or asked_rate)
+    lag_p99 = percentile(lags, 99)
+    reasons = []
+    if out["achieved_rate"] is not None and out["achieved_rate"] < OPEN_LOOP_MIN_RATE_SHARE * reference:
+        reasons.append(f"sent {out['achieved_rate']:.2f} requests/s of {asked_rate:g} asked")
+    if lag_p99 is not None and lag_p99 > OPEN_LOOP_LAG_P99_S:
+        reasons.append(f"send lag p99 {1000 * lag_p99:.0f} ms over {1000 * OPEN_LOOP_LAG_P99_S:.0f} ms")
+    if outcomes["unsent"]:
+        reasons.append(f"{outcomes['unsent']} of {out['requests']} requests never sent")
+    out["behind"] = bool(reasons)
+    out["behind_reasons"] = reasons
+    return out

@@ -6,7 +6,9 @@ server: the same prompts in the same order and number (the requests Locust sent,
 `custom` JSONL dataset, unshuffled: acceptance, hence speed, differs from prompt to prompt), the
 same output length (`--ignore-eos`, `--custom-output-len`), temperature and concurrency (closed loop:
 `--max-concurrency C`, the first C requests spaced as Locust's users start, the rest queued), and as
-many requests. `compare` then
+many requests. An open-loop level (a rate) runs it with `--request-rate R --seed S` and no cap on
+concurrency: the same Poisson arrival times as Locust's (`loadtest.arrivals`) with the same prompts
+at each. `compare` then
 checks output tokens/s (within 5%) and TTFT and per-token latency p50 (within 10%) against
 Locust's, with the server's own drift between the two windows taken out (the engine's counters
 are read around both), and says where they differ.
@@ -53,6 +55,9 @@ class BenchJob:
     timeout_s: float = 1800
     embedded: bool = False
     """It serves the embedded pair: the content check's reference is the pair's held-out code."""
+    rate: float = 0.0
+    """Open loop: requests/s of a Poisson process seeded with `seed` (0: the closed loop at `concurrency`)."""
+    seed: int = 0
 
 
 def write_dataset(workload: Workload, requests: int, workers: int, path: Path) -> Path:
@@ -73,18 +78,24 @@ def bench_args(job: BenchJob, dataset: Path, result_file: Path) -> list[str]:
             "--endpoint", "/v1/chat/completions" if chat else "/v1/completions",
             "--model", job.model, "--tokenizer", job.tokenizer,
             "--dataset-name", "custom", "--dataset-path", str(dataset), "--skip-chat-template", "--disable-shuffle",
-            "--custom-output-len", str(rs.max_tokens), "--num-prompts", str(job.num_prompts),
-            "--max-concurrency", str(job.concurrency),
-            # Evenly spaced arrivals (burstiness inf: constant gaps), as Locust's users start; far
-            # above the rate the server completes them, so after the first `concurrency` every
-            # request waits for a free slot.
-            "--request-rate", str(1 / rs.arrival_gap_s) if rs.arrival_gap_s > 0 else "inf", "--burstiness", "inf",
-            # No warm-up: the server is warm from Locust's run, and C warm-ups sent at once would put
-            # their burst into the engine's window that measures its drift.
-            "--num-warmups", "0", "--temperature", str(rs.temperature), "--seed", "0",
-            "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,90,95,99",
-            "--ready-check-timeout-sec", "0", "--disable-tqdm",
-            "--save-result", "--save-detailed", "--result-dir", str(result_file.parent), "--result-filename", result_file.name]
+            "--custom-output-len", str(rs.max_tokens), "--num-prompts", str(job.num_prompts)]
+    if job.rate > 0:
+        # Open loop: Poisson arrivals (burstiness 1), nothing capping the requests in flight; its
+        # seed gives the arrival times Locust's run had (`loadtest.arrivals`).
+        args += ["--request-rate", repr(float(job.rate)), "--burstiness", "1", "--seed", str(job.seed)]
+    else:
+        args += ["--max-concurrency", str(job.concurrency),
+                 # Evenly spaced arrivals (burstiness inf: constant gaps), as Locust's users start; far
+                 # above the rate the server completes them, so after the first `concurrency` every
+                 # request waits for a free slot.
+                 "--request-rate", str(1 / rs.arrival_gap_s) if rs.arrival_gap_s > 0 else "inf", "--burstiness", "inf",
+                 "--seed", "0"]
+    # No warm-up: the server is warm from Locust's run, and C warm-ups sent at once would put
+    # their burst into the engine's window that measures its drift.
+    args += ["--num-warmups", "0", "--temperature", str(rs.temperature),
+             "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,90,95,99",
+             "--ready-check-timeout-sec", "0", "--disable-tqdm", "--save-result", "--save-detailed",
+             "--result-dir", str(result_file.parent), "--result-filename", result_file.name]
     if rs.fixed_length:
         args.append("--ignore-eos")
     return args
@@ -195,7 +206,9 @@ def matched_ratios(records: list[Any], bench: dict[str, Any], sequence_ids: list
     client's p50 by 15%, while request by request the two agree within a few percent."""
     rows = bench.get("per_request") or {}
     out: dict[str, list[float]] = {"ttft_p50_ms": [], "per_token_p50_ms": []}
-    for i, rec in enumerate(sorted(records, key=lambda r: r.start)[:len(sequence_ids)]):
+    # Open loop: a record's `arrival` is its place in the schedule (a late send can overtake).
+    order = sorted(records, key=lambda r: (r.arrival if r.arrival is not None else -1, r.start))
+    for i, rec in enumerate(order[:len(sequence_ids)]):
         if rec.item_id != sequence_ids[i] or not rec.ok:
             continue
         for key, mine, theirs in (("ttft_p50_ms", rec.ttft_s, (rows.get("ttft_ms") or [])[i:i + 1]),
@@ -242,7 +255,7 @@ def engine_drift(locust_window: dict[str, Any] | None, bench_window: dict[str, A
 
 def compare(client: dict[str, Any], bench: dict[str, Any], locust_window: dict[str, Any] | None = None,
             bench_window: dict[str, Any] | None = None,
-            matched: dict[str, list[float]] | None = None) -> dict[str, Any]:
+            matched: dict[str, list[float]] | None = None, open_loop: bool = False) -> dict[str, Any]:
     """Locust's figures against the benchmark's: the relative difference of each, and whether it agrees.
 
     The two clients run one after the other, and on a shared machine the server's own speed moves
@@ -251,7 +264,11 @@ def compare(client: dict[str, Any], bench: dict[str, Any], locust_window: dict[s
     speed of Locust's window (`adjusted`), so that the check judges the clients, not the machine;
     the raw difference and the engine's drift are kept beside it. Given `matched` ratios
     (`matched_ratios`), latencies are judged request by request: the median of Locust's over the
-    benchmark's for the same request (`matched_difference`), drift taken out likewise."""
+    benchmark's for the same request (`matched_difference`), drift taken out likewise.
+
+    `open_loop`: both ran the same arrival schedule, so throughput follows the arrivals more than
+    the engine's speed and is compared as measured (no drift taken out); the tolerances
+    (`AGREEMENT`) are the same."""
     pairs = {"output_tokens_per_s": (client.get("output_tokens_per_s"), bench.get("output_tokens_per_s")),
              "ttft_p50_ms": ((client.get("ttft_ms") or {}).get("p50"), (bench.get("ttft_ms") or {}).get("p50")),
              "per_token_p50_ms": ((client.get("per_token_latency_ms") or {}).get("p50"),
@@ -261,7 +278,7 @@ def compare(client: dict[str, Any], bench: dict[str, Any], locust_window: dict[s
     for key, (mine, theirs) in pairs.items():
         diff = (mine - theirs) / theirs if mine is not None and theirs else None
         adjusted = None
-        if theirs and drift[key] is not None:
+        if theirs and drift[key] is not None and not (open_loop and key == "output_tokens_per_s"):
             # A latency scales with the engine's; throughput (fixed-length closed loop) inversely.
             adjusted = theirs * (1 + drift[key]) if key == "output_tokens_per_s" else theirs / (1 + drift[key])
         judged = (mine - adjusted) / adjusted if mine is not None and adjusted else diff
@@ -319,7 +336,7 @@ def systematic_by_level(results: dict[str, Any]) -> list[dict[str, Any]]:
     groups: dict[tuple[str, int], list[dict[str, Any]]] = {}
     for variant in results.get("variants", []):
         for level in variant.get("levels", []):
-            if level.get("vllm_bench_agreement"):
+            if level.get("vllm_bench_agreement") and "rate" not in level:  # closed-loop levels
                 groups.setdefault((variant["name"], level["concurrency"]), []).append(level["vllm_bench_agreement"])
     return [{"variant": name, "concurrency": c, **systematic(a)} for (name, c), a in groups.items()]
 

@@ -161,6 +161,10 @@ def test_the_crossover_is_interpolated_on_a_log_scale_of_rate() -> None:
     c = crossover(points)
     assert c["kind"] == "stops paying" and c["rate"] == pytest.approx(2.0)  # halfway between 1 and 4 in log
     assert crossover([{"rate": 1, "speedup": 0.9}, {"rate": 2, "speedup": 1.1}])["kind"] == "starts paying"
+    # Noise around 1.0 crosses it more than once: the first fall below 1.0 is the crossover.
+    noisy = crossover([{"rate": 1, "speedup": 0.95}, {"rate": 2, "speedup": 1.05}, {"rate": 4, "speedup": 0.95}])
+    assert noisy["kind"] == "stops paying" and noisy["between"] == [2, 4] and len(noisy["crossings"]) == 2
+    assert "between 2 and 4 req/s" in cap._crossover_text(noisy) and "2 times in all" in cap._crossover_text(noisy)
     throughout = crossover([{"rate": 1, "speedup": 1.3}, {"rate": 2, "speedup": 1.1}])
     assert throughout["kind"] == "pays throughout" and throughout["rate"] is None
     assert crossover([{"rate": 1, "speedup": None}])["kind"] == "no pairs"
@@ -192,7 +196,7 @@ def test_the_first_line_says_raises_or_lowers_with_intervals() -> None:
     assert "speculation lowers capacity from 2 to 1 req/s (-50%" in headline(result)[0]
     result["capacity"]["spec-k4"] = {**c(4.0, None), "status": "at least"}
     first = headline(result)[0]
-    assert "from 2 to at least 4 req/s (+100%)" in first and first.endswith("4 and above (none failed) req/s, so at least +82%")
+    assert "from 2 to at least 4 req/s (+100%)" in first and first.endswith("at least 4 (none failed) req/s, so at least +82%")
 
 
 # ---------------------------------------------------------------------------------- the whole command
@@ -258,3 +262,39 @@ def test_overload_counts_requests_without_an_outcome() -> None:
                                 "exited with code 1", {}, 30)
     assert not gone["server_up_after"] and "did not survive" in gone["problems"][0]
     assert math.isclose(cap.canonical(2 * 1.54), 3.08)
+
+
+# ---------------------------------------------------------------------------------- on the engine
+@pytest.mark.engine
+def test_capacity_command_on_running_servers(servers, tmp_path: Path) -> None:
+    """`make capacity URL=... BASELINE_URL=...` with a tiny budget: a loose target, two rates,
+    few short requests, a few seconds of overload; the files and the first line are there."""
+    import signal
+
+    from conftest import BASELINE, TEST_KEY_ENV
+    from loadtest.__main__ import main
+
+    spec, baseline = servers.get("default"), servers.get(*BASELINE)
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        code = main(["capacity", "--url", spec.base_url, "--baseline-url", baseline.base_url,
+                     "--api-key-env", TEST_KEY_ENV, "--slo", "ttft_p95=60s,tpot_p95=10s", "--start-rate", "2",
+                     "--max-rate", "4", "--repeat", "1", "--requests", "4", "--warmup", "0", "--max-tokens", "16",
+                     "--request-timeout", "120", "--overload-s", "2", "--no-second-opinion", "--out", str(tmp_path)])
+    finally:
+        for s, handler in handlers.items():
+            signal.signal(s, handler)
+    result = json.loads((tmp_path / "capacity.json").read_text())
+    assert code == 0, (result["status"], result["problems"], [lv["why"] for lv in result["levels"]])
+    assert result["variants"] == ["spec-k4", "baseline"]
+    for variant in result["variants"]:
+        assert result["capacity"][variant]["status"] == "at least" and result["capacity"][variant]["capacity"] == 4
+        over = result["overload"][variant]
+        assert over["rate"] == 8 and over["server_up_after"] and over["accounted"], over
+        assert over["memory"]["locust_peak_mib"] > 0
+    assert {(lv["variant"], lv["rate"]) for lv in result["levels"] if lv["phase"] == "search"} == \
+        {(v, r) for v in ("spec-k4", "baseline") for r in (2.0, 4.0)}
+    first = (tmp_path / "capacity.md").read_text().splitlines()[2]
+    assert first.startswith("**At ttft_p95 <= 60000 ms and tpot_p95 <= 10000 ms, speculation leaves capacity "
+                            "unchanged: at least 4 req/s (+0%)"), first
+    assert (tmp_path / "report.html").is_file() and (tmp_path / capacity_report.PARETO).is_file()
