@@ -11,7 +11,7 @@ STAMP   := .venv/.specdeploy-installed
 # CONFIG plus the shared command-line switches: SET="a.b=1 c.d=2", NO_SPEC=1.
 CONFIG_ARGS = $(CONFIG) $(foreach s,$(SET),--set $(s)) $(if $(NO_SPEC),--no-spec)
 
-.PHONY: help venv models serve check observability k8s test test-full bench-drafters soak loadtest compare advise tune distill docs clean
+.PHONY: help venv models serve check observability k8s test test-full bench-drafters soak loadtest compare capacity advise tune distill docs clean
 
 # `make help` prints the `## ` lines of this file: each target's usage sits beside its recipe, so the
 # two cannot drift apart, and `make docs` copies that help into the README's command table.
@@ -59,6 +59,19 @@ loadtest: $(STAMP)
 ##     the batch-1 vs batch-32 table of the report in folder REPORT (default: the newest)
 compare: $(STAMP)
 	$(PY) -m loadtest compare $(REPORT)
+
+# The request rate each variant sustains within the service targets (open-loop Poisson arrivals).
+## make capacity [CONFIG=...] [SET=...] [NO_SPEC=1] SLO=ttft_p95=500ms,tpot_p95=50ms [WORKERS=N] [CAPACITY_ARGS='--max-rate 8']
+##     the highest request rate (Poisson arrivals) at which every run meets the service targets SLO, with
+##     speculation and without, and the rate above which speculation stops paying; then vLLM's benchmark
+##     beside Locust below capacity and each variant at twice its capacity (overload); report under reports/;
+##     WORKERS=N: Locust worker processes; CAPACITY_ARGS: further options of python -m loadtest capacity
+##     (--start-rate, --max-rate, --repeat, --precision, --overload-s)
+## make capacity URL=http://host:port [BASELINE_URL=http://host:port] [CONFIG=...] SLO=... [WORKERS=N] [CAPACITY_ARGS=...]
+##     the same against servers already running (make serve, elsewhere): URL is the server with speculation,
+##     BASELINE_URL one without
+capacity: $(STAMP)
+	$(PY) -m loadtest capacity $(LOADTEST_SERVERS) $(if $(SLO),--slo $(SLO)) --workers $(WORKERS) $(CAPACITY_ARGS)
 
 # Step costs, acceptance and speedup of the config's drafter on a workload, and a verdict.
 ## make advise [CONFIG=...] [SET=...] [USERS=1,32] [ADVISE_ARGS='--workload my.jsonl --temperature 0.7']

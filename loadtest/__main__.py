@@ -9,6 +9,8 @@
     python -m loadtest run --url http://gpu1:8000 --baseline-url http://gpu1:8001 --slo ttft_p95=500ms
                                                                      # servers already running elsewhere
     python -m loadtest compare                                       # table of the newest report
+    python -m loadtest capacity default.yaml --slo ttft_p95=500ms,tpot_p95=50ms
+                                                                     # highest request rate within the targets
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from types import FrameType
 
 from deploy import ConfigError, load_config
 from deploy.config import DEFAULT_CONFIG
-from loadtest import request_settings
+from loadtest import capacity_cli, request_settings
 from loadtest.arg_types import int_list, positive_int, rate_list, temperature_list
 from loadtest.plan import ORDERS
 from loadtest.report import compare_table, load_results, newest_report, write_report
@@ -106,6 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="report folder or results.json (default: the newest under reports/)")
     cmp.add_argument("--users", type=int_list, default=None,
                      help="concurrency levels to show (default: all in the report)")
+    capacity_cli.add_parser(sub, _slo)
     again = sub.add_parser("rejudge", help="judge a report's Locust-vs-benchmark agreement again with this code, "
                                             "from its kept records and benchmark results, and rewrite the report")
     again.add_argument("report", type=Path, help="report folder")
@@ -258,7 +261,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         datefmt="%H:%M:%S")
     opts = build_parser().parse_args(argv)
-    return {"run": cmd_run, "compare": cmd_compare, "rejudge": cmd_rejudge}[opts.command](opts)
+    return {"run": cmd_run, "compare": cmd_compare, "rejudge": cmd_rejudge,
+            "capacity": capacity_cli.cmd_capacity}[opts.command](opts)
 
 
 if __name__ == "__main__":

@@ -493,6 +493,22 @@ class Sweep:
             raise RuntimeError("Sweep.variants() is available inside `with sweep.serving():`")
         return list(self._serving[0])
 
+    def server_health(self, variant_name: str) -> str | None:
+        """Inside `serving()`: None while the variant's server answers /health, else why not (an
+        overload must leave it up; a server not started yet is not asked)."""
+        if self._serving is None:
+            raise RuntimeError("Sweep.server_health() is available inside `with sweep.serving():`")
+        state = self._serving[1][variant_name]
+        if state.broken:
+            return state.broken
+        server = state.server
+        if server is None:
+            return None
+        if isinstance(server, Server):
+            return None if server.alive() and server.healthy() else (
+                server.exit_reason() if not server.alive() else f"server at {server.base_url} does not answer /health")
+        return None if server.alive() else server.exit_reason()
+
     def rate_level(self, variant_name: str, rate: float, repeat: int = 1) -> LevelResult:
         """One open-loop level of one variant at `rate` requests/s, now (inside `serving()`): the
         same run and result shape as a level of `run()` with rates (warm-up, snapshots, the

@@ -1,0 +1,647 @@
+"""Capacity at a service target: the highest request rate each variant sustains while every run
+meets every target, and the rate above which speculation stops paying.
+
+For each variant (speculation, baseline) the search brackets the capacity (from the start rate,
+doubling until a rate fails, or halving while the first fails), then narrows the bracket by
+bisection at the geometric midpoint until it is within the precision (15%: the lowest failing
+rate at most 1.15 x the highest passing one) or the step budget is spent. Both boundary rates
+are then measured `repeat` times: a rate passes only when every run at it meets every target, so
+one bad run moves the boundary down. A run also fails when the load generator fell behind its
+schedule or any request was refused, timed out or failed: the load asked was not the load served.
+
+Every rate either variant visits is measured on both, with the same repeat number (the same
+arrival sequence), so speculation and baseline pair up at each rate: the speedup there is the
+baseline's per-token latency p50 over speculation's, and where it crosses 1.0 (interpolated on a
+log scale of rate) speculation stops paying. After the search: vLLM's benchmark beside Locust at
+50% and 80% of the smaller capacity (a second opinion), and each variant at twice its capacity
+for a while (overload: the server must survive, every request must end somehow).
+
+The measurements come from a `Levels` (the sweep's servers, or anything shaped like them in the
+tests); `capacity.json` is written after every level, so a crash keeps what was done.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from loadtest import slo
+from loadtest.files import write_json
+
+log = logging.getLogger("specdeploy.loadtest")
+SCHEMA = 1
+BASELINE = "baseline"
+OUTCOMES = ("served", "refused", "timed_out", "failed")
+"""How a sent request can end; `unsent`, beside them, counts those the generator never sent."""
+SECOND_OPINION_SHARES = (0.5, 0.8)
+"""vLLM's benchmark runs beside Locust at these shares of the smaller capacity (below it: the
+targets hold there, so the two clients compare a served load, not a queue)."""
+
+Measure = Callable[[str, float, int], dict[str, Any]]
+"""measure(variant, rate, repeat) -> a rate level (see `Levels.measure`)."""
+
+
+class Levels(Protocol):
+    """Where the measurements come from: the sweep's running servers, or a stand-in in tests."""
+
+    variants: list[str]
+
+    def measure(self, variant: str, rate: float, repeat: int, *, vllm_bench: bool = False,
+                duration_s: float | None = None) -> dict[str, Any]:
+        """One open-loop level of `variant` at `rate` req/s: the level's dict (client, open_loop,
+        slo, server, status, problems; with `vllm_bench`, the benchmark beside it). `repeat`
+        picks the arrival sequence: the same (rate, repeat) gives every variant the same one."""
+        ...
+
+    def alive(self, variant: str) -> str | None:
+        """None while the variant's server answers its health check, else why not."""
+        ...
+
+
+@dataclass
+class CapacitySettings:
+    slo: str
+    """Service targets, e.g. `ttft_p95=500ms,tpot_p95=50ms` (`loadtest.slo`)."""
+    start_rate: float = 0.5
+    """The first rate tried, req/s: cheap to serve on most deployments, so the bracket usually grows."""
+    max_rate: float | None = None
+    """Never ask more than this (req/s); a variant passing here has a capacity of at least it."""
+    min_rate: float = 0.01
+    """Halving down stops here: below it the deployment meets the targets at no useful rate."""
+    repeat: int = 2
+    """Runs of each boundary rate (the highest passing, the lowest failing)."""
+    precision: float = 0.15
+    """Bisection stops when lowest failing <= (1 + precision) x highest passing."""
+    max_steps: int = 8
+    """Distinct rates a variant's search may ask for (bracketing and bisection; repeats extra)."""
+    overload_s: float = 180
+    """Seconds of each variant at twice its capacity after the search (0: no overload level)."""
+    second_opinion: bool = True
+    """vLLM's benchmark beside Locust at 50% and 80% of the smaller capacity."""
+
+    def check(self) -> None:
+        slo.parse_targets(self.slo)
+        if not self.start_rate > 0:
+            raise ValueError("--start-rate must be above 0 req/s")
+        if self.max_rate is not None and self.max_rate < self.start_rate:
+            raise ValueError(f"--max-rate {self.max_rate:g} is below --start-rate {self.start_rate:g}")
+        if not 0 < self.precision < 1:
+            raise ValueError("--precision must be in (0, 1), e.g. 0.15 for 15%")
+        if self.repeat < 1 or self.max_steps < 1:
+            raise ValueError("--repeat and --max-steps must be at least 1")
+
+
+def canonical(rate: float) -> float:
+    """A rate rounded to 3 significant digits: the key levels pair on, and what the report shows."""
+    return float(f"{rate:.3g}")
+
+
+# ---------------------------------------------------------------------------------- judging a level
+def judge(level: dict[str, Any]) -> tuple[bool, str]:
+    """Whether one run meets the targets, and why not: every target met, the generator on its
+    schedule, and every request served (a refused, timed-out or failed one means the load asked
+    was not the load served, whatever the latencies of the rest)."""
+    if level.get("status") in ("failed", "skipped"):
+        return False, "not measured: " + ("; ".join(level.get("problems") or []) or level["status"])
+    ol = level.get("open_loop") or {}
+    if ol.get("behind"):
+        achieved, reasons = ol.get("achieved_rate"), ol.get("behind_reasons") or []
+        return False, "the load generator fell behind its schedule" + (
+            f" ({'; '.join(reasons)})" if reasons else
+            f" (achieved {achieved:.3g} of {level.get('rate', 0):.3g} req/s)" if achieved is not None else "")
+    outcomes = ol.get("outcomes") or {}
+    lost = {k: outcomes[k] for k in ("refused", "timed_out", "failed", "unsent") if outcomes.get(k)}
+    if lost:
+        return False, "requests not served: " + ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in lost.items())
+    client = level.get("client") or {}
+    if client.get("failed"):
+        return False, f"{client['failed']} of {client.get('requests')} requests failed"
+    result = level.get("slo")
+    if not result or not client.get("ok"):
+        return False, "no request served"
+    if not result.get("met"):
+        missed = [f"{name} {_ms(t.get('value_ms'))} > {_ms(t.get('bound_ms'))} ms"
+                  for name, t in result.get("targets", {}).items() if not t.get("met")]
+        return False, "missed " + ", ".join(missed)
+    return True, "met every target"
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3g}"
+
+
+# ---------------------------------------------------------------------------------- the search
+@dataclass
+class VariantSearch:
+    """One variant's search, driven only by what was measured: `propose` says what to measure next."""
+
+    name: str
+    settings: CapacitySettings
+    runs: dict[float, list[bool]] = field(default_factory=dict)
+    """rate -> whether each run there met the targets, in repeat order."""
+    asked: list[float] = field(default_factory=list)
+    """The distinct rates this variant's own search asked for (the step budget counts them)."""
+    stopped: str = ""
+    """Why the search ended early (its server died, an interrupt), else empty."""
+
+    def record(self, rate: float, passed: bool) -> None:
+        self.runs.setdefault(rate, []).append(passed)
+
+    def bracket(self) -> tuple[float | None, float | None]:
+        """(highest passing rate below the lowest failing one, lowest failing rate). A pass above
+        a failure (noise) is ignored: the lowest failure bounds the capacity."""
+        failing = [r for r, runs in self.runs.items() if not all(runs)]
+        hi = min(failing) if failing else None
+        passing = [r for r, runs in self.runs.items() if all(runs) and (hi is None or r < hi)]
+        return (max(passing) if passing else None), hi
+
+    def propose(self) -> tuple[float, int, bool] | None:
+        """The next (rate, repeat, new) to measure, or None when the search is done; `new`: a rate
+        this search has not asked for yet (`take` counts it against the step budget)."""
+        if self.stopped:
+            return None
+        s = self.settings
+        lo, hi = self.bracket()
+        if hi is None and lo is None:
+            rate = canonical(s.start_rate)
+        elif hi is None:
+            assert lo is not None
+            if s.max_rate is not None and lo >= canonical(s.max_rate):
+                return self._boundary(lo, None)  # at least max_rate: nothing above it is asked
+            rate = canonical(min(2 * lo, s.max_rate) if s.max_rate is not None else 2 * lo)
+        elif lo is None:
+            rate = canonical(hi / 2)
+            if rate < s.min_rate:
+                return self._boundary(None, hi)
+        else:
+            rate = canonical(math.sqrt(lo * hi))
+            if self._narrow(lo, hi):
+                return self._boundary(lo, hi)
+        if rate in self.runs or len(self.asked) >= s.max_steps:  # known already, or the budget is spent
+            return self._boundary(lo, hi)
+        return rate, 1, True
+
+    def take(self) -> tuple[float, int] | None:
+        """`propose`, with a new rate counted as one step of this search."""
+        proposal = self.propose()
+        if proposal is None:
+            return None
+        rate, repeat, new = proposal
+        if new:
+            self.asked.append(rate)
+        return rate, repeat
+
+    def _narrow(self, lo: float, hi: float) -> bool:
+        """The bracket is within the precision (or no 3-digit rate lies inside it)."""
+        return hi <= (1 + self.settings.precision) * lo or canonical(math.sqrt(lo * hi)) in (lo, hi)
+
+    def _boundary(self, lo: float | None, hi: float | None) -> tuple[float, int, bool] | None:
+        """The boundary rates' remaining repeats, then done."""
+        for rate in (lo, hi):
+            if rate is not None and len(self.runs.get(rate, [])) < self.settings.repeat:
+                return rate, len(self.runs.get(rate, [])) + 1, False
+        return None
+
+    def result(self) -> dict[str, Any]:
+        """The capacity (highest passing rate), its interval and how the search ended."""
+        s = self.settings
+        lo, hi = self.bracket()
+        if lo is None:
+            status = "none passing"
+        elif hi is None:
+            status = "at least" if s.max_rate is not None and lo >= canonical(s.max_rate) else "open"
+        else:
+            status = "found" if self._narrow(lo, hi) else "budget"
+        if self.stopped:
+            status = "stopped"
+        return {"variant": self.name, "capacity": lo, "interval": [lo, hi], "status": status,
+                "steps": len(self.asked), "stopped": self.stopped or None,
+                "lowest_tried": min(self.runs) if self.runs else None,
+                "runs": {f"{r:g}": v for r, v in sorted(self.runs.items())}}
+
+
+def search(measure: Measure, variants: Sequence[str], settings: CapacitySettings,
+           searches: dict[str, VariantSearch] | None = None) -> dict[str, dict[str, Any]]:
+    """Every variant's capacity. Whichever variant leads a step (they take turns), every variant
+    is measured at its (rate, repeat), so each rate visited pairs them up. `measure` returns the
+    level's dict; `judge` reads it. Returns each variant's `VariantSearch.result()`."""
+    searches = searches if searches is not None else {v: VariantSearch(v, settings) for v in variants}
+    done: set[tuple[str, float, int]] = set()
+    turn = 0
+    while True:
+        rotated = [*variants[turn % len(variants):], *variants[:turn % len(variants)]]
+        leader = next((v for v in rotated if searches[v].propose() is not None), None)
+        if leader is None:
+            break
+        rate, repeat = searches[leader].take()  # type: ignore[misc]
+        # Who goes first flips with the repeat, as in the sweep: a steady drift cancels over pairs.
+        order = list(variants) if repeat % 2 else list(reversed(variants))
+        for v in order:
+            if (v, rate, repeat) in done or searches[v].stopped:
+                continue
+            done.add((v, rate, repeat))
+            passed, _ = judge(measure(v, rate, repeat))
+            searches[v].record(rate, passed)
+        turn += 1
+    return {v: searches[v].result() for v in variants}
+
+
+# ---------------------------------------------------------------------------------- the crossover
+def _tpot_p50(level: dict[str, Any]) -> float | None:
+    return ((level.get("client") or {}).get("per_token_latency_ms") or {}).get("p50")
+
+
+def _e2e_mean(level: dict[str, Any]) -> float | None:
+    return ((level.get("client") or {}).get("e2e_ms") or {}).get("mean")
+
+
+def paired_speedups(levels: Sequence[dict[str, Any]], spec: str, baseline: str = BASELINE) -> list[dict[str, Any]]:
+    """Per rate: speculation against the baseline over the runs of the same (rate, repeat) (the
+    same arrival sequence). `speedup` = baseline per-token latency p50 / speculation's, `e2e_speedup`
+    = baseline mean end-to-end latency / speculation's; means over the rate's pairs."""
+    by_key: dict[tuple[float, int], dict[str, dict[str, Any]]] = {}
+    for lv in levels:
+        if lv.get("phase") == "overload" or not (lv.get("client") or {}).get("ok"):
+            continue
+        by_key.setdefault((lv["rate"], lv["repeat"]), {})[lv["variant"]] = lv
+    per_rate: dict[float, dict[str, list[float]]] = {}
+    for (rate, _), pair in sorted(by_key.items()):
+        s, b = pair.get(spec), pair.get(baseline)
+        if s is None or b is None:
+            continue
+        entry = per_rate.setdefault(rate, {"speedup": [], "e2e_speedup": []})
+        for key, fig in (("speedup", _tpot_p50), ("e2e_speedup", _e2e_mean)):
+            mine, theirs = fig(s), fig(b)
+            if mine and theirs:
+                entry[key].append(theirs / mine)
+    return [{"rate": rate, "pairs": max(len(v["speedup"]), len(v["e2e_speedup"])),
+             **{k: (sum(xs) / len(xs) if xs else None) for k, xs in v.items()}}
+            for rate, v in sorted(per_rate.items())]
+
+
+def crossover(points: Sequence[dict[str, Any]], key: str = "speedup") -> dict[str, Any]:
+    """Where the speedup crosses 1.0 between measured rates, interpolated linearly in log(rate):
+    `kind` "stops paying" (above it speculation is slower), "starts paying", "pays throughout",
+    "never pays" or "no pairs"; `rate` the first crossing's, `crossings` all of them."""
+    pts = [(p["rate"], p[key]) for p in points if p.get(key) is not None and p["rate"] > 0]
+    if not pts:
+        return {"kind": "no pairs", "rate": None, "crossings": [], "range": None}
+    crossings = []
+    for (r1, s1), (r2, s2) in zip(pts, pts[1:]):
+        if (s1 >= 1) != (s2 >= 1):
+            t = (s1 - 1) / (s1 - s2)
+            crossings.append({"rate": math.exp(math.log(r1) + t * (math.log(r2) - math.log(r1))),
+                              "between": [r1, r2], "direction": "down" if s1 >= 1 else "up"})
+    out: dict[str, Any] = {"range": [pts[0][0], pts[-1][0]], "crossings": crossings,
+                           "speedups": [min(s for _, s in pts), max(s for _, s in pts)]}
+    if not crossings:
+        return {**out, "kind": "pays throughout" if pts[0][1] >= 1 else "never pays", "rate": None}
+    first_down = next((c for c in crossings if c["direction"] == "down"), None)
+    chosen = first_down or crossings[0]
+    return {**out, "kind": "stops paying" if chosen is first_down else "starts paying", "rate": chosen["rate"],
+            "between": chosen["between"]}
+
+
+# ---------------------------------------------------------------------------------- the first lines
+def describe_targets(text: str) -> str:
+    parts = [t.describe() for t in slo.parse_targets(text)]
+    return parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
+
+
+def _rate(x: float | None) -> str:
+    return "-" if x is None else f"{x:.3g}"
+
+
+def _interval(c: dict[str, Any]) -> str:
+    lo, hi = c["interval"]
+    if lo is None:
+        return f"none passing down to {_rate(c.get('lowest_tried'))}"
+    return f"{_rate(lo)}-{_rate(hi)}" if hi is not None else f"at least {_rate(lo)} (none failed)"
+
+
+def headline(result: dict[str, Any]) -> list[str]:
+    """The report's first lines: capacity with and without speculation, then the crossover."""
+    caps, spec = result.get("capacity") or {}, result.get("spec_variant")
+    base = caps.get(BASELINE)
+    mine = caps.get(spec) if spec else None
+    targets = describe_targets(result["slo"])
+    lines = []
+    if mine is None or base is None:
+        only = mine or base
+        who = "speculation" if only is mine else "the baseline"
+        lines.append(f"At {targets}, " + (f"{who}'s capacity is {_capacity_text(only)} req/s; no other variant to "
+                                           f"compare with" if only else "nothing was measured"))
+    else:
+        lines.append(f"At {targets}, {_capacity_change(base, mine)}")
+    cross = result.get("crossover") or {}
+    lines.append(_crossover_text(cross))
+    return lines
+
+
+def _capacity_text(c: dict[str, Any]) -> str:
+    lo, hi = c["interval"]
+    if lo is None:
+        return f"none (no rate met them, down to {_rate(c.get('lowest_tried'))} req/s)"
+    return f"at least {_rate(lo)}" if hi is None else _rate(lo)
+
+
+def _capacity_change(base: dict[str, Any], mine: dict[str, Any]) -> str:
+    intervals = (f". Intervals (highest rate meeting them - lowest missing them): baseline {_interval(base)}, "
+                 f"speculation {_interval(mine)} req/s")
+    a, b = base["capacity"], mine["capacity"]
+    if a is None and b is None:
+        return (f"neither variant meets them at any rate measured (down to "
+                f"{_rate(min(x for x in (base.get('lowest_tried'), mine.get('lowest_tried')) if x))} req/s)")
+    if a is None:
+        return f"only speculation meets them: up to {_capacity_text(mine)} req/s; the baseline at no rate measured" \
+               + intervals
+    if b is None:
+        return f"speculation meets them at no rate measured; the baseline up to {_capacity_text(base)} req/s" + intervals
+    # Within the intervals the change lies between b / a_hi - 1 and b_hi / a - 1.
+    low = b / base["interval"][1] - 1 if base["interval"][1] else None
+    high = mine["interval"][1] / a - 1 if mine["interval"][1] else None
+    spread = (f", so {_pct(low)} to {_pct(high)}" if low is not None and high is not None else
+              f", so at least {_pct(low)}" if low is not None else f", so at most {_pct(high)}" if high is not None
+              else "")
+    if b == a:
+        text = f"speculation leaves capacity unchanged: {_capacity_text(base)} req/s ({_pct(0.0)})"
+    else:
+        text = (f"speculation {'raises' if b > a else 'lowers'} capacity from {_capacity_text(base)} to "
+                f"{_capacity_text(mine)} req/s ({_pct((b - a) / a)})")
+    return text + intervals + spread
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:+.0f}%"
+
+
+def _crossover_text(cross: dict[str, Any]) -> str:
+    kind, rng = cross.get("kind"), cross.get("range")
+    if kind in (None, "no pairs"):
+        return "no rate was measured on both variants: no speedup to show"
+    span = f"{_rate(rng[0])}-{_rate(rng[1])} req/s"
+    lo, hi = cross["speedups"]
+    seen = f"per-token latency p50 {lo:.2f}x-{hi:.2f}x the baseline's speed"
+    between = cross.get("between") or [None, None]
+    more = (f"; it crosses 1.0 {len(cross['crossings'])} times in all: near 1.0 the speedup is within the noise"
+            if len(cross.get("crossings") or []) > 1 else "")
+    if kind == "stops paying":
+        return (f"speculation stops paying above {_rate(cross['rate'])} req/s (its per-token speedup crosses 1.0 "
+                f"between {_rate(between[0])} and {_rate(between[1])} req/s; {seen} over {span}{more})")
+    if kind == "starts paying":
+        return f"speculation pays only above {_rate(cross['rate'])} req/s (slower below it; {seen} over {span}{more})"
+    if kind == "pays throughout":
+        return f"speculation pays at every rate measured ({span}): {seen}; no crossover in the range measured"
+    return f"speculation does not pay at any rate measured ({span}): {seen}; no crossover in the range measured"
+
+
+# ---------------------------------------------------------------------------------- memory
+@dataclass
+class MemoryWatch:
+    """Peak resident memory of this process and of the Locust processes it runs (sampled)."""
+
+    interval_s: float = 0.5
+    self_peak_mib: float = 0.0
+    locust_peak_mib: float = 0.0
+    """The most the Locust processes held together at one sample."""
+    locust_process_peak_mib: float = 0.0
+    locust_processes: int = 0
+    samples: int = 0
+    _stop: threading.Event = field(default_factory=threading.Event)
+
+    def sample(self) -> None:
+        import psutil
+
+        me = psutil.Process()
+        self.self_peak_mib = max(self.self_peak_mib, me.memory_info().rss / 2**20)
+        total, pids = 0.0, set()
+        for child in me.children(recursive=True):
+            try:
+                if "locust" not in " ".join(child.cmdline()):
+                    continue
+                rss = child.memory_info().rss / 2**20
+            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+                continue
+            pids.add(child.pid)
+            total += rss
+            self.locust_process_peak_mib = max(self.locust_process_peak_mib, rss)
+        self.locust_peak_mib = max(self.locust_peak_mib, total)
+        self.locust_processes = max(self.locust_processes, len(pids))
+        self.samples += 1
+
+    @contextmanager
+    def watching(self) -> Iterator[MemoryWatch]:
+        def loop() -> None:
+            while not self._stop.wait(self.interval_s):
+                self.sample()
+
+        self.sample()
+        thread = threading.Thread(target=loop, name="memory-watch", daemon=True)
+        thread.start()
+        try:
+            yield self
+        finally:
+            self._stop.set()
+            thread.join(timeout=5)
+            self.sample()
+
+    def to_json(self) -> dict[str, Any]:
+        return {"self_peak_mib": round(self.self_peak_mib, 1), "locust_peak_mib": round(self.locust_peak_mib, 1),
+                "locust_process_peak_mib": round(self.locust_process_peak_mib, 1),
+                "locust_processes": self.locust_processes, "samples": self.samples, "interval_s": self.interval_s}
+
+
+# ---------------------------------------------------------------------------------- the whole command
+class Capacity:
+    """The search, the crossover, the second opinion and the overload, with `capacity.json` kept
+    current after every level (`save`)."""
+
+    def __init__(self, levels: Levels, settings: CapacitySettings, out: Path, context: dict[str, Any] | None = None):
+        settings.check()
+        self.levels, self.settings, self.out = levels, settings, out
+        variants = list(levels.variants)
+        self.spec = next((v for v in variants if v != BASELINE), None)
+        self.result: dict[str, Any] = {
+            "schema": SCHEMA, "status": "running", "slo": settings.slo, "settings": asdict(settings),
+            "variants": variants, "spec_variant": self.spec, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "levels": [], "capacity": {}, "crossover": None, "second_opinion": [], "overload": {}, "problems": [],
+            **(context or {})}
+        self.searches = {v: VariantSearch(v, settings) for v in variants}
+
+    def save(self) -> Path:
+        self.out.mkdir(parents=True, exist_ok=True)
+        return write_json(self.out / "capacity.json", self.result)
+
+    def _measure(self, variant: str, rate: float, repeat: int, phase: str, **options: Any) -> dict[str, Any]:
+        began = time.monotonic()
+        try:
+            level = self.levels.measure(variant, rate, repeat, **options)
+        except KeyboardInterrupt:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a level that could not run fails, the search goes on
+            log.exception("%s at %g req/s", variant, rate)
+            level = {"status": "failed", "problems": [f"{type(exc).__name__}: {exc}"]}
+        passed, why = judge(level)
+        entry = {**level, "variant": variant, "rate": rate, "repeat": repeat, "phase": phase,
+                 "sequence": len(self.result["levels"]) + 1, "wall_s": round(time.monotonic() - began, 1),
+                 "meets_targets": passed, "why": why}
+        if not passed and level.get("status") in ("failed", "skipped"):
+            gone = self.levels.alive(variant)
+            if gone:
+                entry["server_gone"] = gone
+                self.searches[variant].stopped = f"server not answering: {gone}"
+        self.result["levels"].append(entry)
+        log.info("%s at %g req/s (run %d, %s): %s", variant, rate, repeat, phase, why)
+        self.save()
+        return entry
+
+    def run(self) -> dict[str, Any]:
+        try:
+            self._search()
+            if self.settings.second_opinion:
+                self._second_opinion()
+            if self.settings.overload_s > 0:
+                self._overload()
+        except KeyboardInterrupt:
+            self.result["status"] = "interrupted"
+            self.result["problems"].append("interrupted: the levels measured so far are kept")
+            raise
+        finally:
+            self._conclude()
+            self.save()
+        return self.result
+
+    def _search(self) -> None:
+        variants = list(self.levels.variants)
+        self.result["capacity"] = search(lambda v, r, n: self._measure(v, r, n, "search"), variants, self.settings,
+                                         self.searches)
+        self._conclude()
+
+    def _conclude(self) -> None:
+        self.result["capacity"] = {v: s.result() for v, s in self.searches.items()}
+        if self.spec and BASELINE in self.searches:
+            points = paired_speedups(self.result["levels"], self.spec)
+            self.result["speedups"] = points
+            self.result["crossover"] = {**crossover(points), "e2e": crossover(points, "e2e_speedup")}
+        if self.result["status"] == "running" or self.result["status"] in ("ok", "flagged"):
+            self.result["status"] = self._status()
+
+    def _status(self) -> str:
+        caps = self.result["capacity"].values()
+        if any(c["status"] == "stopped" for c in caps):
+            return "failed"
+        flagged = self.result["problems"] or any(
+            r.get("agrees") is False or r.get("error") for r in self.result["second_opinion"]) or any(
+            o.get("problems") for o in self.result["overload"].values())
+        return "flagged" if flagged else "ok"
+
+    def _smaller_capacity(self) -> float | None:
+        found = [c["capacity"] for c in self.result["capacity"].values() if c["capacity"] is not None]
+        return min(found) if found else None
+
+    def _next_repeat(self, variant: str, rate: float) -> int:
+        """A repeat number not used at this rate yet (each run its own files and arrivals)."""
+        used = [lv["repeat"] for lv in self.result["levels"] if lv["rate"] == rate and lv["variant"] == variant]
+        return max(used, default=0) + 1
+
+    def _second_opinion(self) -> None:
+        cap = self._smaller_capacity()
+        if cap is None:
+            self.result["problems"].append("second opinion skipped: no variant met the targets at any rate")
+            return
+        for share in SECOND_OPINION_SHARES:
+            rate = canonical(share * cap)
+            repeat = max(self._next_repeat(v, rate) for v in self.levels.variants)
+            for v in self.levels.variants:
+                if self.searches[v].stopped:
+                    continue
+                level = self._measure(v, rate, repeat, "second opinion", vllm_bench=True)
+                self.result["second_opinion"].append(second_opinion_row(level, share))
+
+    def _overload(self) -> None:
+        for v in self.levels.variants:
+            cap = self.result["capacity"][v]["capacity"]
+            if cap is None or self.searches[v].stopped:
+                self.result["overload"][v] = {"skipped": "no capacity found" if cap is None
+                                              else self.searches[v].stopped}
+                continue
+            rate = canonical(2 * cap)
+            watch = MemoryWatch()
+            with watch.watching():
+                level = self._measure(v, rate, self._next_repeat(v, rate), "overload",
+                                      duration_s=self.settings.overload_s)
+            gone = self.levels.alive(v)
+            self.result["overload"][v] = overload_summary(level, gone, watch.to_json(), self.settings.overload_s)
+            self.save()
+
+
+def second_opinion_row(level: dict[str, Any], share: float) -> dict[str, Any]:
+    """Locust against vLLM's benchmark in one level, figure by figure (`vllm_bench.compare`'s verdicts)."""
+    agreement = level.get("vllm_bench_agreement") or {}
+    figures = {}
+    for key in ("output_tokens_per_s", "ttft_p50_ms", "per_token_p50_ms"):
+        a = agreement.get(key) or {}
+        diff = a.get("difference_adjusted") if a.get("difference_adjusted") is not None else a.get("difference")
+        figures[key] = {"locust": a.get("locust"), "vllm_bench": a.get("vllm_bench"), "difference": diff,
+                        "tolerance": a.get("tolerance"), "agrees": a.get("agrees")}
+    bench = level.get("vllm_bench") or {}
+    return {"variant": level["variant"], "rate": level["rate"], "share": share, "figures": figures,
+            "agrees": agreement.get("agrees"), "error": bench.get("error"),
+            "achieved_rate": (level.get("open_loop") or {}).get("achieved_rate")}
+
+
+def overload_summary(level: dict[str, Any], gone: str | None, memory: dict[str, Any],
+                     duration_s: float) -> dict[str, Any]:
+    """What an overload level shows: the server up after it, every request accounted for (sent ==
+    served + refused + timed out + failed), and the kit's own peak memory."""
+    ol = level.get("open_loop") or {}
+    outcomes = {k: (ol.get("outcomes") or {}).get(k) for k in (*OUTCOMES, "unsent")}
+    ended = sum(outcomes[k] or 0 for k in OUTCOMES)
+    sent = ol.get("sent")
+    if sent is None:
+        sent = (level.get("client") or {}).get("requests")
+    problems = []
+    if gone:
+        problems.append(f"the server did not survive the overload: {gone}")
+    if level.get("status") in ("failed", "skipped"):
+        problems.append("the level did not finish: " + "; ".join(level.get("problems") or [level.get("status", "")]))
+    if sent is None:
+        problems.append("the level reports no count of sent requests")
+    elif sent != ended:
+        problems.append(f"{sent - ended} of {sent} sent requests have no outcome (sent {sent}, ended {ended})")
+    return {"rate": level["rate"], "duration_s": duration_s, "achieved_rate": ol.get("achieved_rate"),
+            "behind": ol.get("behind"), "sent": sent, "outcomes": outcomes, "accounted": sent == ended,
+            "server_up_after": gone is None, "server_gone": gone, "memory": memory,
+            "status": level.get("status"), "problems": problems}
+
+
+class SweepLevels:
+    """`Levels` over a sweep serving its variants (inside `Sweep.serving()`): each level is one
+    `Sweep.rate_level`, with vLLM's benchmark on only where asked and an overload's length as a
+    duration (the requests arriving in it at the level's rate)."""
+
+    def __init__(self, sweep: Any):
+        self.sweep = sweep
+        self.variants = sweep.variants()
+
+    def measure(self, variant: str, rate: float, repeat: int, *, vllm_bench: bool = False,
+                duration_s: float | None = None) -> dict[str, Any]:
+        s = self.sweep.settings
+        saved = (s.vllm_bench, s.requests, s.duration_s)
+        s.vllm_bench = vllm_bench
+        if duration_s:
+            s.requests, s.duration_s = None, duration_s
+        try:
+            return dict(self.sweep.rate_level(variant, rate, repeat))
+        finally:
+            s.vllm_bench, s.requests, s.duration_s = saved
+
+    def alive(self, variant: str) -> str | None:
+        return self.sweep.server_health(variant)

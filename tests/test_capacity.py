@@ -1,0 +1,300 @@
+"""Capacity at a service target: the search, the crossover, the first lines and the report, on
+synthetic measurements (no engine); one short run of the command on the session's servers."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from loadtest import capacity as cap
+from loadtest import capacity_report
+from loadtest.capacity import Capacity, CapacitySettings, crossover, headline, judge, paired_speedups, search
+
+SLO = "ttft_p95=500ms,tpot_p95=50ms"
+
+
+def _dist(value: float) -> dict:
+    return {"n": 8, "mean": value, "std": 0.0, "p50": value, "p90": value, "p95": value, "p99": value}
+
+
+def synthetic_level(variant: str, rate: float, capacity: float, tpot_ms: float, served: bool = True) -> dict:
+    """A rate level as the open-loop sweep reports one: meets the targets at or below `capacity`."""
+    met = rate <= capacity
+    ttft = 100 if met else 900
+    client = {"requests": 8, "ok": 8, "failed": 0, "output_tokens_per_s": 16 * rate, "ttft_ms": _dist(ttft),
+              "per_token_latency_ms": _dist(tpot_ms), "e2e_ms": _dist(ttft + 15 * tpot_ms)}
+    targets = {"ttft_p95": {"bound_ms": 500, "value_ms": ttft, "met": met},
+               "tpot_p95": {"bound_ms": 50, "value_ms": tpot_ms, "met": True}}
+    return {"rate": rate, "status": "ok", "problems": [], "client": client,
+            "open_loop": {"achieved_rate": rate, "behind": False, "sent": 8,
+                          "outcomes": {"served": 8 if served else 6, "refused": 0, "timed_out": 0 if served else 2,
+                                       "failed": 0, "unsent": 0}},
+            "slo": {"met": met, "targets": targets}, "server": {"acceptance_rate": 0.6 if variant != "baseline" else None}}
+
+
+class FakeLevels:
+    """Stands in for the sweep's servers: each variant's capacity and per-token latency by rate."""
+
+    def __init__(self, capacities: dict[str, float], tpot: dict | None = None, dies: str | None = None):
+        self.variants = list(capacities)
+        self.capacities = capacities
+        # Speculation: fast when idle, slower as the rate grows; the baseline: flat. They cross at 2.5 req/s.
+        self.tpot = tpot or {"spec-k4": lambda r: 5 + 3 * r, "baseline": lambda r: 10 + r}
+        self.calls: list[tuple] = []
+        self.dies, self.dead = dies, False
+
+    def measure(self, variant: str, rate: float, repeat: int, *, vllm_bench: bool = False,
+                duration_s: float | None = None) -> dict:
+        self.calls.append((variant, rate, repeat, vllm_bench, duration_s))
+        if variant == self.dies and rate > 1:
+            self.dead = True
+        if variant == self.dies and self.dead:
+            return {"status": "failed", "problems": ["server no longer running"]}
+        level = synthetic_level(variant, rate, self.capacities[variant], self.tpot[variant](rate))
+        if duration_s:  # overload: some requests time out, all accounted for
+            level["open_loop"]["outcomes"].update(served=5, timed_out=3)
+        if vllm_bench:
+            level["vllm_bench"] = {"output_tokens_per_s": 16 * rate}
+            level["vllm_bench_agreement"] = {
+                "output_tokens_per_s": {"locust": 16 * rate, "vllm_bench": 16.3 * rate, "difference": -0.018,
+                                        "difference_adjusted": None, "tolerance": 0.05, "agrees": True},
+                "ttft_p50_ms": {"locust": 100, "vllm_bench": 104, "difference": -0.04, "difference_adjusted": -0.02,
+                                "tolerance": 0.1, "agrees": True},
+                "per_token_p50_ms": {"locust": 9, "vllm_bench": 11, "difference": -0.18, "difference_adjusted": None,
+                                     "tolerance": 0.1, "agrees": False},
+                "agrees": False}
+        return level
+
+    def alive(self, variant: str) -> str | None:
+        return "exited with code -9" if variant == self.dies and self.dead else None
+
+
+def monotone(capacities: dict[str, float], calls: list | None = None):
+    def measure(variant: str, rate: float, repeat: int) -> dict:
+        if calls is not None:
+            calls.append((variant, rate, repeat))
+        return synthetic_level(variant, rate, capacities[variant], 10)
+    return measure
+
+
+# ---------------------------------------------------------------------------------- the search
+def test_monotone_capacity_is_found_within_the_precision_on_both_variants_at_every_rate() -> None:
+    calls: list = []
+    settings = CapacitySettings(SLO, start_rate=0.5, precision=0.15, repeat=2)
+    found = search(monotone({"spec-k4": 3.1, "baseline": 1.3}, calls), ["spec-k4", "baseline"], settings)
+    for variant, true in (("spec-k4", 3.1), ("baseline", 1.3)):
+        c = found[variant]
+        lo, hi = c["interval"]
+        assert c["status"] == "found" and c["capacity"] == lo
+        assert lo <= true < hi <= 1.15 * lo
+        assert len(c["runs"][f"{lo:g}"]) == 2 and len(c["runs"][f"{hi:g}"]) == 2  # the boundary repeated
+        assert c["steps"] <= settings.max_steps
+    # Every (rate, repeat) either variant asked was measured on both: the pairing exists.
+    by_variant = {v: {(r, n) for w, r, n in calls if w == v} for v in ("spec-k4", "baseline")}
+    assert by_variant["spec-k4"] == by_variant["baseline"]
+    assert len(calls) == 2 * len(by_variant["baseline"])  # and only once each
+
+
+def test_a_noisy_boundary_is_settled_by_the_repeats() -> None:
+    # The true capacity is 3.1, but the second run at the rate just below it misses a target:
+    # the rate then fails (every run must pass) and the capacity moves below it.
+    seen: dict[float, int] = {}
+
+    def measure(variant: str, rate: float, repeat: int) -> dict:
+        seen[rate] = seen.get(rate, 0) + 1
+        level = synthetic_level(variant, rate, 3.1, 10)
+        if 2.9 < rate <= 3.1 and repeat == 2:
+            level["slo"]["met"] = False
+        return level
+
+    c = search(measure, ["spec-k4"], CapacitySettings(SLO, repeat=2))["spec-k4"]
+    lo, hi = c["interval"]
+    assert hi <= 3.1 and lo < 2.9  # the noisy rate is the lowest failing now
+    assert c["runs"][f"{hi:g}"] == [True, False]
+    assert c["runs"][f"{lo:g}"] == [True, True]  # the new capacity passed both its runs
+
+
+def test_a_variant_failing_at_the_start_rate_searches_downward() -> None:
+    calls: list = []
+    c = search(monotone({"baseline": 0.1}, calls), ["baseline"], CapacitySettings(SLO, start_rate=0.5))["baseline"]
+    asked = [r for _, r, n in calls if n == 1]
+    assert asked[:4] == [0.5, 0.25, 0.125, 0.0625]
+    assert c["status"] == "found" and c["interval"][0] <= 0.1 < c["interval"][1]
+
+
+def test_none_passing_says_so() -> None:
+    found = search(monotone({"spec-k4": 0.0, "baseline": 1.0}), ["spec-k4", "baseline"],
+                   CapacitySettings(SLO, start_rate=1, max_steps=4))
+    assert found["spec-k4"]["status"] == "none passing" and found["spec-k4"]["capacity"] is None
+    assert found["spec-k4"]["steps"] <= 4
+    text = headline({"slo": SLO, "spec_variant": "spec-k4", "capacity": found, "crossover": None})[0]
+    assert text.startswith("At ttft_p95 <= 500 ms and tpot_p95 <= 50 ms, speculation meets them at no rate measured;")
+
+
+def test_the_max_rate_caps_the_search_and_the_budget_ends_it() -> None:
+    found = search(monotone({"spec-k4": 100.0}), ["spec-k4"], CapacitySettings(SLO, max_rate=3, repeat=1))["spec-k4"]
+    assert found["status"] == "at least" and found["interval"] == [3.0, None]
+    assert max(float(r) for r in found["runs"]) == 3.0
+    budget = search(monotone({"spec-k4": 100.0}), ["spec-k4"], CapacitySettings(SLO, max_steps=3, repeat=1))["spec-k4"]
+    assert budget["steps"] == 3 and budget["status"] == "open" and budget["capacity"] == 2.0
+
+
+@pytest.mark.parametrize("change, reason", [
+    ({"open_loop": {"behind": True, "achieved_rate": 3.2}}, "fell behind its schedule (achieved 3.2 of 4 req/s)"),
+    ({"open_loop": {"outcomes": {"served": 6, "refused": 1, "timed_out": 1}}}, "1 refused, 1 timed out"),
+    ({"status": "failed", "problems": ["server no longer running"]}, "not measured: server no longer running"),
+])
+def test_a_run_that_did_not_serve_the_load_asked_fails(change: dict, reason: str) -> None:
+    level = {**synthetic_level("spec-k4", 4.0, 10, 10), **change}
+    passed, why = judge(level)
+    assert not passed and reason in why
+    assert judge(synthetic_level("spec-k4", 4.0, 10, 10)) == (True, "met every target")
+    assert judge(synthetic_level("spec-k4", 4.0, 1, 10))[1] == "missed ttft_p95 900 > 500 ms"
+
+
+# ---------------------------------------------------------------------------------- the crossover
+def test_the_crossover_is_interpolated_on_a_log_scale_of_rate() -> None:
+    points = [{"rate": 0.5, "speedup": 1.5}, {"rate": 1.0, "speedup": 1.2}, {"rate": 4.0, "speedup": 0.8}]
+    c = crossover(points)
+    assert c["kind"] == "stops paying" and c["rate"] == pytest.approx(2.0)  # halfway between 1 and 4 in log
+    assert crossover([{"rate": 1, "speedup": 0.9}, {"rate": 2, "speedup": 1.1}])["kind"] == "starts paying"
+    # Noise around 1.0 crosses it more than once: the first fall below 1.0 is the crossover.
+    noisy = crossover([{"rate": 1, "speedup": 0.95}, {"rate": 2, "speedup": 1.05}, {"rate": 4, "speedup": 0.95}])
+    assert noisy["kind"] == "stops paying" and noisy["between"] == [2, 4] and len(noisy["crossings"]) == 2
+    assert "between 2 and 4 req/s" in cap._crossover_text(noisy) and "2 times in all" in cap._crossover_text(noisy)
+    throughout = crossover([{"rate": 1, "speedup": 1.3}, {"rate": 2, "speedup": 1.1}])
+    assert throughout["kind"] == "pays throughout" and throughout["rate"] is None
+    assert crossover([{"rate": 1, "speedup": None}])["kind"] == "no pairs"
+    line = cap._crossover_text(throughout)
+    assert line.startswith("speculation pays at every rate measured (1-2 req/s)") and "none" not in line
+    assert "no crossover in the range measured" in line
+
+
+def test_speedups_pair_runs_of_the_same_rate_and_repeat() -> None:
+    levels = [{**synthetic_level(v, r, 9, t), "variant": v, "repeat": n, "phase": "search"}
+              for v, r, n, t in (("spec-k4", 1.0, 1, 5), ("baseline", 1.0, 1, 10), ("spec-k4", 1.0, 2, 10),
+                                 ("baseline", 1.0, 2, 10), ("spec-k4", 2.0, 1, 8), ("baseline", 4.0, 1, 10))]
+    assert paired_speedups(levels, "spec-k4") == [{"rate": 1.0, "pairs": 2, "speedup": 1.5,
+                                                   "e2e_speedup": pytest.approx((250 / 175 + 1) / 2)}]
+
+
+def test_the_first_line_says_raises_or_lowers_with_intervals() -> None:
+    def c(lo: float, hi: float | None) -> dict:
+        return {"capacity": lo, "interval": [lo, hi], "status": "found", "lowest_tried": 0.5}
+
+    result = {"slo": SLO, "spec_variant": "spec-k4", "capacity": {"spec-k4": c(2.83, 3.08), "baseline": c(2.0, 2.2)},
+              "crossover": crossover([{"rate": 1.0, "speedup": 1.2}, {"rate": 4.0, "speedup": 0.8}])}
+    first, second = headline(result)
+    assert first == ("At ttft_p95 <= 500 ms and tpot_p95 <= 50 ms, speculation raises capacity from 2 to 2.83 req/s "
+                     "(+42%). Intervals (highest rate meeting them - lowest missing them): baseline 2-2.2, "
+                     "speculation 2.83-3.08 req/s, so +29% to +54%")
+    assert second.startswith("speculation stops paying above 2 req/s")
+    result["capacity"] = {"spec-k4": c(1.0, 1.1), "baseline": c(2.0, 2.2)}
+    assert "speculation lowers capacity from 2 to 1 req/s (-50%" in headline(result)[0]
+    result["capacity"]["spec-k4"] = {**c(4.0, None), "status": "at least"}
+    first = headline(result)[0]
+    assert "from 2 to at least 4 req/s (+100%)" in first and first.endswith("at least 4 (none failed) req/s, so at least +82%")
+
+
+# ---------------------------------------------------------------------------------- the whole command
+def test_the_command_writes_capacity_json_report_and_plots(tmp_path: Path) -> None:
+    levels = FakeLevels({"spec-k4": 3.1, "baseline": 1.3})
+    result = Capacity(levels, CapacitySettings(SLO, overload_s=5), tmp_path, {"config": "default.yaml"}).run()
+    files = capacity_report.write(result, tmp_path)
+    saved = json.loads((tmp_path / "capacity.json").read_text())
+    assert saved["status"] == "flagged"  # the second opinion disagrees on per-token latency
+    assert saved["capacity"]["spec-k4"]["capacity"] == pytest.approx(3.08)
+    assert saved["crossover"]["kind"] == "stops paying" and 2.0 < saved["crossover"]["rate"] < 3.0
+    # vLLM's benchmark only in the second opinion: at 50% and 80% of the smaller capacity (1.3).
+    bench = sorted({(r, v) for v, r, n, b, d in levels.calls if b})
+    assert bench == [(0.65, "baseline"), (0.65, "spec-k4"), (1.04, "baseline"), (1.04, "spec-k4")]
+    # Overload at twice each capacity, for --overload-s, every request accounted for, memory recorded.
+    assert {(v, r, d) for v, r, n, b, d in levels.calls if d} == {("spec-k4", 6.16, 5), ("baseline", 2.6, 5)}
+    over = saved["overload"]["spec-k4"]
+    assert over["accounted"] and over["server_up_after"] and over["outcomes"]["timed_out"] == 3
+    assert over["memory"]["self_peak_mib"] > 0 and over["memory"]["samples"] >= 2
+    text = files["markdown"].read_text()
+    assert text.splitlines()[2].startswith("**At ttft_p95 <= 500 ms and tpot_p95 <= 50 ms, speculation raises "
+                                           "capacity from 1.3 to 3.08 req/s (+137%")
+    assert "speculation stops paying above 2." in text
+    assert "| spec-k4 | 0.65 | 50% |" in text and "| NO |" in text  # the second opinion table
+    page = files["html"].read_text()
+    assert page.count("data:image/png;base64,") == 2 and "speculation raises capacity" in page
+    for name in (capacity_report.PARETO, capacity_report.SPEEDUP):
+        assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_dead_server_stops_its_search_and_keeps_what_was_measured(tmp_path: Path) -> None:
+    levels = FakeLevels({"spec-k4": 3.1, "baseline": 1.3}, dies="spec-k4")
+    result = Capacity(levels, CapacitySettings(SLO, overload_s=5), tmp_path).run()
+    assert result["status"] == "failed"
+    spec = result["capacity"]["spec-k4"]
+    assert spec["status"] == "stopped" and "exited with code -9" in spec["stopped"]
+    assert spec["capacity"] == 1.0  # what it passed before it died
+    assert result["capacity"]["baseline"]["status"] == "found"
+    assert result["overload"]["spec-k4"] == {"skipped": spec["stopped"]}
+    assert not any(v == "spec-k4" and r > 2 for v, r, *_ in levels.calls)  # no more levels on a dead server
+    assert json.loads((tmp_path / "capacity.json").read_text())["levels"]
+
+
+def test_an_interrupt_keeps_capacity_json(tmp_path: Path) -> None:
+    class Interrupted(FakeLevels):
+        def measure(self, variant: str, rate: float, repeat: int, **options) -> dict:
+            if len(self.calls) == 3:
+                raise KeyboardInterrupt
+            return super().measure(variant, rate, repeat, **options)
+
+    with pytest.raises(KeyboardInterrupt):
+        Capacity(Interrupted({"spec-k4": 3.1, "baseline": 1.3}), CapacitySettings(SLO), tmp_path).run()
+    saved = json.loads((tmp_path / "capacity.json").read_text())
+    assert saved["status"] == "interrupted" and len(saved["levels"]) == 3
+
+
+def test_overload_counts_requests_without_an_outcome() -> None:
+    level = {**synthetic_level("baseline", 2.0, 1, 10), "variant": "baseline"}
+    level["open_loop"]["sent"] = 10  # 8 ended, 2 vanished
+    summary = cap.overload_summary(level, None, {}, 30)
+    assert not summary["accounted"] and "2 of 10 sent requests have no outcome" in summary["problems"][0]
+    gone = cap.overload_summary({**level, "status": "failed", "problems": ["server no longer running"]},
+                                "exited with code 1", {}, 30)
+    assert not gone["server_up_after"] and "did not survive" in gone["problems"][0]
+    assert math.isclose(cap.canonical(2 * 1.54), 3.08)
+
+
+# ---------------------------------------------------------------------------------- on the engine
+@pytest.mark.engine
+def test_capacity_command_on_running_servers(servers, tmp_path: Path) -> None:
+    """`make capacity URL=... BASELINE_URL=...` with a tiny budget: a loose target, two rates,
+    few short requests, a few seconds of overload; the files and the first line are there."""
+    import signal
+
+    from conftest import BASELINE, TEST_KEY_ENV
+    from loadtest.__main__ import main
+
+    spec, baseline = servers.get("default"), servers.get(*BASELINE)
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        code = main(["capacity", "--url", spec.base_url, "--baseline-url", baseline.base_url,
+                     "--api-key-env", TEST_KEY_ENV, "--slo", "ttft_p95=60s,tpot_p95=10s", "--start-rate", "2",
+                     "--max-rate", "4", "--repeat", "1", "--requests", "4", "--warmup", "0", "--max-tokens", "16",
+                     "--request-timeout", "120", "--overload-s", "2", "--no-second-opinion", "--out", str(tmp_path)])
+    finally:
+        for s, handler in handlers.items():
+            signal.signal(s, handler)
+    result = json.loads((tmp_path / "capacity.json").read_text())
+    assert code == 0, (result["status"], result["problems"], [lv["why"] for lv in result["levels"]])
+    assert result["variants"] == ["spec-k4", "baseline"]
+    for variant in result["variants"]:
+        assert result["capacity"][variant]["status"] == "at least" and result["capacity"][variant]["capacity"] == 4
+        over = result["overload"][variant]
+        assert over["rate"] == 8 and over["server_up_after"] and over["accounted"], over
+        assert over["memory"]["locust_peak_mib"] > 0
+    assert {(lv["variant"], lv["rate"]) for lv in result["levels"] if lv["phase"] == "search"} == \
+        {(v, r) for v in ("spec-k4", "baseline") for r in (2.0, 4.0)}
+    first = (tmp_path / "capacity.md").read_text().splitlines()[2]
+    assert first.startswith("**At ttft_p95 <= 60000 ms and tpot_p95 <= 10000 ms, speculation leaves capacity "
+                            "unchanged: at least 4 req/s (+0%)"), first
+    assert (tmp_path / "report.html").is_file() and (tmp_path / capacity_report.PARETO).is_file()
