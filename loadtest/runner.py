@@ -700,22 +700,7 @@ class Sweep:
         level: LevelResult = {"concurrency": users, "repeat": repeat, "requests": run.total or None,
                               "duration_target_s": self.settings.duration_s,
                               "configured_k": configured_k(state.resolved, variant, users), "problems": []}
-        failed = self._warm_up(run)
-        before = None
-        if not failed and run.metrics:
-            before, failed = self._snapshot(run, "/metrics before the run")
-        if failed:
-            level.update(status="failed", problems=[failed])
-            return level
-        outcome, records = self._measure(run, level)
-        after = None
-        if before is not None and run.server.alive():
-            after, problem = self._snapshot(run, "/metrics after the run")
-            if problem:
-                level["problems"].append(problem)
-        self._judge(run, level, outcome, records, before, after)
-        _log_level(run.tag, level)
-        return level
+        return self._warm_measure_judge(run, level)
 
     def _run_rate_level(self, state: _Running, variant: Variant, rate: float, repeat: int,
                         title: str, tag_suffix: str = "") -> LevelResult:
@@ -727,6 +712,11 @@ class Sweep:
         run = _LevelRun(state, RATE_WARMUP_USERS, tag, title, total, rate=rate, seed=seed_for(repeat))
         level: LevelResult = {"rate": rate, "repeat": repeat, "seed": run.seed, "requests": total,
                               "configured_k": None if variant.no_speculation else variant.k, "problems": []}
+        return self._warm_measure_judge(run, level)
+
+    def _warm_measure_judge(self, run: _LevelRun, level: LevelResult) -> LevelResult:
+        """What every level does: warm-up -> settled /metrics snapshot -> the measured Locust run
+        (closed or open loop) -> snapshot -> judge."""
         failed = self._warm_up(run)
         before = None
         if not failed and run.metrics:
@@ -740,10 +730,11 @@ class Sweep:
             after, problem = self._snapshot(run, "/metrics after the run")
             if problem:
                 level["problems"].append(problem)
-        ol = level["open_loop"]
-        if ol["behind"]:
+        ol = level.get("open_loop")
+        if ol and ol["behind"]:
             level["problems"].append("the load generator fell behind the arrival schedule: "
                                      + "; ".join(ol["behind_reasons"]) + " (the offered load was not the rate asked)")
+        # An open loop's unsent requests were never sent: nothing of theirs to judge (they count in its outcomes).
         self._judge(run, level, outcome, [r for r in records if r.outcome != "unsent"], before, after)
         _log_level(run.tag, level)
         return level
