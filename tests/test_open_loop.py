@@ -267,29 +267,13 @@ def test_report_of_rate_levels(tmp_path: Path):
 
 # ------------------------------------------------------------------------------------ on the engine
 @pytest.mark.engine
-def test_locust_open_loop_on_the_engine(servers, tmp_path: Path):
-    """Requests arrive faster than one is served: several in flight at once, sent on time."""
-    server = servers.get("default")
-    n, rate, seed = 12, 8.0, 2  # this seed's schedule: (n - 1) / span within 1% of the rate
-    job = LocustJob(server.base_url, users=1, records_dir=tmp_path / "rec", model=server.plan.served_name,
-                    request=RequestSettings(max_tokens=16, request_timeout_s=120), requests=n, rate=rate, seed=seed)
-    outcome = run_locust(job, deadline_s=300)
-    assert outcome.aborted is None and outcome.exit_code == 0, outcome.log_tail
-    records = load_records(tmp_path / "rec")
-    out = stats.open_loop(records, rate, n)
-    assert out["outcomes"]["served"] == n, [r.error for r in records if not r.ok]
-    assert out["in_flight_max"] > 1, out["in_flight"]
-    assert out["achieved_rate"] == pytest.approx(rate, rel=0.15), out
-    assert all(r.output_tokens == 16 for r in records)
-
-
-@pytest.mark.engine
 def test_sweep_with_rates_on_running_servers(servers, tmp_path: Path):
     """`make loadtest RATES=... URL=... BASELINE_URL=...`: an open-loop level per variant with vLLM's
-    benchmark at the same arrivals, and the report; then one level on demand (`rate_level`)."""
+    benchmark at the same arrivals, and the report; then one level on demand (`rate_level`).
+    Requests arrive faster than one is served: several in flight at once, sent on time."""
     spec, baseline = servers.get("default"), servers.get(*BASELINE)
     settings = SweepSettings("", url=spec.base_url, baseline_url=baseline.base_url, api_key_env=TEST_KEY_ENV,
-                             rates=[4.0], repeat=1, requests=6, warmup=1, slo="ttft_p95=30s",
+                             rates=[8.0], repeat=1, requests=12, warmup=1, slo="ttft_p95=30s",
                              request=RequestSettings(max_tokens=16, request_timeout_s=120), level_timeout_s=600,
                              out=tmp_path / "report")
     results = Sweep(settings).run()
@@ -297,21 +281,26 @@ def test_sweep_with_rates_on_running_servers(servers, tmp_path: Path):
     for variant in results["variants"]:
         (level,) = variant["levels"]
         assert level["status"] in ("ok", "flagged"), level["problems"]
-        assert "concurrency" not in level and level["rate"] == 4.0 and level["seed"] == 1 and level["requests"] == 6
+        assert "concurrency" not in level and level["rate"] == 8.0 and level["seed"] == 1 and level["requests"] == 12
         assert {"open_loop", "outcomes", "client", "slo", "server", "load_generator", "locust"} <= set(level)
-        assert level["outcomes"]["served"] == 6 and sum(level["outcomes"].values()) == 6
-        assert {"achieved_rate", "send_lag_ms", "in_flight", "in_flight_max", "behind"} <= set(level["open_loop"])
+        assert level["outcomes"]["served"] == 12 and sum(level["outcomes"].values()) == 12
+        ol = level["open_loop"]
+        assert {"achieved_rate", "send_lag_ms", "in_flight", "in_flight_max", "behind"} <= set(ol)
+        # Sent on time (against the schedule's own rate: 12 draws of one seed), overlapping.
+        assert ol["achieved_rate"] == pytest.approx(ol["scheduled_rate"], rel=0.15), ol
+        assert ol["in_flight_max"] > 1, ol["in_flight"]
+        assert level["client"]["output_tokens"] == 12 * 16
         assert "error" not in level["vllm_bench"], level["vllm_bench"]
-        assert level["vllm_bench"]["completed"] == 6 and level["vllm_bench_agreement"]["agrees"] is not None
+        assert level["vllm_bench"]["completed"] == 12 and level["vllm_bench_agreement"]["agrees"] is not None
     # Both variants got the same arrival offsets and prompts.
-    arrivals = [sorted((r.arrival, round(r.planned_start - schedule_start(recs, 4.0, 6, 1), 6), r.item_id)
+    arrivals = [sorted((r.arrival, round(r.planned_start - schedule_start(recs, 8.0, 12, 1), 6), r.item_id)
                        for r in recs)
                 for recs in (load_records(tmp_path / "report" / v["levels"][0]["locust"]["records"])
                              for v in results["variants"])]
     assert arrivals[0] == arrivals[1]
     files = write_report(results, settings.out)
     assert "Open loop: each variant at each arrival rate" in files["markdown"].read_text()
-    assert "rate 4/s, spec-k4" in compare_table(results)
+    assert "rate 8/s, spec-k4" in compare_table(results)
 
     on_demand = Sweep(SweepSettings("", url=spec.base_url, baseline_url=baseline.base_url, api_key_env=TEST_KEY_ENV,
                                     requests=4, warmup=1, vllm_bench=False, repeat=1,

@@ -46,8 +46,9 @@ DRAFTERS: dict[str, list[str]] = {name: overrides for name, overrides in bench_d
 """name -> overrides of the embedded default: bench-drafters' drafters, its baseline left out."""
 WINDOW = 500
 TOLERANCE = 0.10
-PROBE_USERS = 4
-PROBE_REQUESTS = 32
+PROBE_USERS = 16
+"""Enough users that the probe measures a loaded server: at 4, the rate (and so the soak) took 2-3x longer."""
+PROBE_REQUESTS = 64
 RATE_FRACTION = 0.5
 """Of the probe's requests/s: Poisson bursts then find room, and the server's queue stays short."""
 
