@@ -132,17 +132,19 @@ models: $(STAMP)
 	$(PY) -m tuning costs default.yaml --pair
 
 # The model pair is built (or found cached) first, so its progress bar shows outside pytest.
-# make test: behaviour, on the plumbing pair. make test-full: that, then the measurements (marker
-# `full`), each on the cost-faithful pair with no idle server beside it.
+# make test: behaviour, on the plumbing pair. make test-full: that, the slow behaviour tests (marker
+# `slow`: several engines of their own each), then the measurements (marker `full`), each on the
+# cost-faithful pair with no idle server beside it.
 ## make test [PYTEST_ARGS='-x -k config']
 ##     the behaviour tests, on real vLLM engines (the plumbing pair): before every commit;
 ##     PYTEST_ARGS: further pytest options
 test: $(STAMP)
 	$(PY) -m deploy models
-	$(PY) -m pytest -m "not full" $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not full and not slow" $(PYTEST_ARGS)
 
 ## make test-full [PYTEST_ARGS=...]
-##     make test, then the measurement tests (advise, tune, distill, speedups) on the cost-faithful pair;
+##     make test, the slow behaviour tests (tensor/pipeline parallelism, two nodes, a short soak), then
+##     the measurement tests (advise, tune, distill, speedups) on the cost-faithful pair;
 ##     PYTEST_ARGS as for make test
 test-full: $(STAMP)
 	$(PY) -m deploy models

@@ -111,7 +111,8 @@ def _plain_ticks(axis: Any) -> None:
     from matplotlib.ticker import FuncFormatter
 
     axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
-    axis.set_minor_formatter(FuncFormatter(lambda v, _: f"{v:g}" if f"{v:g}"[0] in "25" else ""))
+    # Minor ticks sit at 2..9 x each power of ten: label 2-5 (0.5, 3, 4...), the rest would crowd.
+    axis.set_minor_formatter(FuncFormatter(lambda v, _: f"{v:g}" if f"{v:.0e}"[0] in "2345" else ""))
 
 
 # ---------------------------------------------------------------------------------- tables

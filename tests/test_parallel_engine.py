@@ -12,7 +12,7 @@ from conftest import BASELINE, CODE_PROMPTS, LOG_DIR, complete, greedy_token_ids
 from deploy import free_port, plan_from_config, start_server
 from deploy.launcher import port_is_free
 
-pytestmark = pytest.mark.engine
+pytestmark = [pytest.mark.engine, pytest.mark.slow]
 PROMPTS = CODE_PROMPTS[:3]
 
 

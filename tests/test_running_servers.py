@@ -135,8 +135,9 @@ def test_a_greedy_run_that_loops_is_flagged_in_the_reports_first_lines(servers, 
     workload = tmp_path / "loops.jsonl"
     workload.write_text("".join(json.dumps({"prompt": p}) + "\n"
                                 for p in ("def main():\n", "import os\n", "class StreamError(Exception):\n")))
-    run = subprocess.run([sys.executable, "-m", "loadtest", "run", "--url", spec.base_url, "--baseline-url",
-                          keyed_baseline.base_url, "--api-key-env", KEY_ENV, "--temperature", "0", "--workload",
+    # Speculation alone (no baseline): the content check is the same code for every variant.
+    run = subprocess.run([sys.executable, "-m", "loadtest", "run", "--url", spec.base_url,
+                          "--api-key-env", KEY_ENV, "--temperature", "0", "--workload",
                           str(workload), "--users", "1", "--repeat", "1", "--requests", "3", "--max-tokens", "64",
                           "--warmup", "0",
                           "--out", str(out)], cwd=REPO, capture_output=True, text=True, timeout=600)
@@ -149,12 +150,10 @@ def test_a_greedy_run_that_loops_is_flagged_in_the_reports_first_lines(servers, 
         for checked in (level["client"]["content"], level["vllm_bench"]["content"]):
             assert checked["checked"] == 3 and checked["degenerate"] == 3, checked
             assert checked["loop_share"] > 0.5
-    # The report's first lines: the loop, for speculation, the baseline and vLLM's benchmark, then the verdict.
+    # The report's first lines: the loop, for speculation and vLLM's benchmark, then the rest.
     findings = [line[2:] for line in (out / "report.md").read_text().splitlines() if line.startswith("- ")]
     assert findings[0].startswith("batch 1, spec-k4: CONTENT: speculation's output rests mostly on degenerate output")
-    assert any(line.startswith("batch 1, spec-k4: CONTENT: the baseline's") for line in findings[:3])
-    assert any("vLLM's benchmark's output rests mostly" in line for line in findings[:3])
-    assert "3 of 3 requests degenerate" in next(line for line in findings if "speculation " in line)
+    assert any("vLLM's benchmark's output rests mostly" in line for line in findings[:2])
     sampled, _, _ = running_sweep
     assert not any("CONTENT" in line for line in headline(sampled))
 

@@ -206,6 +206,7 @@ def test_the_report_leads_with_a_verdict_per_drafter(tmp_path: Path) -> None:
 
 
 @pytest.mark.engine
+@pytest.mark.slow
 def test_a_short_soak_of_one_drafter_on_the_engine(tmp_path: Path) -> None:
     """`make soak`, shortened: vLLM's n-gram drafter, 40 requests open loop at 2/s, windows of 10."""
     out = tmp_path / "soak"
