@@ -143,7 +143,7 @@ test: $(STAMP)
 	$(PY) -m pytest -m "not full and not slow" $(PYTEST_ARGS)
 
 ## make test-full [PYTEST_ARGS=...]
-##     make test, the slow behaviour tests (tensor/pipeline parallelism, two nodes, a short soak), then
+##     make test, the slow behaviour tests (tensor and pipeline parallelism, two nodes, a short soak), then
 ##     the measurement tests (advise, tune, distill, speedups) on the cost-faithful pair;
 ##     PYTEST_ARGS as for make test
 test-full: $(STAMP)
