@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import logging
 import math
-import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -34,6 +33,7 @@ from typing import Any, Protocol
 
 from loadtest import slo
 from loadtest.files import write_json
+from loadtest.sampling import sampling
 
 log = logging.getLogger("specdeploy.loadtest")
 SCHEMA = 1
@@ -414,7 +414,6 @@ class MemoryWatch:
     locust_process_peak_mib: float = 0.0
     locust_processes: int = 0
     samples: int = 0
-    _stop: threading.Event = field(default_factory=threading.Event)
 
     def sample(self) -> None:
         import psutil
@@ -438,19 +437,8 @@ class MemoryWatch:
 
     @contextmanager
     def watching(self) -> Iterator[MemoryWatch]:
-        def loop() -> None:
-            while not self._stop.wait(self.interval_s):
-                self.sample()
-
-        self.sample()
-        thread = threading.Thread(target=loop, name="memory-watch", daemon=True)
-        thread.start()
-        try:
+        with sampling(self.interval_s, self.sample, "memory-watch"):
             yield self
-        finally:
-            self._stop.set()
-            thread.join(timeout=5)
-            self.sample()
 
     def to_json(self) -> dict[str, Any]:
         return {"self_peak_mib": round(self.self_peak_mib, 1), "locust_peak_mib": round(self.locust_peak_mib, 1),

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import threading
 import time
 from pathlib import Path
 from types import TracebackType
@@ -36,6 +35,7 @@ from loadtest.arg_types import positive_int
 from loadtest.locust_run import LocustJob, run_locust
 from loadtest.request_settings import RequestSettings
 from loadtest.runner import _Progress, load_records
+from loadtest.sampling import sampling
 from loadtest.workloads import Workload, load_workload
 from tuning import bench_drafters, soak_report
 
@@ -77,8 +77,7 @@ class RssSampler:
         self.pid = pid
         self.every_s = every_s
         self.samples: list[list[float]] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="rss-sampler", daemon=True)
+        self._sampling = sampling(every_s, self.sample, "rss-sampler")
 
     def sample(self) -> None:
         try:
@@ -87,24 +86,17 @@ class RssSampler:
             return  # the server is gone: the run notices that itself
         self.samples.append([time.time(), rss, count])
 
-    def _run(self) -> None:
-        while not self._stop.wait(self.every_s):
-            self.sample()
-
     @property
     def latest_gib(self) -> float | None:
         return self.samples[-1][1] / soak_report.GIB if self.samples else None
 
     def __enter__(self) -> RssSampler:
-        self.sample()
-        self._thread.start()
+        self._sampling.__enter__()
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
-        self._stop.set()
-        self._thread.join()
-        self.sample()
+        self._sampling.__exit__(exc_type, exc, tb)
 
 
 def check_varied(workload: Workload) -> None:
