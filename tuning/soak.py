@@ -30,7 +30,7 @@ import psutil
 from tqdm import tqdm
 
 from deploy import ConfigError, Server, ServerStartError, free_port, plan_from_config
-from loadtest import request_settings
+from loadtest import request_settings, stats
 from loadtest.arg_types import positive_int
 from loadtest.locust_run import LocustJob, run_locust
 from loadtest.request_settings import RequestSettings
@@ -111,13 +111,10 @@ def check_varied(workload: Workload) -> None:
 
 
 def capacity(records: list[Any]) -> float | None:
-    """Requests per second a closed-loop run completed: successful requests over the interval from
-    the first sent to the last finished."""
-    ok = [r for r in records if r.ok]
-    if not ok:
-        return None
-    span = max(r.end for r in records) - min(r.start for r in records)
-    return len(ok) / span if span > 0 else None
+    """Requests per second a closed-loop run completed (the client's request throughput: successful
+    requests over the interval from the first sent to the last finished); None when none succeeded."""
+    client = stats.summarize(records)
+    return client["request_throughput"] if client["ok"] else None
 
 
 class _Run:
