@@ -12,7 +12,10 @@ schedule or any request was refused, timed out or failed: the load asked was not
 Every rate either variant visits is measured on both, with the same repeat number (the same
 arrival sequence), so speculation and baseline pair up at each rate: the speedup there is the
 baseline's per-token latency p50 over speculation's, and where it crosses 1.0 (interpolated on a
-log scale of rate) speculation stops paying. After the search: vLLM's benchmark beside Locust at
+log scale of rate) speculation stops paying. The search stops at a variant's first failing rate,
+usually below that crossover, so a scan goes on above it while speculation still pays: both
+variants at rates sqrt(2) apart, until the speedup falls below 1.0 or neither variant's throughput
+grows any more (both saturated: a higher rate then only lengthens the queue). After that: vLLM's benchmark beside Locust at
 50% and 80% of the smaller capacity (a second opinion), and each variant at twice its capacity
 for a while (overload: the server must survive, every request must end somehow).
 
@@ -40,6 +43,10 @@ SCHEMA = 1
 BASELINE = "baseline"
 OUTCOMES = ("served", "refused", "timed_out", "failed")
 """How a sent request can end; `unsent`, beside them, counts those the generator never sent."""
+SCAN_STEP = math.sqrt(2)
+"""Each scan rate is this times the one before."""
+SATURATED = 1.05
+"""A variant is saturated when its output tokens/s at a scan rate is below this times the rate before's."""
 SECOND_OPINION_SHARES = (0.5, 0.8)
 """vLLM's benchmark runs beside Locust at these shares of the smaller capacity (below it: the
 targets hold there, so the two clients compare a served load, not a queue)."""
@@ -81,6 +88,11 @@ class CapacitySettings:
     """Bisection stops when lowest failing <= (1 + precision) x highest passing."""
     max_steps: int = 8
     """Distinct rates a variant's search may ask for (bracketing and bisection; repeats extra)."""
+    scan_steps: int = 3
+    """After the search, while speculation still pays at the highest rate measured on both variants,
+    both are measured at up to this many rates above it (each `SCAN_STEP` x the last, never above
+    max_rate), until the speedup falls below 1.0 or both variants are saturated: this locates the
+    crossover above the capacities. 0: no scan."""
     overload_s: float = 180
     """Seconds of each variant at twice its capacity after the search (0: no overload level)."""
     second_opinion: bool = True
@@ -96,6 +108,8 @@ class CapacitySettings:
             raise ValueError("--precision must be in (0, 1), e.g. 0.15 for 15%")
         if self.repeat < 1 or self.max_steps < 1:
             raise ValueError("--repeat and --max-steps must be at least 1")
+        if self.scan_steps < 0:
+            raise ValueError("--scan-steps must be 0 (no scan) or more")
 
 
 def canonical(rate: float) -> float:
@@ -341,7 +355,7 @@ def headline(result: dict[str, Any]) -> list[str]:
     else:
         lines.append(f"At {targets}, {_capacity_change(base, mine)}")
     cross = result.get("crossover") or {}
-    lines.append(_crossover_text(cross))
+    lines.append(_crossover_text(cross, result.get("scan")))
     return lines
 
 
@@ -382,7 +396,7 @@ def _pct(x: float) -> str:
     return f"{100 * x:+.0f}%"
 
 
-def _crossover_text(cross: dict[str, Any]) -> str:
+def _crossover_text(cross: dict[str, Any], scan: dict[str, Any] | None = None) -> str:
     kind, rng = cross.get("kind"), cross.get("range")
     if kind in (None, "no pairs"):
         return "no rate was measured on both variants: no speedup to show"
@@ -398,7 +412,10 @@ def _crossover_text(cross: dict[str, Any]) -> str:
     if kind == "starts paying":
         return f"speculation pays only above {_rate(cross['rate'])} req/s (slower below it; {seen} over {span}{more})"
     if kind == "pays throughout":
-        return f"speculation pays at every rate measured ({span}): {seen}; no crossover in the range measured"
+        why = ("no crossover: from " + _rate(scan["saturated_at"]) + " req/s neither variant's throughput grows "
+               "(both saturated: a higher rate only lengthens the queue)" if scan and scan.get("saturated_at")
+               else "no crossover in the range measured")
+        return f"speculation pays at every rate measured ({span}): {seen}; {why}"
     return f"speculation does not pay at any rate measured ({span}): {seen}; no crossover in the range measured"
 
 
@@ -459,7 +476,7 @@ class Capacity:
         self.result: dict[str, Any] = {
             "schema": SCHEMA, "status": "running", "slo": settings.slo, "settings": asdict(settings),
             "variants": variants, "spec_variant": self.spec, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "levels": [], "capacity": {}, "crossover": None, "second_opinion": [], "overload": {}, "problems": [],
+            "levels": [], "capacity": {}, "crossover": None, "scan": None, "second_opinion": [], "overload": {}, "problems": [],
             **(context or {})}
         self.searches = {v: VariantSearch(v, settings) for v in variants}
 
@@ -493,6 +510,7 @@ class Capacity:
     def run(self) -> dict[str, Any]:
         try:
             self._search()
+            self._scan()
             if self.settings.second_opinion:
                 self._second_opinion()
             if self.settings.overload_s > 0:
@@ -529,6 +547,57 @@ class Capacity:
             r.get("agrees") is False or r.get("error") for r in self.result["second_opinion"]) or any(
             o.get("problems") for o in self.result["overload"].values())
         return "flagged" if flagged else "ok"
+
+    def _scan(self) -> None:
+        """Above the search's rates, both variants at rates `SCAN_STEP` apart while speculation
+        still pays at the highest paired rate: ends when the speedup falls below 1.0 (the crossover
+        lies below that rate), both variants are saturated, max_rate or the step budget is reached,
+        or a server stops answering."""
+        s = self.settings
+        variants = list(self.levels.variants)
+        if not self.spec or BASELINE not in self.searches or s.scan_steps <= 0:
+            return
+        scan: dict[str, Any] = {"rates": [], "ended": "", "saturated_at": None}
+        self.result["scan"] = scan
+        while True:
+            points = [p for p in paired_speedups(self.result["levels"], self.spec) if p.get("speedup") is not None]
+            if not points:
+                scan["ended"] = "no rate measured on both variants"
+                break
+            top = points[-1]
+            if top["speedup"] < 1:
+                scan["ended"] = f"the speedup is below 1.0 at {top['rate']:g} req/s"
+                break
+            if scan["saturated_at"] is not None:
+                scan["ended"] = f"both variants saturated at {scan['saturated_at']:g} req/s"
+                break
+            if any(self.searches[v].stopped for v in variants):
+                scan["ended"] = "a server stopped answering"
+                break
+            if len(scan["rates"]) >= s.scan_steps:
+                scan["ended"] = f"{s.scan_steps} scan rates measured (--scan-steps)"
+                break
+            rate = canonical(SCAN_STEP * top["rate"])
+            if s.max_rate is not None and rate > canonical(s.max_rate):
+                scan["ended"] = f"the next rate, {rate:g} req/s, is above --max-rate"
+                break
+            repeat = max(self._next_repeat(v, rate) for v in variants)
+            scan["rates"].append(rate)
+            for v in (variants if repeat % 2 else list(reversed(variants))):
+                self._measure(v, rate, repeat, "scan")
+            if all(self._throughput(v, rate) is not None and self._throughput(v, top["rate"]) is not None
+                   and self._throughput(v, rate) < SATURATED * self._throughput(v, top["rate"])  # type: ignore[operator]
+                   for v in variants):
+                scan["saturated_at"] = top["rate"]
+        self._conclude()
+        self.save()
+
+    def _throughput(self, variant: str, rate: float) -> float | None:
+        """Mean output tokens/s of the variant's served runs at `rate` (overload levels aside)."""
+        figures = [lv["client"]["output_tokens_per_s"] for lv in self.result["levels"]
+                   if lv["variant"] == variant and lv["rate"] == rate and lv["phase"] != "overload"
+                   and (lv.get("client") or {}).get("ok") and lv["client"].get("output_tokens_per_s")]
+        return sum(figures) / len(figures) if figures else None
 
     def _smaller_capacity(self) -> float | None:
         found = [c["capacity"] for c in self.result["capacity"].values() if c["capacity"] is not None]

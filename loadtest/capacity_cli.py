@@ -68,6 +68,9 @@ def add_parser(sub: Any, slo_type: Any) -> None:
                         help="stop bisecting when lowest failing <= (1 + P) x highest passing (default: 15%%)")
     search.add_argument("--max-steps", type=positive_int, default=8,
                         help="distinct rates a variant's search may ask for, repeats not counted (default: 8)")
+    search.add_argument("--scan-steps", type=int, default=3, metavar="N",
+                        help="rates above the search's, sqrt(2) apart, measured on both variants while speculation "
+                             "still pays, to locate the crossover (default: 3; 0: none)")
     search.add_argument("--overload-s", type=float, default=180, metavar="S",
                         help="seconds of each variant at twice its capacity after the search (0: none; default: 180)")
     search.add_argument("--no-second-opinion", action="store_true",
@@ -125,7 +128,8 @@ def cmd_capacity(opts: argparse.Namespace) -> int:
         print("--set and --no-spec change the servers the command starts; with --url they run already", file=sys.stderr)
         return 2
     settings = CapacitySettings(opts.slo, start_rate=opts.start_rate, max_rate=opts.max_rate, repeat=opts.repeat,
-                                precision=opts.precision, max_steps=opts.max_steps, overload_s=opts.overload_s,
+                                precision=opts.precision, max_steps=opts.max_steps, scan_steps=opts.scan_steps,
+                                overload_s=opts.overload_s,
                                 second_opinion=not opts.no_second_opinion)
     try:
         settings.check()

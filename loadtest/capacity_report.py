@@ -26,7 +26,8 @@ def _client(level: dict[str, Any], key: str, stat: str) -> float | None:
     return ((level.get("client") or {}).get(key) or {}).get(stat)
 
 
-def _measured(result: dict[str, Any], phases: tuple[str, ...] = ("search", "second opinion")) -> list[dict[str, Any]]:
+def _measured(result: dict[str, Any], phases: tuple[str, ...] = ("search", "scan", "second opinion")
+              ) -> list[dict[str, Any]]:
     return [lv for lv in result.get("levels", []) if lv.get("phase") in phases and (lv.get("client") or {}).get("ok")]
 
 
@@ -218,6 +219,11 @@ def report_markdown(result: dict[str, Any], plots: list[Path], sources: Mapping[
                 + f", doubling or halving to a bracket, then bisection to within {100 * s.get('precision', 0):.0f}% "
                 f"(at most {s.get('max_steps')} rates a variant); each boundary rate measured {s.get('repeat')} "
                 f"times; both variants measured at every rate visited, with the same arrivals.")
+    scan = result.get("scan")
+    if scan:
+        run_text += (" Then a scan above the search's rates while speculation still paid: "
+                     + (", ".join(f"{r:g}" for r in scan["rates"]) + " req/s" if scan["rates"] else "no rate")
+                     + f" (ended: {scan['ended']}).")
     if result.get("request"):
         run_text += " Requests: " + ", ".join(f"{k} {v}" for k, v in result["request"].items()) + "."
     parts.append(run_text + ("\n\nProblems: " + "; ".join(problems) if problems else "") + "\n")

@@ -20,11 +20,12 @@ def _dist(value: float) -> dict:
     return {"n": 8, "mean": value, "std": 0.0, "p50": value, "p90": value, "p95": value, "p99": value}
 
 
-def synthetic_level(variant: str, rate: float, capacity: float, tpot_ms: float, served: bool = True) -> dict:
+def synthetic_level(variant: str, rate: float, capacity: float, tpot_ms: float, served: bool = True,
+                    tokens_per_s: float | None = None) -> dict:
     """A rate level as the open-loop sweep reports one: meets the targets at or below `capacity`."""
     met = rate <= capacity
     ttft = 100 if met else 900
-    client = {"requests": 8, "ok": 8, "failed": 0, "output_tokens_per_s": 16 * rate, "ttft_ms": _dist(ttft),
+    client = {"requests": 8, "ok": 8, "failed": 0, "output_tokens_per_s": tokens_per_s or 16 * rate, "ttft_ms": _dist(ttft),
               "per_token_latency_ms": _dist(tpot_ms), "e2e_ms": _dist(ttft + 15 * tpot_ms)}
     targets = {"ttft_p95": {"bound_ms": 500, "value_ms": ttft, "met": met},
                "tpot_p95": {"bound_ms": 50, "value_ms": tpot_ms, "met": True}}
@@ -38,9 +39,11 @@ def synthetic_level(variant: str, rate: float, capacity: float, tpot_ms: float, 
 class FakeLevels:
     """Stands in for the sweep's servers: each variant's capacity and per-token latency by rate."""
 
-    def __init__(self, capacities: dict[str, float], tpot: dict | None = None, dies: str | None = None):
+    def __init__(self, capacities: dict[str, float], tpot: dict | None = None, dies: str | None = None,
+                 saturates_at: float | None = None):
         self.variants = list(capacities)
         self.capacities = capacities
+        self.saturates_at = saturates_at  # the rate above which no variant serves more tokens/s
         # Speculation: fast when idle, slower as the rate grows; the baseline: flat. They cross at 2.5 req/s.
         self.tpot = tpot or {"spec-k4": lambda r: 5 + 3 * r, "baseline": lambda r: 10 + r}
         self.calls: list[tuple] = []
@@ -53,7 +56,9 @@ class FakeLevels:
             self.dead = True
         if variant == self.dies and self.dead:
             return {"status": "failed", "problems": ["server no longer running"]}
-        level = synthetic_level(variant, rate, self.capacities[variant], self.tpot[variant](rate))
+        served = min(rate, self.saturates_at) if self.saturates_at else rate
+        level = synthetic_level(variant, rate, self.capacities[variant], self.tpot[variant](rate),
+                                tokens_per_s=16 * served)
         if duration_s:  # overload: some requests time out, all accounted for
             level["open_loop"]["outcomes"].update(served=5, timed_out=3)
         if vllm_bench:
@@ -227,6 +232,45 @@ def test_the_command_writes_capacity_json_report_and_plots(tmp_path: Path) -> No
         assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_the_scan_locates_a_crossover_above_both_capacities(tmp_path: Path) -> None:
+    # Speculation still pays where both variants miss the targets; the speedup reaches 1.0 at 6 req/s.
+    tpot = {"spec-k4": lambda r: 5 + r, "baseline": lambda r: 8 + 0.5 * r}
+    levels = FakeLevels({"spec-k4": 3.1, "baseline": 1.3}, tpot=tpot)
+    result = Capacity(levels, CapacitySettings(SLO, overload_s=0, second_opinion=False), tmp_path).run()
+    searched = max(lv["rate"] for lv in result["levels"] if lv["phase"] == "search")
+    scan = result["scan"]
+    assert scan["rates"] and scan["rates"][0] == cap.canonical(math.sqrt(2) * searched)
+    assert scan["ended"].startswith("the speedup is below 1.0")
+    # Both variants at every scan rate, and the crossover interpolated between the last two rates.
+    assert sorted((v, r) for v, r, *_ in levels.calls if r in scan["rates"]) == \
+        sorted((v, r) for v in ("spec-k4", "baseline") for r in scan["rates"])
+    cross = result["crossover"]
+    assert cross["kind"] == "stops paying" and 5.0 < cross["rate"] < 7.0 and cross["between"][1] == scan["rates"][-1]
+    assert "speculation stops paying above" in headline(result)[1]
+    # The search's capacities are what they were without the scan.
+    assert result["capacity"]["spec-k4"]["capacity"] == pytest.approx(3.08)
+
+
+def test_the_scan_ends_when_both_variants_are_saturated(tmp_path: Path) -> None:
+    # Speculation pays everywhere; neither variant serves more than 5 req/s' worth of tokens.
+    tpot = {"spec-k4": lambda r: 5.0, "baseline": lambda r: 10.0}
+    levels = FakeLevels({"spec-k4": 3.1, "baseline": 1.3}, tpot=tpot, saturates_at=5)
+    result = Capacity(levels, CapacitySettings(SLO, overload_s=0, second_opinion=False, scan_steps=5),
+                      tmp_path).run()
+    scan = result["scan"]
+    assert scan["rates"] == [5.66, 8.0] and scan["saturated_at"] == 5.66, scan
+    assert scan["ended"] == "both variants saturated at 5.66 req/s"
+    line = headline(result)[1]
+    assert "pays at every rate measured" in line and "from 5.66 req/s neither variant's throughput grows" in line
+    # --max-rate bounds the scan; --scan-steps 0 turns it off.
+    capped = Capacity(FakeLevels({"spec-k4": 3.1, "baseline": 1.3}, tpot=tpot),
+                      CapacitySettings(SLO, overload_s=0, second_opinion=False, max_rate=4.5), tmp_path).run()
+    assert capped["scan"]["rates"] == [] and "above --max-rate" in capped["scan"]["ended"]
+    off = Capacity(FakeLevels({"spec-k4": 3.1, "baseline": 1.3}, tpot=tpot),
+                   CapacitySettings(SLO, overload_s=0, second_opinion=False, scan_steps=0), tmp_path).run()
+    assert off["scan"] is None and not any(lv["phase"] == "scan" for lv in off["levels"])
+
+
 def test_a_dead_server_stops_its_search_and_keeps_what_was_measured(tmp_path: Path) -> None:
     levels = FakeLevels({"spec-k4": 3.1, "baseline": 1.3}, dies="spec-k4")
     result = Capacity(levels, CapacitySettings(SLO, overload_s=5), tmp_path).run()
@@ -280,7 +324,8 @@ def test_capacity_command_on_running_servers(servers, tmp_path: Path) -> None:
         code = main(["capacity", "--url", spec.base_url, "--baseline-url", baseline.base_url,
                      "--api-key-env", TEST_KEY_ENV, "--slo", "ttft_p95=60s,tpot_p95=10s", "--start-rate", "4",
                      "--max-rate", "4", "--repeat", "1", "--requests", "4", "--warmup", "0", "--max-tokens", "16",
-                     "--request-timeout", "120", "--overload-s", "2", "--no-second-opinion", "--out", str(tmp_path)])
+                     "--request-timeout", "120", "--overload-s", "2", "--no-second-opinion", "--scan-steps", "0",
+                     "--out", str(tmp_path)])
     finally:
         for s, handler in handlers.items():
             signal.signal(s, handler)
