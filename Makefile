@@ -66,7 +66,7 @@ compare: $(STAMP)
 ##     speculation and without, and the rate above which speculation stops paying; then vLLM's benchmark
 ##     beside Locust below capacity and each variant at twice its capacity (overload); report under reports/;
 ##     WORKERS=N: Locust worker processes; CAPACITY_ARGS: further options of python -m loadtest capacity
-##     (--start-rate, --max-rate, --repeat, --precision, --overload-s)
+##     (--start-rate, --max-rate, --repeat, --precision, --scan-steps, --overload-s)
 ## make capacity URL=http://host:port [BASELINE_URL=http://host:port] [CONFIG=...] SLO=... [WORKERS=N] [CAPACITY_ARGS=...]
 ##     the same against servers already running (make serve, elsewhere): URL is the server with speculation,
 ##     BASELINE_URL one without
