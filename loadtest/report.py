@@ -20,7 +20,7 @@ from loadtest import content, slo, stats, vllm_bench
 from loadtest.files import write_atomic, write_json
 from loadtest.results import CREATED_FORMAT
 
-PLOTS = ("throughput.png", "latency.png", "acceptance.png", "speedup.png")
+PLOTS = ("throughput.png", "latency.png", "acceptance.png", "speedup.png", "rates.png")
 COST_MODEL = stats.__doc__.strip().split("\n", 1)[1].strip() if stats.__doc__ else ""
 
 
@@ -727,7 +727,55 @@ def plot(results: dict[str, Any], out: Path) -> list[Path]:
         ax.axhline(1.0, color="grey", lw=1)
         axis(ax, "Speedup of speculation over the baseline (95% intervals)", "x baseline")
         save(fig, "speedup.png")
+
+    rate_rows = [r for r in derive_rates(results) if r["output_tokens_per_s"] is not None]
+    if rate_rows:
+        save(_rates_figure(plt, rate_rows), "rates.png")
     return written
+
+
+def _rates_figure(plt: Any, rows: list[dict[str, Any]]) -> Any:
+    """Open-loop levels against the arrival rate asked (means over repeats): TTFT p95 and per-token
+    p50 per variant, and speculation's speedups over the baseline at the same arrivals."""
+    from matplotlib.ticker import FuncFormatter, NullLocator
+
+    def mean_by_rate(variant: str, get: Any) -> list[tuple[float, float]]:
+        by: dict[float, list[float]] = {}
+        for r in rows:
+            value = get(r)
+            if r["variant"] == variant and value is not None:
+                by.setdefault(r["rate"], []).append(value)
+        return [(rate, sum(v) / len(v)) for rate, v in sorted(by.items())]
+
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    variants = list(dict.fromkeys(r["variant"] for r in rows))
+    for j, variant in enumerate(variants):
+        for ax, get, in ((axes[0], lambda r: r["ttft_ms"].get("p95")), (axes[1], lambda r: r["tpot_ms"].get("p50"))):
+            pts = mean_by_rate(variant, get)
+            if pts:
+                ax.plot(*zip(*pts), "o-", color=f"C{j}", label=variant)
+        for key, style, what in (("tpot_p50_speedup", "o-", "per-token p50"), ("e2e_mean_speedup", "d--", "e2e mean")):
+            pts = mean_by_rate(variant, lambda r, key=key: r.get(key))
+            if pts:
+                axes[2].plot(*zip(*pts), style, color=f"C{j}", label=f"{variant}: {what}")
+    axes[2].axhline(1.0, color="grey", lw=1)
+    rates = sorted({r["rate"] for r in rows})
+    for ax, title, ylabel in ((axes[0], "Time to first token p95", "ms"),
+                              (axes[1], "Per-token latency p50", "ms"),
+                              (axes[2], "Speedup over the baseline, same arrivals", "x baseline")):
+        ax.set_xscale("log")
+        ax.set_xticks(rates)
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.xaxis.set_minor_locator(NullLocator())
+        ax.set_xlabel("arrival rate asked, req/s (Poisson, open loop)")
+        ax.set_ylabel(ylabel)
+        ax.set_title(title)
+        ax.grid(True, alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
+    axes[0].set_yscale("log")
+    fig.suptitle("Open loop: latency and speedup against the arrival rate")
+    return fig
 
 
 # ---------------------------------------------------------------------------------- documents

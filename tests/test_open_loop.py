@@ -263,6 +263,7 @@ def test_report_of_rate_levels(tmp_path: Path):
     md = files["markdown"].read_text()
     assert "## Open loop: each variant at each arrival rate" in md and "1.50x" in md
     assert "open loop at rates 1, 2 requests/s" in md
+    assert files["rates"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and "![rates](rates.png)" in md
 
 
 # ------------------------------------------------------------------------------------ on the engine
