@@ -48,6 +48,8 @@ class LocustJob:
     0: closed loop, `users` users each waiting for its response."""
     seed: int = 0
     """Open loop: seed of the arrival times; the same seed gives the same schedule (`loadtest.arrivals`)."""
+    repeat_head: int = 0
+    """Open loop: the last this many arrivals repeat the first's gaps and prompts (a soak's windows)."""
 
     @property
     def locust_users(self) -> int:
@@ -74,6 +76,8 @@ def _user_args(job: LocustJob) -> list[str]:
         args += ["--api-key-env", job.api_key_env]
     if job.rate > 0:
         args += ["--rate", repr(float(job.rate)), "--seed", str(job.seed)]
+        if job.repeat_head:
+            args += ["--repeat-head", str(job.repeat_head)]
     return args
 
 

@@ -47,10 +47,10 @@ from locust.runners import WORKER_REPORT_INTERVAL, MasterRunner, WorkerRunner
 from locust.stats import CSV_STATS_INTERVAL_SEC
 
 from loadtest import request_settings
-from loadtest.arrivals import poisson_arrivals
+from loadtest.arrivals import poisson_arrivals, replayed
 from loadtest.client import UNSENT, RequestRecord, auth_headers, stream_request
 from loadtest.request_settings import RequestSettings
-from loadtest.workloads import load_workload, request_for, share
+from loadtest.workloads import Item, load_workload, request_for, share
 
 _request_counter = itertools.count()
 _user_counter = itertools.count()
@@ -76,6 +76,9 @@ def _add_options(parser: Any) -> None:
                              "earlier ones finished (needs --requests); 0: closed loop, each user waits for its response")
     parser.add_argument("--seed", type=int, default=0,
                         help="open loop: seed of the arrival times (as vLLM's benchmark's --seed)")
+    parser.add_argument("--repeat-head", type=int, default=0,
+                        help="open loop: the last N arrivals repeat the first N's gaps and prompts (a soak's "
+                             "windows then offer the same load); 0: none")
     parser.add_argument("--worker-count", type=int, default=0,
                         help="Locust workers sharing --requests (each sends its share); 0: one local process")
     parser.add_argument("--records-dir", default="", help="write one JSON line per request to a file in this folder")
@@ -254,9 +257,8 @@ class LLMUser(User):
         workers = max(1, opts.worker_count)
         mine = getattr(self.environment.runner, "worker_index", 0) if opts.worker_count > 0 else 0
         start_at = opts.start_at or time.time() + opts.start_delay
-        schedule = [(i, start_at + offset) for i, offset in enumerate(poisson_arrivals(opts.requests, opts.rate,
-                                                                                        opts.seed))
-                    if i % workers == mine]
+        offsets = poisson_arrivals(opts.requests, opts.rate, opts.seed, opts.repeat_head)
+        schedule = [(i, start_at + offset) for i, offset in enumerate(offsets) if i % workers == mine]
         flights: list[gevent.Greenlet] = []
         try:
             for index, planned in schedule:
@@ -270,19 +272,24 @@ class LLMUser(User):
             # arrivals not sent yet are written as unsent: no request of the schedule goes missing.
             gevent.killall(flights)
             for index, planned in schedule[len(flights):]:
-                self._keep(RequestRecord(item_id=self.workload.item_for(index).id, path="", start=planned,
+                self._keep(RequestRecord(item_id=self._item(index).id, path="", start=planned,
                                          error=f"{UNSENT}: the run ended before its arrival time",
                                          planned_start=planned, arrival=index))
             raise
         _user_finished(self.environment)
         raise StopUser()
 
+    def _item(self, index: int) -> Item:
+        """The prompt of arrival `index`: the workload's in turn; a repeated tail repeats the head's."""
+        opts = self.environment.parsed_options
+        return self.workload.item_for(replayed(index, opts.requests, opts.repeat_head))
+
     def _one_arrival(self, index: int, planned: float) -> None:
         opts = self.environment.parsed_options
         rs = self.request
         # The i-th arrival sends the i-th prompt of the single-process order, on every worker:
         # vLLM's benchmark gets the same prompts in the same order (`Workload.sequence(n)`).
-        item = self.workload.item_for(index)
+        item = self._item(index)
         path, body = request_for(item, opts.model, rs.max_tokens, rs.temperature, rs.fixed_length, rs.api)
         sent = time.time()
         try:

@@ -16,7 +16,7 @@ import pytest
 from conftest import BASELINE, TEST_KEY_ENV
 from loadtest import stats, vllm_bench
 from loadtest.__main__ import build_parser
-from loadtest.arrivals import poisson_arrivals
+from loadtest.arrivals import poisson_arrivals, replayed
 from loadtest.client import OUTCOMES, RequestRecord
 from loadtest.locust_run import LocustJob, commands, run_locust
 from loadtest.plan import Timings
@@ -61,6 +61,15 @@ def test_arrivals_are_vllm_benchmarks_own(n, rate, seed):
     state = np.random.get_state()[1].copy()
     poisson_arrivals(n, rate, seed)
     assert (np.random.get_state()[1] == state).all()  # the global generator untouched
+
+
+def test_a_repeated_head_replays_the_first_gaps_at_the_end():
+    plain, ours = poisson_arrivals(50, 2.0, 7), poisson_arrivals(50, 2.0, 7, repeat_head=10)
+    gaps = [b - a for a, b in zip([0.0, *ours], ours)]
+    assert ours[:40] == plain[:40] and gaps[40:] == pytest.approx(gaps[:10], abs=1e-9)
+    assert [replayed(i, 50, 10) for i in (0, 39, 40, 49)] == [0, 39, 0, 9] and replayed(45, 50, 0) == 45
+    with pytest.raises(ValueError, match="half"):
+        poisson_arrivals(10, 1.0, 0, repeat_head=6)
 
 
 def test_arrivals_refuse_a_rate_of_nothing():
@@ -218,6 +227,21 @@ def test_locust_open_loop_sends_on_schedule(fake_server, tmp_path: Path):
         assert r.item_id == load_workload("code").item_for(r.arrival).id  # arrival i: the i-th prompt
     # Each request takes ~60 ms (14 chunks, 5 ms apart) against 50 ms between arrivals: they overlap.
     assert stats.open_loop(records, 20.0, 20)["in_flight_max"] > 1
+
+
+def test_locust_repeats_the_first_arrivals_at_the_end_when_asked(fake_server, tmp_path: Path):
+    """A soak's windows: the last 5 of 16 arrivals come with the first 5's gaps and prompts."""
+    job = LocustJob(fake_server, users=1, records_dir=tmp_path / "rec", model="m",
+                    request=RequestSettings(max_tokens=8), requests=16, rate=20.0, seed=4, repeat_head=5)
+    outcome = run_locust(job, deadline_s=120)
+    assert outcome.aborted is None and outcome.exit_code == 0, outcome.log_tail
+    records = sorted(load_records(tmp_path / "rec"), key=lambda r: r.arrival)
+    assert [r.arrival for r in records] == list(range(16)) and all(r.outcome == "served" for r in records)
+    planned = [r.planned_start for r in records]
+    gaps = [b - a for a, b in zip(planned, planned[1:])]
+    assert gaps[11:] == pytest.approx(gaps[:4], abs=1e-6)
+    assert [r.item_id for r in records[11:]] == [r.item_id for r in records[:5]]
+    assert records[10].item_id == load_workload("code").item_for(10).id
 
 
 def test_a_stopped_open_loop_run_loses_no_request(fake_server, tmp_path: Path):

@@ -1,9 +1,9 @@
-"""Soak each drafter on the embedded default: `make soak` (hours; a check, not a test).
+"""Soak each drafter on the embedded default: `make soak` (about 2 hours on 2 cores; a check, not a test).
 
 For each drafter of `make bench-drafters` (small_model native and plugin, bigram, ngram; the same
 config overrides), one server: warm-up requests, then `--requests` short requests (32 output
 tokens) sent open loop, Poisson arrivals at a sustained rate, prompts of a built-in workload in
-turn. Meanwhile the resident memory of the server's process tree (API server, engine core,
+turn; the last `--window` arrivals repeat the first's gaps and prompts. Meanwhile the resident memory of the server's process tree (API server, engine core,
 workers) is sampled every few seconds. The last `--window` requests are then held against the
 first (`tuning.soak_report`): memory and latency within 10%, or the figure that DRIFTS. A drafter
 whose per-request state grows without bound (caches, counts keyed by requests long finished)
@@ -130,11 +130,12 @@ class _Run:
         self.request = RequestSettings.from_options(opts, only=("workload", "max_tokens", "temperature",
                                                                 "request_timeout_s"))
 
-    def job(self, phase: str, requests: int, users: int = 1, rate: float = 0.0) -> LocustJob:
+    def job(self, phase: str, requests: int, users: int = 1, rate: float = 0.0, repeat_head: int = 0) -> LocustJob:
         """A Locust job on this server: closed loop at `users`, or open loop at `rate` requests/s
-        (Poisson arrivals, whatever is in flight; `users` then does not count)."""
+        (Poisson arrivals, whatever is in flight; `users` then does not count; the last
+        `repeat_head` arrivals repeat the first's gaps and prompts)."""
         return LocustJob(host=self.server.base_url, users=users, model=self.plan.served_name, request=self.request,
-                         requests=requests, rate=rate, seed=self.opts.seed,
+                         requests=requests, rate=rate, seed=self.opts.seed, repeat_head=repeat_head,
                          records_dir=self.opts.out / "records" / f"{self.slug}-{phase}",
                          log_path=self.opts.out / "logs" / f"locust-{self.slug}-{phase}.log",
                          api_key_env=self.resolved.config.server.api_key_env or "")
@@ -174,7 +175,9 @@ class _Run:
                                           f"{PROBE_USERS} users")
             tqdm.write(f"{self.name}: {opts.requests} requests at {result['rate']:.2f}/s "
                        f"(about {opts.requests / result['rate'] / 60:.0f} min)")
-            job = self.job("soak", opts.requests, rate=result["rate"])
+            # The last window replays the first's arrival gaps and prompts: the two offer the same load,
+            # so what differs between them is the server's state (Poisson windows of 500 differ by ~10%).
+            job = self.job("soak", opts.requests, rate=result["rate"], repeat_head=opts.window)
             # Open loop: the run lasts requests / rate; twice that, and a request's timeout, bound it.
             deadline = 2 * opts.requests / result["rate"] + self.request.request_timeout_s
             began = time.monotonic()
@@ -252,7 +255,7 @@ def soak(opts: argparse.Namespace) -> int:
     meta = {"config": CONFIG, "requests": opts.requests, "window": opts.window, "tolerance": opts.tolerance,
             "max_tokens": opts.max_tokens, "workload": opts.workload, "prompts": len(workload.items),
             "temperature": opts.temperature, "seed": opts.seed, "warmup": opts.warmup,
-            "sample_every_s": opts.sample_every, "rate_rule": rule,
+            "sample_every_s": opts.sample_every, "rate_rule": rule, "repeat_head": opts.window,
             "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
             "date": time.strftime("%Y-%m-%d %H:%M:%S")}
     report: dict[str, Any] = {"meta": meta, "drafters": []}

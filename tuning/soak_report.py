@@ -71,7 +71,7 @@ def window_figures(window: Sequence[RequestRecord], samples: Sequence[Sample], e
     sent = sorted(r.planned_start or r.start for r in window)
     return {
         "requests": len(window), "failed": len(window) - len(ok), "start": start, "end": end,
-        # The load the window offered (not judged): Poisson arrivals make it differ between windows.
+        # The load the window offered (not judged): the same in both when the last window replays the first's gaps.
         "arrivals_per_s": (len(sent) - 1) / (sent[-1] - sent[0]) if sent[-1] > sent[0] else None,
         "rss_mean_gib": None if mean is None else mean / GIB,
         "rss_end_gib": None if end_rss is None else end_rss / GIB,
@@ -219,7 +219,9 @@ def markdown(soak: dict[str, Any], plots: dict[str, str]) -> str:
     lines = [f"- {verdict_line(r['drafter'], r)}" for r in soak["drafters"]]
     lines += ["", "# Soak: each drafter on the embedded default", "",
               f"{meta['requests']} requests per drafter, open loop (Poisson arrivals, seed {meta['seed']}) at each "
-              f"drafter's rate, {meta['max_tokens']} output tokens each (ignore_eos), workload `{meta['workload']}` "
+              f"drafter's rate" + (f"; the last {meta['repeat_head']} repeat the first {meta['repeat_head']}'s gaps and "
+                                   f"prompts, so both judged windows offer the same load"
+                                   if meta.get("repeat_head") else "") + f", {meta['max_tokens']} output tokens each (ignore_eos), workload `{meta['workload']}` "
               f"({meta['prompts']} prompts in turn, no two consecutive alike), temperature {meta['temperature']:g}; "
               f"{meta['rate_rule']}. Resident memory: RSS summed over the server's process tree (API server, engine "
               f"core, workers), sampled every {meta['sample_every_s']:g} s. Each figure of the last {window} requests "
