@@ -583,11 +583,11 @@ class Capacity:
                 break
             repeat = max(self._next_repeat(v, rate) for v in variants)
             scan["rates"].append(rate)
+            before = {v: self._throughput(v, top["rate"]) for v in variants}
             for v in (variants if repeat % 2 else list(reversed(variants))):
                 self._measure(v, rate, repeat, "scan")
-            if all(self._throughput(v, rate) is not None and self._throughput(v, top["rate"]) is not None
-                   and self._throughput(v, rate) < SATURATED * self._throughput(v, top["rate"])  # type: ignore[operator]
-                   for v in variants):
+            after = {v: self._throughput(v, rate) for v in variants}
+            if all(before[v] and after[v] and after[v] < SATURATED * before[v] for v in variants):  # type: ignore[operator]
                 scan["saturated_at"] = top["rate"]
         self._conclude()
         self.save()

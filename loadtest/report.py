@@ -611,14 +611,15 @@ def _bench_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
 
 
 # ---------------------------------------------------------------------------------- plots
-def _averaged(rows: list[dict[str, Any]], keys: tuple[str, ...]) -> list[dict[str, Any]]:
-    """Rows of one series averaged over repeats: one row per concurrency, the mean of each key."""
-    by_c: dict[int, list[dict[str, Any]]] = {}
+def _averaged(rows: list[dict[str, Any]], keys: tuple[str, ...], by: str = "concurrency") -> list[dict[str, Any]]:
+    """Rows of one series averaged over repeats: one row per value of `by` (the concurrency, or an
+    open loop's rate), the mean of each key."""
+    by_c: dict[float, list[dict[str, Any]]] = {}
     for row in rows:
-        by_c.setdefault(row["concurrency"], []).append(row)
+        by_c.setdefault(row[by], []).append(row)
     out = []
     for c, group in sorted(by_c.items()):
-        mean = {"concurrency": c}
+        mean = {by: c}
         for key in keys:
             values = [r[key] for r in group if r.get(key) is not None]
             mean[key] = sum(values) / len(values) if values else None
@@ -739,25 +740,19 @@ def _rates_figure(plt: Any, rows: list[dict[str, Any]]) -> Any:
     p50 per variant, and speculation's speedups over the baseline at the same arrivals."""
     from matplotlib.ticker import FuncFormatter, NullLocator
 
-    def mean_by_rate(variant: str, get: Any) -> list[tuple[float, float]]:
-        by: dict[float, list[float]] = {}
-        for r in rows:
-            value = get(r)
-            if r["variant"] == variant and value is not None:
-                by.setdefault(r["rate"], []).append(value)
-        return [(rate, sum(v) / len(v)) for rate, v in sorted(by.items())]
-
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
-    variants = list(dict.fromkeys(r["variant"] for r in rows))
-    for j, variant in enumerate(variants):
-        for ax, get, in ((axes[0], lambda r: r["ttft_ms"].get("p95")), (axes[1], lambda r: r["tpot_ms"].get("p50"))):
-            pts = mean_by_rate(variant, get)
+    keys = ("ttft_p95", "tpot_p50", "tpot_p50_speedup", "e2e_mean_speedup")
+    flat = [{"variant": r["variant"], "rate": r["rate"], "ttft_p95": r["ttft_ms"].get("p95"),
+             "tpot_p50": r["tpot_ms"].get("p50"), "tpot_p50_speedup": r.get("tpot_p50_speedup"),
+             "e2e_mean_speedup": r.get("e2e_mean_speedup")} for r in rows]
+    for j, variant in enumerate(dict.fromkeys(r["variant"] for r in flat)):
+        means = _averaged([r for r in flat if r["variant"] == variant], keys, by="rate")
+        for ax, key, style, label in ((axes[0], "ttft_p95", "o-", variant), (axes[1], "tpot_p50", "o-", variant),
+                                      (axes[2], "tpot_p50_speedup", "o-", f"{variant}: per-token p50"),
+                                      (axes[2], "e2e_mean_speedup", "d--", f"{variant}: e2e mean")):
+            pts = [(m["rate"], m[key]) for m in means if m[key] is not None]
             if pts:
-                ax.plot(*zip(*pts), "o-", color=f"C{j}", label=variant)
-        for key, style, what in (("tpot_p50_speedup", "o-", "per-token p50"), ("e2e_mean_speedup", "d--", "e2e mean")):
-            pts = mean_by_rate(variant, lambda r, key=key: r.get(key))
-            if pts:
-                axes[2].plot(*zip(*pts), style, color=f"C{j}", label=f"{variant}: {what}")
+                ax.plot(*zip(*pts), style, color=f"C{j}", label=label)
     axes[2].axhline(1.0, color="grey", lw=1)
     rates = sorted({r["rate"] for r in rows})
     for ax, title, ylabel in ((axes[0], "Time to first token p95", "ms"),
