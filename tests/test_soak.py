@@ -109,6 +109,33 @@ def test_a_window_between_two_samples_takes_the_next_one() -> None:
     assert v["first"]["rss_mean_gib"] == v["first"]["rss_end_gib"] == pytest.approx(3.0)
 
 
+def scrapes(until: float, acceptance=lambda t: 0.5, tpot_ms=lambda t: 30.0, every: float = 5.0) -> list[list[float]]:
+    """/metrics scrapes every `every` s from t=995: 100 draft tokens and 40 per-token observations
+    per interval, at the acceptance and per-token latency the functions give at its end."""
+    t, row, out = 995.0, [995.0, 0.0, 0.0, 0.0, 0.0, 0.0, 4.0], []
+    while t <= until:
+        out.append(list(row))
+        t += every
+        row = [t, row[1] + 25, row[2] + 100, row[3] + 100 * acceptance(t), row[4] + 40 * tpot_ms(t) / 1000,
+               row[5] + 40, 4.0]
+    return out
+
+
+def test_the_engine_counts_say_whose_a_drift_is_and_are_not_judged() -> None:
+    # Steps slow down by a third from t=1075 (the last window), acceptance falls from 0.6 to 0.3.
+    engine = scrapes(1110, acceptance=lambda t: 0.6 if t < 1075 else 0.3, tpot_ms=lambda t: 30 if t < 1075 else 40)
+    v = soak_report.judge(records(200), samples(1101), 50, 0.1, engine=engine)
+    assert v["status"] == "ok"  # the engine's figures are not judged
+    first, last = v["first"], v["last"]
+    assert first["acceptance_rate"] == pytest.approx(0.6) and first["engine_tpot_mean_ms"] == pytest.approx(30)
+    assert last["acceptance_rate"] == pytest.approx(0.3) and last["engine_tpot_mean_ms"] == pytest.approx(40)
+    assert first["running_mean"] == pytest.approx(4.0)
+    # Without scrapes (or with one) there is nothing to say, and nothing breaks.
+    assert soak_report.judge(records(200), samples(1101), 50, 0.1, engine=engine[:1])["first"]["acceptance_rate"] is None
+    spans = soak_report.engine_intervals(engine, span_s=30)
+    assert spans[0][1] == pytest.approx(0.6) and spans[-1][1] == pytest.approx(0.3) and spans[-1][2] == pytest.approx(40)
+
+
 MEMORY_TREE = """
 import subprocess, sys, time
 blob = bytearray(80 * 2**20)  # touched, so resident
@@ -178,10 +205,10 @@ def test_settings_that_cannot_be_judged_are_refused_before_any_server(capsys: py
 
 def test_the_report_leads_with_a_verdict_per_drafter(tmp_path: Path) -> None:
     def drafter(name: str, ttft) -> dict:
-        recs, rss = records(200, ttft=ttft), samples(1101)
+        recs, rss, engine = records(200, ttft=ttft), samples(1101), scrapes(1110)
         return {"drafter": name, "rate": 2.0, "rate_source": "--rate", "startup_s": 40.0, "run_s": 100.0,
-                "processes": 3, "verdict": soak_report.judge(recs, rss, 50, 0.1, expected=200),
-                "series": soak_report.series(recs, rss)}
+                "processes": 3, "verdict": soak_report.judge(recs, rss, 50, 0.1, expected=200, engine=engine),
+                "series": soak_report.series(recs, rss, engine)}
 
     meta = {"requests": 200, "window": 50, "tolerance": 0.1, "max_tokens": 32, "workload": "code", "prompts": 12,
             "temperature": 1.0, "seed": 0, "sample_every_s": 2.0, "rate_rule": "2 requests/s for every drafter",
@@ -196,6 +223,7 @@ def test_the_report_leads_with_a_verdict_per_drafter(tmp_path: Path) -> None:
     assert first[1].startswith("- small_model (plugin): DRIFTS beyond 10%: TTFT p50 +50.0%")
     assert first[2] == "- ngram: FAILED: vLLM exited with code 1 during start-up"
     assert "| TTFT p50 (ms) | 100.0 | 150.0 | +50.0% | DRIFTS |" in md
+    assert "| draft acceptance (engine, not judged) | 0.5 | 0.5 | +0.0% | |" in md
     assert "![bigram](soak-bigram.png)" in md and (tmp_path / "soak-small_model-plugin.png").stat().st_size > 1000
     html = written["html"].read_text()
     assert "data:image/png;base64," in html and "DRIFTS" in html
@@ -212,7 +240,7 @@ def test_a_short_soak_of_one_drafter_on_the_engine(tmp_path: Path) -> None:
     out = tmp_path / "soak"
     run = subprocess.run([sys.executable, "-m", "tuning", "soak", "--drafters", "ngram", "--requests", "40",
                           "--rate", "2", "--max-tokens", "16", "--window", "10", "--warmup", "2",
-                          "--sample-every", "0.5", "--out", str(out)],
+                          "--sample-every", "0.5", "--metrics-every", "1", "--out", str(out)],
                          cwd=REPO, capture_output=True, text=True, timeout=900,
                          env={**os.environ, "SPECDEPLOY_NO_PROGRESS": "1"})
     saved = json.loads((out / "soak.json").read_text())
@@ -222,6 +250,8 @@ def test_a_short_soak_of_one_drafter_on_the_engine(tmp_path: Path) -> None:
     # Windows of 10 requests are too short for the verdict to mean much: it must be there.
     assert v["requests"] == 40 and v["failed"] == 0 and v["status"] in ("ok", "drifts"), run.stdout[-2000:]
     assert set(v["change"]) == set(soak_report.FIGURES) and ngram["rate"] == 2
+    # The engine's counts over each window, from its /metrics: ngram drafts, so acceptance is a rate.
+    assert 0 <= v["first"]["acceptance_rate"] <= 1 and v["first"]["engine_tpot_mean_ms"] > 0, v["first"]
     assert ngram["processes"] >= 2 and len(ngram["series"]["rss"]) >= 10  # API server and engine core, 20 s
     assert run.returncode == (0 if v["status"] == "ok" else 1), run.stderr[-2000:]
     assert (out / "soak.md").read_text().startswith("- ngram: ")

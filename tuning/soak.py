@@ -27,11 +27,13 @@ from types import TracebackType
 from typing import Any
 
 import psutil
+import requests
 from tqdm import tqdm
 
 from deploy import ConfigError, Server, ServerStartError, free_port, plan_from_config
-from loadtest import request_settings, stats
+from loadtest import prom, request_settings, stats
 from loadtest.arg_types import positive_int
+from loadtest.client import auth_headers
 from loadtest.locust_run import LocustJob, run_locust
 from loadtest.request_settings import RequestSettings
 from loadtest.runner import _Progress, load_records
@@ -99,6 +101,37 @@ class RssSampler:
         self._sampling.__exit__(exc_type, exc, tb)
 
 
+class EngineSampler:
+    """Scrapes the server's /metrics every `every_s` seconds in a thread, from entering to leaving:
+    `samples` holds `soak_report.EngineSample` rows (the speculation counters, the engine's per-token
+    histogram, the requests running). They say whether a drift is the drafter's (its acceptance
+    moved) or the engine's (the same acceptance, slower steps); a failed scrape is skipped."""
+
+    def __init__(self, base_url: str, every_s: float = 10.0, headers: dict[str, str] | None = None):
+        self.base_url = base_url
+        self.headers = headers
+        self.samples: list[list[float]] = []
+        self._sampling = sampling(every_s, self.sample, "metrics-sampler")
+
+    def sample(self) -> None:
+        try:
+            snap = prom.scrape(self.base_url, timeout_s=5, headers=self.headers)
+        except (requests.RequestException, ValueError):
+            return  # busy or gone: the run notices a dead server itself
+        per_token = snap.histogram(prom.HISTOGRAMS["per_token_latency_s"])
+        self.samples.append([snap.taken_at, snap.total(prom.DRAFTS), snap.total(prom.DRAFT_TOKENS),
+                             snap.total(prom.ACCEPTED), per_token.sum, per_token.count,
+                             snap.total("vllm:num_requests_running")])
+
+    def __enter__(self) -> EngineSampler:
+        self._sampling.__enter__()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self._sampling.__exit__(exc_type, exc, tb)
+
+
 def check_varied(workload: Workload) -> None:
     """The run sends the workload's prompts in turn: refuse one whose consecutive prompts (the
     last and the first included) are the same, so that no two requests in a row are alike."""
@@ -139,6 +172,9 @@ class _Run:
                          records_dir=self.opts.out / "records" / f"{self.slug}-{phase}",
                          log_path=self.opts.out / "logs" / f"locust-{self.slug}-{phase}.log",
                          api_key_env=self.resolved.config.server.api_key_env or "")
+
+    def server_headers(self) -> dict[str, str] | None:
+        return auth_headers(self.resolved.config.server.api_key_env)
 
     def server_gone(self) -> str | None:
         return None if self.server.alive() else self.server.exit_reason()
@@ -182,7 +218,8 @@ class _Run:
             deadline = 2 * opts.requests / result["rate"] + self.request.request_timeout_s
             began = time.monotonic()
             with _Progress(f"{self.name} soak", opts.requests, job.records_dir) as bar, \
-                    RssSampler(self.server.process.pid, opts.sample_every) as sampler:
+                    RssSampler(self.server.process.pid, opts.sample_every) as sampler, \
+                    EngineSampler(self.server.base_url, opts.metrics_every, self.server_headers()) as engine:
                 def tick() -> None:
                     bar.tick()
                     if sampler.latest_gib is not None:
@@ -194,12 +231,12 @@ class _Run:
             records = load_records(job.records_dir)
             result["processes"] = int(max((s[2] for s in sampler.samples), default=0))
             result["verdict"] = soak_report.judge(records, sampler.samples, opts.window, opts.tolerance,
-                                                  expected=opts.requests)
+                                                  expected=opts.requests, engine=engine.samples)
             if outcome.aborted:
                 result["verdict"]["problems"].append(outcome.aborted)
                 if result["verdict"]["status"] == "ok":
                     result["verdict"]["status"] = "failed"
-            result["series"] = soak_report.series(records, sampler.samples)
+            result["series"] = soak_report.series(records, sampler.samples, engine.samples)
         except (ServerStartError, RuntimeError, OSError) as exc:
             result["error"] = str(getattr(exc, "reason", None) or exc)
         finally:
@@ -221,6 +258,9 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tolerance", type=float, default=TOLERANCE,
                         help="largest change of a figure, last window against first, that passes (%(default)s)")
     parser.add_argument("--sample-every", type=float, default=2.0, help="seconds between RSS samples (%(default)s)")
+    parser.add_argument("--metrics-every", type=float, default=10.0,
+                        help="seconds between scrapes of the server's /metrics (acceptance, engine per-token "
+                             "latency: not judged, they say whose a drift is) (%(default)s)")
     parser.add_argument("--warmup", type=positive_int, default=8, help="warm-up requests, not judged (%(default)s)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the Poisson arrivals (%(default)s)")
     request_settings.add_options(parser, only=("workload", "max_tokens", "temperature", "request_timeout_s"),
@@ -236,8 +276,8 @@ def validate(parser: argparse.ArgumentParser, opts: argparse.Namespace) -> None:
         parser.error("--rate must be above 0")
     if not 0 < opts.tolerance < 1:
         parser.error("--tolerance is a fraction between 0 and 1, e.g. 0.1")
-    if opts.sample_every <= 0:
-        parser.error("--sample-every must be above 0")
+    if opts.sample_every <= 0 or opts.metrics_every <= 0:
+        parser.error("--sample-every and --metrics-every must be above 0")
     try:
         check_varied(load_workload(opts.workload))
     except ValueError as exc:
@@ -255,7 +295,7 @@ def soak(opts: argparse.Namespace) -> int:
     meta = {"config": CONFIG, "requests": opts.requests, "window": opts.window, "tolerance": opts.tolerance,
             "max_tokens": opts.max_tokens, "workload": opts.workload, "prompts": len(workload.items),
             "temperature": opts.temperature, "seed": opts.seed, "warmup": opts.warmup,
-            "sample_every_s": opts.sample_every, "rate_rule": rule, "repeat_head": opts.window,
+            "sample_every_s": opts.sample_every, "metrics_every_s": opts.metrics_every, "rate_rule": rule, "repeat_head": opts.window,
             "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
             "date": time.strftime("%Y-%m-%d %H:%M:%S")}
     report: dict[str, Any] = {"meta": meta, "drafters": []}

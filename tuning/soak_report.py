@@ -7,6 +7,11 @@ first window, and the final one), the mean end-to-end latency, and the medians o
 TPOT over the window's successful requests. A figure of the last window more than `tolerance`
 away from the first's (either way) DRIFTS. Requests that failed are counted; a run with any
 does not pass either.
+
+Beside them, not judged, what the engine counted over each window (its /metrics, scraped every few
+seconds): the draft acceptance rate, the engine's own per-token latency and the requests running.
+They say whose a latency drift is: the drafter's when its acceptance moved, the engine's (or the
+machine's) when acceptance held and each step got slower.
 """
 
 from __future__ import annotations
@@ -36,6 +41,14 @@ SHORT = {"rss_mean_gib": "RSS mean", "rss_end_gib": "RSS at end", "e2e_mean_ms":
 
 Sample = Sequence[float]
 """One RSS sample: [epoch seconds, resident bytes of the process tree, processes in it]."""
+EngineSample = Sequence[float]
+"""One /metrics scrape: [epoch seconds, drafts, draft tokens, accepted tokens (counters), the per-token
+latency histogram's sum (s) and count, requests running (a gauge)]."""
+ENGINE_FIGURES: dict[str, str] = {
+    "acceptance_rate": "draft acceptance (engine, not judged)",
+    "engine_tpot_mean_ms": "per-token latency mean (engine, not judged)",
+    "running_mean": "requests running (engine, not judged)",
+}
 
 
 def in_send_order(records: Sequence[RequestRecord]) -> list[RequestRecord]:
@@ -57,7 +70,23 @@ def rss_mean(samples: Sequence[Sample], start: float, end: float) -> float | Non
     return statistics.fmean(inside) if inside else rss_at(samples, end)
 
 
-def window_figures(window: Sequence[RequestRecord], samples: Sequence[Sample], end_rss: float | None) -> dict[str, Any]:
+def engine_figures(engine: Sequence[EngineSample], start: float, end: float) -> dict[str, float | None]:
+    """What the engine counted between the last scrape at or before `start` and the first at or
+    after `end` (the scrapes nearest the window, when none lies outside it); None without two scrapes."""
+    if len(engine) < 2:
+        return dict.fromkeys(ENGINE_FIGURES)
+    before = next((e for e in reversed(engine) if e[0] <= start), engine[0])
+    after = next((e for e in engine if e[0] >= end), engine[-1])
+    drafted, accepted = after[2] - before[2], after[3] - before[3]
+    per_token_s, per_token_n = after[4] - before[4], after[5] - before[5]
+    running = [e[6] for e in engine if before[0] <= e[0] <= after[0]]
+    return {"acceptance_rate": accepted / drafted if drafted > 0 else None,
+            "engine_tpot_mean_ms": 1000 * per_token_s / per_token_n if per_token_n > 0 else None,
+            "running_mean": statistics.fmean(running) if running else None}
+
+
+def window_figures(window: Sequence[RequestRecord], samples: Sequence[Sample], end_rss: float | None,
+                   engine: Sequence[EngineSample] = ()) -> dict[str, Any]:
     """The judged figures of one window of requests (see the module doc)."""
     ok = [r for r in window if r.ok]
     start, end = min(r.start for r in window), max(r.end for r in window)
@@ -78,12 +107,14 @@ def window_figures(window: Sequence[RequestRecord], samples: Sequence[Sample], e
         "e2e_mean_ms": ms([r.e2e_s for r in ok if r.e2e_s is not None]),
         "tpot_p50_ms": ms([r.per_token_latency_s for r in ok if r.per_token_latency_s is not None], 50),
         "ttft_p50_ms": ms([r.ttft_s for r in ok if r.ttft_s is not None], 50),
+        **engine_figures(engine, start, end),
     }
 
 
 def judge(records: Sequence[RequestRecord], samples: Sequence[Sample], window: int, tolerance: float,
-          expected: int | None = None) -> dict[str, Any]:
-    """The first and the last `window` requests' figures, each figure's change, and the verdict:
+          expected: int | None = None, engine: Sequence[EngineSample] = ()) -> dict[str, Any]:
+    """The first and the last `window` requests' figures (and the engine's, `engine`: scrapes, not
+    judged), each judged figure's change, and the verdict:
     `ok` (every figure within `tolerance`, no request failed), `drifts` (a figure beyond it) or
     `failed` (requests failed, or too few finished to fill two windows)."""
     ordered = in_send_order(records)
@@ -103,8 +134,8 @@ def judge(records: Sequence[RequestRecord], samples: Sequence[Sample], window: i
         out.update(status="failed", drifts=[], change={})
         return out
     head, tail = ordered[:window], ordered[-window:]
-    first = window_figures(head, samples, rss_at(samples, max(r.end for r in head)))
-    last = window_figures(tail, samples, samples[-1][1] if samples else None)
+    first = window_figures(head, samples, rss_at(samples, max(r.end for r in head)), engine)
+    last = window_figures(tail, samples, samples[-1][1] if samples else None, engine)
     change = {k: (last[k] / first[k] - 1 if first[k] and last[k] is not None else None) for k in FIGURES}
     drifts = [k for k, c in change.items() if c is not None and abs(c) > tolerance]
     missing = [k for k, c in change.items() if c is None]
@@ -141,8 +172,10 @@ def passed(result: dict[str, Any]) -> bool:
     return not result.get("error") and result.get("verdict", {}).get("status") == "ok"
 
 
-def series(records: Sequence[RequestRecord], samples: Sequence[Sample]) -> dict[str, Any]:
-    """What the plots draw, kept in soak.json: RSS over time and each request's latencies in send order."""
+def series(records: Sequence[RequestRecord], samples: Sequence[Sample], engine: Sequence[EngineSample] = ()
+           ) -> dict[str, Any]:
+    """What the plots draw, kept in soak.json: RSS over time, each request's latencies in send order
+    and the engine's scrapes."""
     ordered = in_send_order(records)
     t0 = min([r.start for r in ordered] + [s[0] for s in samples[:1]], default=0.0)
 
@@ -153,7 +186,8 @@ def series(records: Sequence[RequestRecord], samples: Sequence[Sample]) -> dict[
             "rss": [[round(s[0] - t0, 2), int(s[1]), int(s[2])] for s in samples],
             "e2e_ms": [ms(r.e2e_s) if r.ok else None for r in ordered],
             "ttft_ms": [ms(r.ttft_s) if r.ok else None for r in ordered],
-            "tpot_ms": [ms(r.per_token_latency_s) if r.ok else None for r in ordered]}
+            "tpot_ms": [ms(r.per_token_latency_s) if r.ok else None for r in ordered],
+            "engine": [[round(e[0] - t0, 2), *e[1:]] for e in engine]}
 
 
 def rolling_mean(values: Sequence[float | None], width: int) -> list[float | None]:
@@ -177,7 +211,9 @@ def plot(name: str, result: dict[str, Any], path: Path) -> Path | None:
 
     window = result["verdict"]["window"]
     width = max(window // 10, 1)
-    fig, (mem, lat) = plt.subplots(1, 2, figsize=(11, 4))
+    engine = s.get("engine") or []
+    fig, axes = plt.subplots(1, 3 if len(engine) > 2 else 2, figsize=(16.5 if len(engine) > 2 else 11, 4))
+    mem, lat = axes[0], axes[1]
     if s["rss"]:
         mem.plot([r[0] / 60 for r in s["rss"]], [r[1] / GIB for r in s["rss"]], "-", color="C0")
     v = result["verdict"]
@@ -193,13 +229,41 @@ def plot(name: str, result: dict[str, Any], path: Path) -> Path | None:
     lat.axvspan(max(n - window, 0), n, color="C3", alpha=0.12)
     lat.set_yscale("log")
     lat.set(title=f"{name}: latency over the run", xlabel="request (in send order)", ylabel="ms")
-    for ax in (mem, lat):
+    if len(engine) > 2:
+        _plot_engine(axes[2], name, engine)
+    for ax in axes:
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
+
+
+def engine_intervals(engine: Sequence[EngineSample], span_s: float = 60.0) -> list[tuple[float, float | None, float | None]]:
+    """(middle, acceptance rate, engine per-token mean in ms) over consecutive spans of about
+    `span_s` seconds between scrapes: the engine's figures over time."""
+    out, begin = [], 0
+    for i in range(1, len(engine)):
+        if engine[i][0] - engine[begin][0] >= span_s or i == len(engine) - 1:
+            a, b = engine[begin], engine[i]
+            drafted, n = b[2] - a[2], b[5] - a[5]
+            out.append(((a[0] + b[0]) / 2, (b[3] - a[3]) / drafted if drafted > 0 else None,
+                        1000 * (b[4] - a[4]) / n if n > 0 else None))
+            begin = i
+    return out
+
+
+def _plot_engine(ax: Any, name: str, engine: Sequence[EngineSample]) -> None:
+    """Acceptance (left axis) and the engine's per-token latency (right axis) per minute of the run."""
+    spans = engine_intervals(engine)
+    minutes = [t / 60 for t, _, _ in spans]
+    ax.plot(minutes, [a for _, a, _ in spans], "-", color="C2", label="draft acceptance")
+    ax.set(title=f"{name}: what the engine counted", xlabel="minutes", ylabel="acceptance rate")
+    right = ax.twinx()
+    right.plot(minutes, [ms for _, _, ms in spans], "-", color="C4", label="per-token latency (engine)")
+    right.set_ylabel("ms")
+    right.legend(fontsize=8, loc="lower right")
 
 
 def slug(name: str) -> str:
@@ -228,7 +292,10 @@ def markdown(soak: dict[str, Any], plots: dict[str, str]) -> str:
               f"(in send order) against the first {window}: within {100 * meta['tolerance']:g}% either way, or "
               f"DRIFTS. Latencies over the window's successful requests; RSS mean over the samples taken while "
               f"its requests ran, RSS at the end: the sample after the first window's last response, and the final "
-              f"one. {meta['machine']}; {meta['date']}.", ""]
+              f"one." + (f" Not judged: what the engine counted over each window (its /metrics, scraped every "
+                          f"{meta['metrics_every_s']:g} s): draft acceptance, its own per-token latency, requests "
+                          f"running; they say whether a drift is the drafter's or the steps'."
+                          if meta.get("metrics_every_s") else "") + f" {meta['machine']}; {meta['date']}.", ""]
     for r in soak["drafters"]:
         lines += [f"## {r['drafter']}", ""]
         if r.get("error"):
@@ -247,6 +314,12 @@ def markdown(soak: dict[str, Any], plots: dict[str, str]) -> str:
                 lines.append(f"| {title} | {_fmt(key, v['first'][key])} | {_fmt(key, v['last'][key])} | "
                              f"{_pct(change)} | {mark} |")
             lines.append(f"| failed requests | {v['first']['failed']} | {v['last']['failed']} | | |")
+            for key, title in ENGINE_FIGURES.items():
+                if v["first"].get(key) is not None or v["last"].get(key) is not None:
+                    pair = [v[w].get(key) for w in ("first", "last")]
+                    change = pair[1] / pair[0] - 1 if pair[0] and pair[1] is not None else None
+                    lines.append(f"| {title} | " + " | ".join("n/a" if x is None else f"{x:.3g}" for x in pair)
+                                 + f" | {_pct(change)} | |")
             rates = [v[w].get("arrivals_per_s") for w in ("first", "last")]
             lines.append("| arrivals/s (the load offered, not judged) | "
                          + " | ".join("n/a" if x is None else f"{x:.2f}" for x in rates) + " | | |")
