@@ -537,7 +537,7 @@ def _trust_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
 def _slo_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     targets = slo.parse_targets((results.get("settings") or {}).get("slo") or "") \
         if (results.get("settings") or {}).get("slo") else []
-    header = ["variant", "batch", "run", *[f"{t.describe()}: value ms (share within)" for t in targets],
+    header = ["variant", "batch", "run", *[f"{t.describe()}: value ms, nearest rank (share within)" for t in targets],
               "goodput tok/s", "tok/s", "all met"]
     rows = []
     for variant, level in levels(results):
@@ -548,7 +548,7 @@ def _slo_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
         for t in targets:
             v = r["targets"].get(t.name) or {}
             share = v.get("share_within")
-            cells.append(f"{_fmt(v.get('value_ms'))} ({'-' if share is None else f'{100 * share:.0f}%'})"
+            cells.append(f"{_fmt(v.get('value_ms'))} ({'-' if share is None else f'{100 * share:.1f}%'})"
                          + ("" if v.get("met") else " MISSED"))
         rows.append([variant["name"], str(level["concurrency"]), str(level.get("repeat", 1)), *cells,
                      _fmt(r.get("goodput_tokens_per_s")), _fmt(level["client"].get("output_tokens_per_s")),

@@ -2,21 +2,21 @@
 
 A target names a per-request latency, a percentile and a bound, e.g. `ttft_p95=500ms`: 95%
 of requests see their first token within 500 ms. Per run the sweep reports, for each target,
-the run's percentile and the share of requests within the bound, and the goodput: output
-tokens/s counted only from requests that met every bound (vLLM's benchmark defines its
+the run's percentile (by nearest rank: the one its verdict rests on), the share of requests
+within the bound, and the goodput: output tokens/s counted only from requests that met every bound (vLLM's benchmark defines its
 `--goodput` the same way). A concurrency meets the targets when every run at it does; the
 highest such concurrency is what the deployment can take.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from loadtest.client import RequestRecord
-from loadtest.stats import percentile
 
 METRICS = {
     "ttft": "time to first token",
@@ -66,6 +66,19 @@ def parse_targets(text: str) -> list[Target]:
     return targets
 
 
+def rank_percentile(values: Sequence[float | None], p: float) -> float | None:
+    """The p-th percentile by nearest rank: the smallest value that at least p% of `values` do not
+    exceed, a missing value (a failed request) counting above every bound; None when it falls on
+    one. A target's `met` (that share within the bound) holds exactly when this value is within
+    it. An interpolated percentile can sit below the bound while fewer than p% are: with 56
+    requests, three at 55 ms and the rest near 30, numpy's p95 is about 40 ms, yet 94.6% are within 50."""
+    if not values:
+        return None
+    ordered = sorted(values, key=lambda v: (v is None, v or 0.0))
+    rank = max(math.ceil(p / 100 * len(ordered) - 1e-9), 1)
+    return ordered[rank - 1]
+
+
 def evaluate(records: Sequence[RequestRecord], targets: Sequence[Target], duration_s: float) -> dict[str, Any]:
     """One run against the targets: per target its percentile and the share of requests within
     the bound; goodput from the requests within every bound. Failed requests meet no target."""
@@ -73,12 +86,13 @@ def evaluate(records: Sequence[RequestRecord], targets: Sequence[Target], durati
     within_all = [r.ok for r in records]
     for t in targets:
         values = [t.value_s(r) for r in records]
-        ok_values = [v for r, v in zip(records, values) if r.ok and v is not None]
         within = [r.ok and v is not None and v <= t.bound_s for r, v in zip(records, values)]
         within_all = [a and b for a, b in zip(within_all, within)]
-        level_value = percentile(ok_values, t.percentile)
+        level_value = rank_percentile([v if r.ok else None for r, v in zip(records, values)], t.percentile)
         out["targets"][t.name] = {
             "bound_ms": 1000 * t.bound_s,
+            # The percentile the verdict rests on (None: it falls on a failed request), so that the
+            # value shown and `met` cannot disagree; the interpolated one is in the run's latencies.
             "value_ms": 1000 * level_value if level_value is not None else None,
             "share_within": sum(within) / len(records) if records else None,
             # The target is a percentile: met when that share of all requests (failures count

@@ -21,6 +21,7 @@ from loadtest.endpoint import EndpointError, discover
 from loadtest.locust_run import LocustOutcome
 from loadtest.report import headline
 from loadtest.runner import Sweep, SweepSettings, load_generator_lag, load_generator_notes
+from loadtest.stats import percentile
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -54,6 +55,28 @@ def test_evaluate_counts_failures_against_targets_and_goodput_keeps_only_good_re
     assert result["met"]
     strict = slo.evaluate(records, slo.parse_targets("ttft_p90=100ms"), duration_s=2.0)
     assert not strict["met"] and not strict["targets"]["ttft_p90"]["met"]    # 80% within < 90%
+    assert strict["targets"]["ttft_p90"]["value_ms"] is None                 # the 90th falls on the failed request
+
+
+def test_the_percentile_shown_is_the_one_the_verdict_rests_on():
+    """56 requests near 30 ms: with 2 at 55 ms, 96.4% are within and p95 <= 50 ms is met; with 3,
+    94.6% are and it is missed, though numpy's interpolated p95 (about 40 ms) is below the bound."""
+    target = slo.parse_targets("tpot_p95=50ms")
+    for above, met in ((2, True), (3, False)):
+        records = [_record(0.05, 0.030 + 0.0001 * i) for i in range(56 - above)] + [_record(0.05, 0.055)] * above
+        t = slo.evaluate(records, target, duration_s=10)["targets"]["tpot_p95"]
+        assert t["met"] is met and (t["value_ms"] <= 50) is met, t
+    assert percentile([r.per_token_latency_s for r in records], 95) * 1000 < 50  # the interpolated one would hide it
+    assert slo.rank_percentile([3.0, None, 1.0, 2.0], 50) == 2.0 and slo.rank_percentile([1.0, None], 75) is None
+    assert slo.rank_percentile([], 95) is None
+
+
+def test_concurrency_meets_the_targets_only_when_every_run_does():
+    targets = slo.parse_targets("ttft_p50=100ms,tpot_p50=20ms")
+    records = [_record(0.05, 0.01), _record(0.05, 0.01), _record(0.5, 0.01), _record(0.05, 0.05),
+               _record(0.05, 0.01, ok=False)]
+    result = slo.evaluate(records, targets, duration_s=2.0)
+    strict = slo.evaluate(records, slo.parse_targets("ttft_p90=100ms"), duration_s=2.0)
     levels = [{"concurrency": 1, "slo": result}, {"concurrency": 32, "slo": strict},
               {"concurrency": 8, "slo": result}, {"concurrency": 8, "slo": strict}]
     assert slo.highest_concurrency(levels) == 1                              # one run at 8 missed
