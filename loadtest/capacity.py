@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from loadtest import slo
+from loadtest import content, slo
 from loadtest.files import write_json
 from loadtest.sampling import sampling
 
@@ -340,13 +340,28 @@ def _interval(c: dict[str, Any]) -> str:
     return f"{_rate(lo)}-{_rate(hi)}" if hi is not None else f"at least {_rate(lo)} (none failed)"
 
 
+def content_warnings(result: dict[str, Any]) -> list[str]:
+    """Per variant, what the content check says of the outputs behind its capacity, over every level
+    it served (none: they are text). Looping output makes speculation look fast, so it comes first."""
+    lines = []
+    for variant in result.get("variants") or []:
+        summary = content.merge([(lv.get("client") or {}).get("content") for lv in result.get("levels") or []
+                                 if lv.get("variant") == variant])
+        text = content.warning(summary)
+        if text:
+            whose = "the baseline's" if variant == BASELINE else "speculation's"
+            lines.append(f"{variant}: CONTENT: {whose} output {text}")
+    return lines
+
+
 def headline(result: dict[str, Any]) -> list[str]:
-    """The report's first lines: capacity with and without speculation, then the crossover."""
+    """The report's first lines: output that is no text (`content_warnings`), capacity with and
+    without speculation, then the crossover."""
     caps, spec = result.get("capacity") or {}, result.get("spec_variant")
     base = caps.get(BASELINE)
     mine = caps.get(spec) if spec else None
     targets = describe_targets(result["slo"])
-    lines = []
+    lines = content_warnings(result)
     if mine is None or base is None:
         only = mine or base
         who = "speculation" if only is mine else "the baseline"

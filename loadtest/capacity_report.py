@@ -210,8 +210,9 @@ def report_markdown(result: dict[str, Any], plots: list[Path], sources: Mapping[
     sources = sources or {}
     s = result.get("settings") or {}
     lines = cap.headline(result)
+    bold = len(cap.content_warnings(result))  # the warnings, then the capacity line
     parts = [f"# Capacity at a service target: {result.get('config', '')}\n",
-             "\n\n".join(f"**{line}**" if n == 0 else line for n, line in enumerate(lines)) + "\n"]
+             "\n\n".join(f"**{line}**" if n <= bold else line for n, line in enumerate(lines)) + "\n"]
     problems = result.get("problems") or []
     run_text = (f"Status **{result.get('status')}**. Open-loop Poisson arrivals; a rate passes when every run at it "
                 f"meets every target, with the load generator on schedule and every request served. Search from "

@@ -343,3 +343,27 @@ def test_capacity_command_on_running_servers(servers, tmp_path: Path) -> None:
     assert first.startswith("**At ttft_p95 <= 60000 ms and tpot_p95 <= 10000 ms, speculation leaves capacity "
                             "unchanged: at least 4 req/s (+0%)"), first
     assert (tmp_path / "report.html").is_file() and (tmp_path / capacity_report.PARETO).is_file()
+
+
+def test_output_that_loops_is_said_first_for_each_variant_it_concerns() -> None:
+    """A capacity measured on looping output: the content check's warning leads the report, per variant,
+    over all its levels; text output adds no line."""
+    def summary(degenerate: int) -> dict:
+        return {"checked": 8, "degenerate": degenerate, "degenerate_share": degenerate / 8,
+                "distinct_4": 0.4 if degenerate else 0.88, "loop_share": 0.6 if degenerate else 0.0,
+                "reference": {"source": "held-out code", "distinct_4": 0.89}}
+
+    def level(variant: str, rate: float, degenerate: int) -> dict:
+        return {"variant": variant, "rate": rate, "client": {"ok": 8, "content": summary(degenerate)}}
+
+    found = {"capacity": 1.0, "interval": [1.0, 1.2], "status": "found", "lowest_tried": 0.5}
+    result = {"slo": SLO, "spec_variant": "spec-k4", "variants": ["spec-k4", "baseline"],
+              "capacity": {"spec-k4": found, "baseline": found}, "crossover": None,
+              "levels": [level("spec-k4", 1.0, 6), level("spec-k4", 2.0, 6), level("baseline", 1.0, 0),
+                         level("baseline", 2.0, 0)]}
+    lines = headline(result)
+    assert lines[0].startswith("spec-k4: CONTENT: speculation's output rests mostly on degenerate output: "
+                               "12 of 16 requests degenerate") and lines[1].startswith("At ttft_p95")
+    for lv in result["levels"]:
+        lv["client"]["content"] = summary(0)
+    assert headline(result)[0].startswith("At ttft_p95")
