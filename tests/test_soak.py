@@ -136,6 +136,14 @@ def test_the_engine_counts_say_whose_a_drift_is_and_are_not_judged() -> None:
     assert spans[0][1] == pytest.approx(0.6) and spans[-1][1] == pytest.approx(0.3) and spans[-1][2] == pytest.approx(40)
 
 
+def test_a_scrape_that_fails_is_skipped_and_the_run_goes_on() -> None:
+    from deploy import free_port
+
+    with soak.EngineSampler(f"http://127.0.0.1:{free_port()}", every_s=0.05) as engine:
+        time.sleep(0.2)
+    assert engine.samples == []
+
+
 MEMORY_TREE = """
 import subprocess, sys, time
 blob = bytearray(80 * 2**20)  # touched, so resident

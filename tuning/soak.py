@@ -24,7 +24,7 @@ import platform
 import time
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, Self
 
 import psutil
 import requests
@@ -71,15 +71,33 @@ def tree_rss(pid: int) -> tuple[int, int]:
     return total, count
 
 
-class RssSampler:
-    """Samples `tree_rss(pid)` every `every_s` seconds in a thread, from entering to leaving (one
-    sample at each end too): `samples` holds [epoch seconds, bytes, processes]."""
+class _Sampler:
+    """`sample()` every `every_s` seconds in a thread, from entering to leaving (once at each end
+    too, `loadtest.sampling`); what it measured accumulates in `samples`."""
+
+    def __init__(self, every_s: float, name: str):
+        self.every_s = every_s
+        self.samples: list[list[float]] = []
+        self._sampling = sampling(every_s, self.sample, name)
+
+    def sample(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        self._sampling.__enter__()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self._sampling.__exit__(exc_type, exc, tb)
+
+
+class RssSampler(_Sampler):
+    """Samples `tree_rss(pid)`: `samples` holds [epoch seconds, bytes, processes]."""
 
     def __init__(self, pid: int, every_s: float = 2.0):
         self.pid = pid
-        self.every_s = every_s
-        self.samples: list[list[float]] = []
-        self._sampling = sampling(every_s, self.sample, "rss-sampler")
+        super().__init__(every_s, "rss-sampler")
 
     def sample(self) -> None:
         try:
@@ -92,26 +110,16 @@ class RssSampler:
     def latest_gib(self) -> float | None:
         return self.samples[-1][1] / soak_report.GIB if self.samples else None
 
-    def __enter__(self) -> RssSampler:
-        self._sampling.__enter__()
-        return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        self._sampling.__exit__(exc_type, exc, tb)
-
-
-class EngineSampler:
-    """Scrapes the server's /metrics every `every_s` seconds in a thread, from entering to leaving:
-    `samples` holds `soak_report.EngineSample` rows (the speculation counters, the engine's per-token
-    histogram, the requests running). They say whether a drift is the drafter's (its acceptance
+class EngineSampler(_Sampler):
+    """Scrapes the server's /metrics: `samples` holds `soak_report.EngineSample` rows (the speculation
+    counters, the engine's per-token histogram, the requests running). They say whether a drift is the drafter's (its acceptance
     moved) or the engine's (the same acceptance, slower steps); a failed scrape is skipped."""
 
     def __init__(self, base_url: str, every_s: float = 10.0, headers: dict[str, str] | None = None):
         self.base_url = base_url
         self.headers = headers
-        self.samples: list[list[float]] = []
-        self._sampling = sampling(every_s, self.sample, "metrics-sampler")
+        super().__init__(every_s, "metrics-sampler")
 
     def sample(self) -> None:
         try:
@@ -122,14 +130,6 @@ class EngineSampler:
         self.samples.append([snap.taken_at, snap.total(prom.DRAFTS), snap.total(prom.DRAFT_TOKENS),
                              snap.total(prom.ACCEPTED), per_token.sum, per_token.count,
                              snap.total("vllm:num_requests_running")])
-
-    def __enter__(self) -> EngineSampler:
-        self._sampling.__enter__()
-        return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        self._sampling.__exit__(exc_type, exc, tb)
 
 
 def check_varied(workload: Workload) -> None:
