@@ -3,8 +3,8 @@
 A target names a per-request latency, a percentile and a bound, e.g. `ttft_p95=500ms`: 95%
 of requests see their first token within 500 ms. Per run the sweep reports, for each target,
 the run's percentile (by nearest rank: the one its verdict rests on), the share of requests
-within the bound, and the goodput: output tokens/s counted only from requests that met every bound (vLLM's benchmark defines its
-`--goodput` the same way). A concurrency meets the targets when every run at it does; the
+within the bound, and the goodput: output tokens/s counted only from requests that met every
+bound (vLLM's benchmark defines its `--goodput` the same way). A concurrency meets the targets when every run at it does; the
 highest such concurrency is what the deployment can take.
 """
 

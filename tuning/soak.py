@@ -113,8 +113,9 @@ class RssSampler(_Sampler):
 
 class EngineSampler(_Sampler):
     """Scrapes the server's /metrics: `samples` holds `soak_report.EngineSample` rows (the speculation
-    counters, the engine's per-token histogram, the requests running). They say whether a drift is the drafter's (its acceptance
-    moved) or the engine's (the same acceptance, slower steps); a failed scrape is skipped."""
+    counters, the engine's per-token histogram, the requests running). They say whether a drift is
+    the drafter's (its acceptance moved) or the engine's (the same acceptance, slower steps); a failed
+    scrape is skipped."""
 
     def __init__(self, base_url: str, every_s: float = 10.0, headers: dict[str, str] | None = None):
         self.base_url = base_url

@@ -77,12 +77,17 @@ def engine_figures(engine: Sequence[EngineSample], start: float, end: float) -> 
         return dict.fromkeys(ENGINE_FIGURES)
     before = next((e for e in reversed(engine) if e[0] <= start), engine[0])
     after = next((e for e in engine if e[0] >= end), engine[-1])
-    drafted, accepted = after[2] - before[2], after[3] - before[3]
-    per_token_s, per_token_n = after[4] - before[4], after[5] - before[5]
+    acceptance, per_token_ms = _between(before, after)
     running = [e[6] for e in engine if before[0] <= e[0] <= after[0]]
-    return {"acceptance_rate": accepted / drafted if drafted > 0 else None,
-            "engine_tpot_mean_ms": 1000 * per_token_s / per_token_n if per_token_n > 0 else None,
+    return {"acceptance_rate": acceptance, "engine_tpot_mean_ms": per_token_ms,
             "running_mean": statistics.fmean(running) if running else None}
+
+
+def _between(a: EngineSample, b: EngineSample) -> tuple[float | None, float | None]:
+    """Draft acceptance and the engine's mean per-token latency (ms) between two scrapes (None: nothing counted)."""
+    drafted, observed = b[2] - a[2], b[5] - a[5]
+    return ((b[3] - a[3]) / drafted if drafted > 0 else None,
+            1000 * (b[4] - a[4]) / observed if observed > 0 else None)
 
 
 def window_figures(window: Sequence[RequestRecord], samples: Sequence[Sample], end_rss: float | None,
@@ -247,9 +252,7 @@ def engine_intervals(engine: Sequence[EngineSample], span_s: float = 60.0) -> li
     for i in range(1, len(engine)):
         if engine[i][0] - engine[begin][0] >= span_s or i == len(engine) - 1:
             a, b = engine[begin], engine[i]
-            drafted, n = b[2] - a[2], b[5] - a[5]
-            out.append(((a[0] + b[0]) / 2, (b[3] - a[3]) / drafted if drafted > 0 else None,
-                        1000 * (b[4] - a[4]) / n if n > 0 else None))
+            out.append(((a[0] + b[0]) / 2, *_between(a, b)))
             begin = i
     return out
 
