@@ -350,7 +350,7 @@ def content_warnings(result: dict[str, Any]) -> list[str]:
         text = content.warning(summary)
         if text:
             whose = "the baseline's" if variant == BASELINE else "speculation's"
-            lines.append(f"{variant}: CONTENT: {whose} output {text}")
+            lines.append(f"{variant}: {content.label(summary)}: {whose} output {text}")
     return lines
 
 

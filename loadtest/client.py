@@ -133,12 +133,21 @@ def _chunk_text(choice: dict[str, Any]) -> str:
     return (delta.get("content") or "") + (delta.get("reasoning_content") or delta.get("reasoning") or "")
 
 
+def _prompt_text(body: dict[str, Any]) -> str:
+    """The request's prompt as text (completions: the prompt; chat: the messages' contents)."""
+    if isinstance(body.get("prompt"), str):
+        return body["prompt"]
+    return "\n".join(str(m.get("content") or "") for m in body.get("messages") or [] if isinstance(m, dict))
+
+
 class StreamParser:
     """Feeds on the stream's events with their arrival times; `finish()` fills the record."""
 
-    def __init__(self, record: RequestRecord, t0: float):
+    def __init__(self, record: RequestRecord, t0: float, prompt_text: str | None = None):
         self.record = record
         self.t0 = t0
+        self.prompt_text = prompt_text
+        self.text: list[str] = []  # the output's text, for the content check's noise test
         self.first: float | None = None
         self.last_chunk: float | None = None
         self.done = False
@@ -174,6 +183,7 @@ class StreamParser:
             self.prompt_token_ids = list(choices[0]["prompt_token_ids"])
         if choices[0].get("token_ids"):
             rec.output_token_ids += choices[0]["token_ids"]
+        self.text.append(_chunk_text(choices[0]))
         if usage and usage.get("completion_tokens") is not None:
             new_tokens = int(usage["completion_tokens"]) - rec.tokens_seen
         else:
@@ -211,7 +221,8 @@ class StreamParser:
             if after_first > 0:
                 rec.per_token_latency_s = (rec.e2e_s - rec.ttft_s) / after_first
         if rec.output_token_ids:
-            rec.content = content.figures(rec.output_token_ids, self.prompt_token_ids)
+            rec.content = content.figures(rec.output_token_ids, self.prompt_token_ids, "".join(self.text),
+                                          self.prompt_text)
         rec.ok = not problems
         rec.error = "; ".join(problems) if problems else None
         return rec
@@ -249,7 +260,7 @@ def stream_request(session: requests.Session, base_url: str, path: str, body: di
     `timeout_s` bounds the whole request, however the server trickles its bytes."""
     record = RequestRecord(item_id=item_id, path=path, start=time.time(), expected_tokens=expected_tokens)
     t0 = time.perf_counter()
-    parser = StreamParser(record, t0)
+    parser = StreamParser(record, t0, _prompt_text(body))
     deadline = t0 + timeout_s
     try:
         with session.post(base_url + path, json=body, stream=True, timeout=(min(10, timeout_s), timeout_s),

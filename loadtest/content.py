@@ -1,4 +1,4 @@
-"""Is a measured output text, or a model stuck in a loop? The one content check every measurement uses.
+"""Is a measured output text, or a model stuck in a loop, or noise? The one content check every measurement uses.
 
 A drafter predicts a repetition loop almost perfectly, so a target that degenerates into one
 makes speculation look fast: more tokens per step, more tokens per second, from output nobody
@@ -14,13 +14,27 @@ advise, tune, distill) is therefore judged from its output tokens:
 A request is degenerate when `loop_share >= DEGENERATE_LOOP_SHARE`, or when its distinct
 4-grams fall below `DISTINCT_FLOOR` of the reference's (text of the same length: the workload's
 own prompts where they are long enough, the held-out corpus for the embedded pair), or below
-`ABSOLUTE_DISTINCT_FLOOR` where there is no reference. A level's summary gives the share of
-degenerate requests and acceptance and per-request speed over the content-valid ones.
+`ABSOLUTE_DISTINCT_FLOOR` where there is no reference.
+
+Noise is the other way to fail: a weak model sampled at temperature 1 writes text more varied
+than code (distinct 4-grams near 1.0), which the loop test passes. So, from the output's text:
+
+  known_words  share of the word parts of its identifier-like words (`read_config` -> read,
+               config; `HTTPError` -> http, error; parts of 3 letters or more) that occur in the
+               prompt or in the reference vocabulary: English (the `english-words` package's web2
+               list) and the identifiers of the Python standard library's training split
+
+A request is noise when it has at least `NOISE_MIN_WORDS` such parts and `known_words <
+NOISE_FLOOR`. Real held-out continuations score 0.87-1.00; the old embedded target's T=1 outputs
+(`tests/fixtures/embedded_pair_e987624_heldout.json`: `stectation`, `acplatimick`, `fmlobdend`)
+0.52-0.70. A level's summary gives the share of degenerate requests and of noise, and acceptance
+and per-request speed over the content-valid ones (neither).
 """
 
 from __future__ import annotations
 
 import functools
+import re
 import statistics
 from collections.abc import Sequence
 from typing import Any
@@ -38,6 +52,12 @@ REFERENCE_TOLERANCE = 0.2
 MOSTLY = 0.5
 """A verdict whose requests are degenerate this often or more rests mostly on degenerate output."""
 REFERENCE_WINDOWS = 64
+NOISE_FLOOR = 0.8
+"""A request whose known-word share is below this is noise (real code 0.87-1.00, noise 0.52-0.70)."""
+NOISE_MIN_WORDS = 8
+"""Fewer word parts than this: too little text to judge."""
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_PART = re.compile(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])")
 
 
 def distinct_ngrams(tokens: Sequence[int], n: int = NGRAM) -> float | None:
@@ -66,13 +86,49 @@ def loop_share(tokens: Sequence[int], max_period: int = MAX_PERIOD, min_span: in
     return sum(inside) / n
 
 
-def figures(tokens: Sequence[int], prompt_tokens: Sequence[int] | None = None) -> dict[str, Any]:
+def word_parts(text: str) -> list[str]:
+    """The lower-cased parts (3 letters or more) of the identifier-like words of `text`."""
+    return [part.lower() for word in _IDENTIFIER.findall(text) for part in _PART.findall(word) if len(part) >= 3]
+
+
+@functools.lru_cache(maxsize=1)
+def reference_vocabulary() -> frozenset[str]:
+    """English words and the word parts of the standard library's training split (never its held-out files)."""
+    import builtins
+    import keyword
+
+    from english_words import get_english_words_set
+
+    from deploy.pair_training import read, stdlib_split
+
+    words = set(get_english_words_set(["web2"], lower=True))
+    words.update(w.lower() for w in (*keyword.kwlist, *dir(builtins)))
+    for path in stdlib_split()["train"]:
+        words.update(word_parts(read(path)))
+    return frozenset(words)
+
+
+def known_words(text: str, prompt: str = "") -> tuple[float | None, int]:
+    """(share of `text`'s word parts found in `prompt` or the reference vocabulary, how many parts)."""
+    parts = word_parts(text)
+    if not parts:
+        return None, 0
+    own, vocabulary = set(word_parts(prompt)), reference_vocabulary()
+    return sum(1 for p in parts if p in own or p in vocabulary) / len(parts), len(parts)
+
+
+def figures(tokens: Sequence[int], prompt_tokens: Sequence[int] | None = None, text: str | None = None,
+            prompt_text: str | None = None) -> dict[str, Any]:
     """One output's figures; with its prompt, the prompt's own distinct 4-grams over the output's
-    length (its last tokens), a reference of the same length where the prompt is long enough."""
+    length (its last tokens), a reference of the same length where the prompt is long enough;
+    with its text, the share of known words (the noise test)."""
     out: dict[str, Any] = {"tokens": len(tokens), "distinct_4": _round(distinct_ngrams(tokens)),
                            "loop_share": round(loop_share(tokens), 4)}
     if prompt_tokens is not None and len(tokens) >= NGRAM and len(prompt_tokens) >= len(tokens):
         out["prompt_distinct_4"] = _round(distinct_ngrams(prompt_tokens[-len(tokens):]))
+    if text is not None:
+        share, parts = known_words(text, prompt_text or "")
+        out.update({"known_words": _round(share), "words": parts})
     return out
 
 
@@ -80,6 +136,12 @@ def is_degenerate(fig: dict[str, Any], reference: float | None = None) -> bool:
     distinct = fig.get("distinct_4")
     floor = DISTINCT_FLOOR * reference if reference else ABSOLUTE_DISTINCT_FLOOR
     return fig.get("loop_share", 0.0) >= DEGENERATE_LOOP_SHARE or (distinct is not None and distinct < floor)
+
+
+def is_noise(fig: dict[str, Any]) -> bool:
+    """Too many made-up words to be text (judged only with `NOISE_MIN_WORDS` word parts or more)."""
+    share = fig.get("known_words")
+    return share is not None and (fig.get("words") or 0) >= NOISE_MIN_WORDS and share < NOISE_FLOOR
 
 
 def reference_from_stream(stream: Sequence[int], length: int, windows: int = REFERENCE_WINDOWS) -> float | None:
@@ -124,14 +186,20 @@ def summarize(figs: Sequence[dict[str, Any] | None], reference: dict[str, Any] |
     out: dict[str, Any] = {"checked": len(checked), "reference": reference}
     if not checked:
         return out
-    bad = [i for i in checked if is_degenerate(figs[i], ref)]  # type: ignore[arg-type]
+    loops = [i for i in checked if is_degenerate(figs[i], ref)]  # type: ignore[arg-type]
+    judged = [i for i in checked if figs[i].get("known_words") is not None]  # type: ignore[union-attr]
+    noise = [i for i in judged if is_noise(figs[i]) and i not in loops]  # type: ignore[arg-type]
+    bad = sorted(set(loops) | set(noise))
     good = sorted(set(checked) - set(bad))
     distinct = [figs[i]["distinct_4"] for i in checked if figs[i].get("distinct_4") is not None]  # type: ignore[index]
     out.update({
-        "degenerate": len(bad), "degenerate_share": round(len(bad) / len(checked), 4),
+        "degenerate": len(loops), "degenerate_share": round(len(loops) / len(checked), 4),
         "distinct_4": _round(statistics.fmean(distinct)) if distinct else None,
         "loop_share": round(statistics.fmean(figs[i]["loop_share"] for i in checked), 4),  # type: ignore[index]
     })
+    if judged:
+        out.update({"noise_checked": len(judged), "noise": len(noise), "noise_share": round(len(noise) / len(judged), 4),
+                    "known_words": round(statistics.fmean(figs[i]["known_words"] for i in judged), 4)})  # type: ignore[index]
     _against_reference(out)
     for name, group in (("valid", good), ("degenerate", bad)):
         if spec is not None:
@@ -155,6 +223,12 @@ def merge(summaries: Sequence[dict[str, Any] | None]) -> dict[str, Any] | None:
     for key in ("distinct_4", "loop_share"):
         known = [(x[key], x["checked"]) for x in parts if x.get(key) is not None]
         out[key] = round(sum(v * n for v, n in known) / sum(n for _, n in known), 4) if known else None
+    judged = [x for x in parts if x.get("noise_checked")]
+    if judged:
+        n = sum(x["noise_checked"] for x in judged)
+        noise = sum(x["noise"] for x in judged)
+        out.update({"noise_checked": n, "noise": noise, "noise_share": round(noise / n, 4),
+                    "known_words": round(sum(x["known_words"] * x["noise_checked"] for x in judged) / n, 4)})
     for key in ("acceptance_valid", "acceptance_degenerate"):
         known = [x[key] for x in parts if x.get(key) is not None]
         out[key] = round(statistics.fmean(known), 4) if known else None
@@ -185,9 +259,19 @@ def describe(summary: dict[str, Any] | None) -> str:
     ref = summary.get("reference") or {}
     ref_text = f", {ref['source']} {ref['distinct_4']:.2f}" if ref else ", no reference text"
     figures_text = f"distinct 4-grams {summary['distinct_4']:.2f}{ref_text}; loop share {summary['loop_share']:.0%}"
-    if not summary["degenerate"]:
+    if summary.get("known_words") is not None:
+        figures_text += f"; known words {summary['known_words']:.0%}"
+    noise = summary.get("noise") or 0
+    if not summary["degenerate"] and not noise:
         return f"content valid ({figures_text})"
-    return f"{summary['degenerate']} of {summary['checked']} requests degenerate ({figures_text})"
+    parts = ([f"{summary['degenerate']} of {summary['checked']} requests degenerate"] if summary["degenerate"] else []) \
+        + ([f"{noise} of {summary['noise_checked']} noise"] if noise else [])
+    return f"{', '.join(parts)} ({figures_text})"
+
+
+def label(summary: dict[str, Any] | None) -> str:
+    """How a warning about `summary` is labelled: NOISE where outputs are noise, else CONTENT."""
+    return "NOISE" if (summary or {}).get("noise") else "CONTENT"
 
 
 def warning(summary: dict[str, Any] | None) -> str | None:
@@ -195,12 +279,18 @@ def warning(summary: dict[str, Any] | None) -> str | None:
     if not summary or not summary.get("checked"):
         return None
     share = summary["degenerate_share"]
+    noise = summary.get("noise_share") or 0.0
+    if noise >= MOSTLY:
+        return (f"rests mostly on noise: {describe(summary)}; acceptance over the content-valid requests "
+                f"{_pct(summary.get('acceptance_valid'))}")
     if share >= MOSTLY:
         return (f"rests mostly on degenerate output: {describe(summary)}; acceptance over the content-valid "
                 f"requests {_pct(summary.get('acceptance_valid'))}, over the degenerate ones "
                 f"{_pct(summary.get('acceptance_degenerate'))}")
-    if share > 0:
-        return f"{share:.0%} of its requests are degenerate ({describe(summary)})"
+    if share > 0 or noise > 0:
+        what = " or noise" if share and noise else ""
+        return (f"{max(share, noise):.0%} of its requests are {'degenerate' if share else 'noise'}{what} "
+                f"({describe(summary)})")
     if summary.get("like_reference") is False:
         return (f"its output differs from the reference text (distinct 4-grams {summary['distinct_4']:.2f} against "
                 f"{summary['reference']['distinct_4']:.2f})")

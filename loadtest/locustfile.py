@@ -46,7 +46,7 @@ from requests.adapters import HTTPAdapter
 from locust.runners import WORKER_REPORT_INTERVAL, MasterRunner, WorkerRunner
 from locust.stats import CSV_STATS_INTERVAL_SEC
 
-from loadtest import request_settings
+from loadtest import content, request_settings
 from loadtest.arrivals import poisson_arrivals, replayed
 from loadtest.client import UNSENT, RequestRecord, auth_headers, stream_request
 from loadtest.request_settings import RequestSettings
@@ -93,6 +93,10 @@ def _add_options(parser: Any) -> None:
 
 @events.init.add_listener
 def _on_init(environment: Any, **_: Any) -> None:
+    if not isinstance(environment.runner, MasterRunner):
+        # The content check's noise test reads its word list once per process (about a second):
+        # here, before any request, not inside the first response while other users' streams wait.
+        content.reference_vocabulary()
     if isinstance(environment.runner, MasterRunner):
         # Workers report each user that finished its requests; quit when all have.
         environment.runner.register_message("user_done", lambda msg, **kw: _user_finished(environment))

@@ -232,7 +232,8 @@ def content_warnings(entry: dict[str, Any]) -> list[str]:
                        ("vllm_bench_content", "vLLM's benchmark's")):
         text = content.warning(entry.get(key))
         if text:
-            out.append(f"batch {entry['concurrency']}, {entry['variant']}: CONTENT: {whose} output {text}")
+            label = content.label(entry.get(key))
+            out.append(f"batch {entry['concurrency']}, {entry['variant']}: {label}: {whose} output {text}")
     return out
 
 

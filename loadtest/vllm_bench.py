@@ -173,7 +173,7 @@ def check_content(raw: dict[str, Any], tokenizer: str, embedded: bool = False) -
     generated ids at a few merges, not in whether it loops)."""
     tok = _tokenizer(tokenizer)
     errors = raw.get("errors") or [""] * len(raw["generated_texts"])
-    figs = [content.figures(tok(text, add_special_tokens=False).input_ids) if not error else None
+    figs = [content.figures(tok(text, add_special_tokens=False).input_ids, text=text) if not error else None
             for text, error in zip(raw["generated_texts"], errors)]
     speeds = [n / t if t and not e else None
               for n, t, e in zip(raw.get("output_lens") or [], raw.get("latencies") or [], errors)]

@@ -48,3 +48,41 @@ def test_a_summary_splits_acceptance_and_speed_by_content() -> None:
     merged = content.merge([s, clean])
     assert (merged["checked"], merged["degenerate"]) == (3, 1)
     assert content.warning(merged).startswith("33% of its requests are degenerate")
+
+
+def _fixture() -> list[dict]:
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).parent / "fixtures" / "embedded_pair_e987624_heldout.json"
+    return json.loads(path.read_text())["outputs"]
+
+
+def test_noise_is_caught_and_real_code_is_not() -> None:
+    """The old embedded target's T=1 outputs on the 8 held-out prompts are noise (at least 7 of 8
+    flagged); the real continuations of the same files, of the same length, are text (7 of 8 pass)."""
+    outputs = _fixture()
+    assert len(outputs) == 8
+    noisy = [content.is_noise(content.figures([], text=o["sampled_t1"], prompt_text=o["prompt"])) for o in outputs]
+    real = [content.is_noise(content.figures([], text=o["real"], prompt_text=o["prompt"])) for o in outputs]
+    assert sum(noisy) >= 7, noisy
+    assert sum(real) <= 1, real
+    # Noise that the loop test passes: its distinct 4-grams are as high as text's.
+    assert all(content.distinct_ngrams(o["sampled_t1"].split()) > 0.9 for o in outputs)
+
+
+def test_a_summary_counts_noise_apart_from_loops_and_says_so() -> None:
+    o = _fixture()[0]
+    figs = [content.figures(list(range(64)), text=o["sampled_t1"], prompt_text=o["prompt"]),
+            content.figures(list(range(64)), text=o["real"], prompt_text=o["prompt"]),
+            content.figures([9] * 64, text="x = 1")]
+    spec = [{"num_draft_tokens": 10, "num_accepted_draft_tokens": 1}, {"num_draft_tokens": 10,
+            "num_accepted_draft_tokens": 6}, {"num_draft_tokens": 10, "num_accepted_draft_tokens": 10}]
+    s = content.summarize(figs, None, spec)
+    assert (s["degenerate"], s["noise"], s["noise_checked"]) == (1, 1, 2)  # "x = 1" is too short to judge
+    assert s["acceptance_valid"] == 0.6  # the real continuation alone
+    assert content.label(s) == "NOISE" and content.label(content.summarize(figs[2:])) == "CONTENT"
+    assert content.warning(s).startswith("rests mostly on noise")  # 1 of the 2 judged
+    merged = content.merge([s, s])
+    assert (merged["noise"], merged["noise_checked"]) == (2, 4)
+    assert content.warning(content.summarize(figs[1:2])) is None

@@ -12,7 +12,7 @@ import torch
 
 from deploy import plan_from_config
 from deploy.cpu_dtype import native_bf16
-from deploy.embedded_pair import GOALS, check_goals, free_running_goal
+from deploy.embedded_pair import GOALS, check_goals, free_running_goal, goal_lines, greedy_goals
 from deploy.engine_args import engine_arguments
 from deploy.widen import widen_llama
 from loadtest import vllm_bench
@@ -93,7 +93,8 @@ def test_goals_are_checked_against_measured_costs(embedded_pair) -> None:
     good = {"k": 4, "ratios": {"1": {"verify_ratio": 1.05, "draft_step": 0.05},
                                "32": {"verify_ratio": 3.9, "draft_step": 0.01}}}
     lines = dict(check_goals(embedded_pair, good))
-    assert sum(1 for met in lines.values() if met) >= 3 and len(lines) == 6
+    assert sum(1 for met in lines.values() if met) >= 3 and len(lines) == 10
+    assert sum(1 for line, met in lines.items() if met is None and "greedy on" in line) == 2
     # Free-running: acceptance in range, from text, not from a loop.
     text = {"checked": 8, "degenerate": 0, "distinct_4": 0.95, "vs_reference": 1.06,
             "reference": {"distinct_4": 0.89, "source": "the embedded pair's held-out code"}}
@@ -107,6 +108,18 @@ def test_goals_are_checked_against_measured_costs(embedded_pair) -> None:
                               "32": {"verify_ratio": 1.2, "draft_step": 0.1}}}
     failed = [line for line, met in check_goals(embedded_pair, bad) if met is False]
     assert len(failed) >= 3 and any("batch 32" in line for line in failed)
+    # A missed cost goal says what it does to the verdicts measured here.
+    printed = "\n".join(goal_lines(embedded_pair, bad))
+    assert "batch-32 speedups are optimistic" in printed and "every speedup here is pessimistic" in printed
+    # Greedy loops and T=1 noise are goals of their own.
+    noisy = {**text, "noise": 3, "noise_checked": 8}
+    line, met = free_running_goal({**good, "acceptance": {"1": {"acceptance_rate": 0.6, "content": noisy}}})
+    assert met is False and "3 of 8 noise" in line
+    loops = {"checked": 8, "degenerate": 3, "degenerate_share": 0.375}
+    greedy = dict(greedy_goals({**good, "acceptance": {"0": {"content": loops},
+                                                       "greedy_code": {"content": {**loops, "degenerate": 1,
+                                                                                   "degenerate_share": 0.125}}}}))
+    assert list(greedy.values()) == [False, True]
     assert all(met is None for line, met in check_goals(embedded_pair, None) if "verifying" in line)
 
 

@@ -37,7 +37,9 @@ def test_both_served_targets_predict_what_the_shipped_one_does(embedded_pair) ->
     assert report["training"] == json.loads((WEIGHTS / "training.json").read_text())
     assert report["training"]["recipe_hash"] == recipe_hash(RECIPE), \
         "the recipe changed since the weights were trained: `make models REBUILD=1` and commit deploy/embedded_weights"
-    assert report["heldout"]["greedy_agreement"] >= GOALS["greedy_agreement"]
+    assert report["heldout"]["greedy_agreement"] >= GOALS["greedy_agreement"][0]
+    # The served pair is evaluated as the goals read it: bits per byte on the held-out code.
+    assert 0.3 < report["heldout"]["target_bits_per_byte"] < 3.0
 
 
 @pytest.mark.full

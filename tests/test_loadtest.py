@@ -680,6 +680,9 @@ def test_sweep_spec_and_baseline_report_agrees_with_server(servers, running_swee
                 assert checked["checked"] == 4 and checked["degenerate"] == 0, checked
                 assert checked["reference"]["source"] == "the embedded pair's held-out code"
             assert all(len(r.output_token_ids) == 32 and r.content["tokens"] == 32 for r in records)
+            # ... and its noise test read each output's text, from the stream and from the benchmark's file.
+            assert all("known_words" in r.content for r in records)
+            assert all(checked.get("noise_checked") for checked in (client["content"], bench["content"]))
             if variant["name"] == "spec-k4":
                 assert server["spec_enabled"] and 0 <= server["acceptance_rate"] <= 1
                 assert 1 <= server["mean_accepted_length"] <= 5 and len(server["per_position_acceptance"]) == 4

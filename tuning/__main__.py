@@ -20,6 +20,7 @@ from deploy.config import DEFAULT_CONFIG
 from loadtest import request_settings
 from loadtest.arg_types import int_list, positive_int, temperature_list
 from loadtest.request_settings import RequestSettings
+from loadtest.workloads import load_workload
 from tuning import bench_drafters, soak
 
 # tune's --temperature is the list acceptance is averaged over, not a request's temperature.
@@ -131,13 +132,15 @@ def cmd_costs(opts: argparse.Namespace) -> int:
     from tuning import step_costs
 
     # The pair's free-running goal: held-out prompts at vLLM's default temperature (deploy.embedded_pair.GOALS).
-    free_running = {"prompts": bench_drafters.code_prompts(8, 600), "temperatures": [FREE_RUNNING_TEMPERATURE], "max_tokens": 128,
-                    "embedded": True}
+    # Greedy too, on the same prompts and on the code workload's: how often the pair loops.
+    free_running = {"prompts": bench_drafters.code_prompts(8, 600), "temperatures": [FREE_RUNNING_TEMPERATURE, 0.0],
+                    "max_tokens": 128, "embedded": True,
+                    "greedy_sets": {"code": [i.prompt for i in load_workload("code").items if i.prompt]}}
 
     pair = ensure_pair() if opts.pair else None
     result = engine_costs(pair) if pair and not opts.force else None
-    if result is not None and "acceptance" not in result:
-        result = None  # measured before the pair had a free-running goal
+    if result is not None and "greedy_code" not in (result.get("acceptance") or {}):
+        result = None  # measured before the pair had its free-running and greedy content goals
     if result is None:
         result = step_costs.measure_costs(opts.config, opts.k, tuple(opts.batches), opts.repeat,
                                           free_running=free_running if pair else None)

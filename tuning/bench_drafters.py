@@ -130,7 +130,7 @@ def run_drafter(name: str, overrides: list[str], prompts: list[str], max_tokens:
                         "seed": seed, "ignore_eos": True, "return_token_ids": True}
                 response = requests.post(f"{server.base_url}/v1/completions", json=body, timeout=600)
                 response.raise_for_status()
-                outputs.append(response.json())
+                outputs.append({**response.json(), "prompt": prompt})
                 return int(outputs[-1]["usage"]["completion_tokens"])
 
             send(prompts[0], 32, 0)  # warm-up: first-request costs are not the drafter's
@@ -155,7 +155,8 @@ def run_drafter(name: str, overrides: list[str], prompts: list[str], max_tokens:
 
 def check_content(outputs: list[dict]) -> dict:
     """The content check over one drafter's responses (held against the pair's held-out code)."""
-    figs = [content.figures(o["choices"][0].get("token_ids") or []) for o in outputs]
+    figs = [content.figures(o["choices"][0].get("token_ids") or [], text=o["choices"][0].get("text") or "",
+                            prompt_text=o.get("prompt")) for o in outputs]
     spec = [(o.get("metrics") or {}).get("speculative_decoding") for o in outputs]
     return content.summarize(figs, content.reference_for(figs, embedded=True), spec)
 
@@ -235,7 +236,8 @@ def markdown(summary: list[dict], cost: dict[str, float], meta: dict) -> str:
         c = s.get("content")
         return "n/a" if not c else f"{c['degenerate']}/{c['checked']}"
 
-    warnings = [f"- CONTENT: {s['drafter']}'s output {w}" for s in summary if (w := content.warning(s.get("content")))]
+    warnings = [f"- {content.label(s.get('content'))}: {s['drafter']}'s output {w}" for s in summary
+                if (w := content.warning(s.get("content")))]
     temperature = meta.get("temperature", 0)
     lines = [
         "# Drafters on the embedded default", "", *warnings, *([""] if warnings else []),

@@ -299,11 +299,19 @@ def _acceptance(llm: Any, spec: dict[str, Any]) -> dict[str, Any]:
         previous = accepted0 or [0.0] * len(accepted1)
         per_position = [(a - b) / drafts if drafts else 0.0 for a, b in zip(accepted1, previous)]
         # Whether the acceptance comes from text or from a loop (loadtest.content).
-        figs = [content.figures(list(o.outputs[0].token_ids)) for o in outputs]
+        figs = [content.figures(list(o.outputs[0].token_ids), text=o.outputs[0].text, prompt_text=o.prompt)
+                for o in outputs]
         out[f"{temperature:g}"] = {
             "drafts": drafts, "per_position": per_position,
             "acceptance_rate": sum(per_position) / len(per_position) if per_position else None,
             "content": content.summarize(figs, content.reference_for(figs, spec.get("embedded", False)))}
+    # Further prompt sets judged greedy for their content only (the embedded pair's loop goal).
+    for name, prompts in (spec.get("greedy_sets") or {}).items():
+        params = SamplingParams(max_tokens=spec["max_tokens"], temperature=0.0, ignore_eos=True)
+        outputs = llm.generate(prompts, params, use_tqdm=False)
+        figs = [content.figures(list(o.outputs[0].token_ids), text=o.outputs[0].text, prompt_text=o.prompt)
+                for o in outputs]
+        out[f"greedy_{name}"] = {"content": content.summarize(figs, content.reference_for(figs, spec.get("embedded", False)))}
     return out
 
 
