@@ -47,13 +47,13 @@ import math
 import os
 import shutil
 import sys
-import sysconfig
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from deploy.cpu_dtype import native_bf16
+from deploy.pair_training import BOS, SPECIALS, llama, progress, read, stdlib, stdlib_split, token_ids
 from deploy.widen import widen_llama
 
 log = logging.getLogger("specdeploy")
@@ -61,10 +61,6 @@ log = logging.getLogger("specdeploy")
 # Bump when the code changes in a way that changes its output (the hashes cover the knobs).
 TRAIN_VERSION = 1  # the training (make models REBUILD=1)
 BUILD_VERSION = 4  # the served pair built from the shipped weights
-SPECIALS = ("<s>", "</s>", "<pad>")  # ids 0, 1, 2: bos, eos, pad
-BOS, EOS, PAD = 0, 1, 2
-# Never train on tests (they are mostly fixtures) nor on third-party packages.
-SKIP_DIRS = frozenset({"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__"})
 WEIGHTS = Path(__file__).parent / "embedded_weights"
 """The trained pair shipped in the repository: tokenizer/, target/, draft/ and training.json."""
 PAIR_ENV = "SPECDEPLOY_PAIR"
@@ -186,27 +182,11 @@ def pair_kind() -> str:
 
 
 def _stdlib() -> Path:
-    return Path(sysconfig.get_paths()["stdlib"])
+    return stdlib()
 
 
-@functools.lru_cache(maxsize=None)
 def _corpus(recipe: Recipe) -> dict[str, tuple[Path, ...]]:
-    root = _stdlib()
-    files = []
-    for folder, dirs, names in os.walk(root):
-        dirs[:] = [d for d in dirs if d not in SKIP_DIRS]  # pruned, not filtered: site-packages is big
-        for name in names:
-            path = Path(folder) / name
-            if name.endswith(".py") and path.is_file() and path.stat().st_size <= recipe.max_file_kb * 1024:
-                files.append(path)
-    files.sort(key=lambda p: p.relative_to(root).as_posix())
-
-    # Split by a hash of the relative path: stable across machines and when files come or go.
-    def held(p: Path) -> bool:
-        digest = hashlib.sha1(p.relative_to(root).as_posix().encode()).digest()
-        return int.from_bytes(digest[:4], "big") % 100 < recipe.heldout_percent
-
-    return {"train": tuple(p for p in files if not held(p)), "heldout": tuple(p for p in files if held(p))}
+    return stdlib_split(recipe)  # type: ignore[arg-type]  # the same knobs: heldout_percent, max_file_kb
 
 
 def corpus_files(split: str = "train") -> list[Path]:
@@ -223,7 +203,7 @@ def heldout_tokens() -> tuple[int, ...]:
     from tokenizers import Tokenizer
 
     tok = Tokenizer.from_file(str(WEIGHTS / "tokenizer" / "tokenizer.json"))
-    return tuple(_token_ids(tok, _corpus(RECIPE)["heldout"]))
+    return tuple(token_ids(tok, _corpus(RECIPE)["heldout"]))
 
 
 def _corpus_listing(recipe: Recipe, splits: tuple[str, ...]) -> list[tuple[str, int]]:
@@ -350,12 +330,6 @@ def ensure_pair(force: bool = False) -> EmbeddedPair:
 # ----------------------------------------------------------------------------- build
 
 
-def _progress(iterable: Any = None, **kwargs: Any) -> Any:
-    from tqdm import tqdm
-
-    return tqdm(iterable, file=sys.stderr, mininterval=1.0, dynamic_ncols=True, **kwargs)
-
-
 def _train_tokenizer(recipe: Recipe, files: tuple[Path, ...]) -> Any:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
@@ -364,7 +338,7 @@ def _train_tokenizer(recipe: Recipe, files: tuple[Path, ...]) -> Any:
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=recipe.vocab_size, min_frequency=2, special_tokens=list(SPECIALS),
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    texts = (_read(p) for p in _progress(files, desc="tokenizer: BPE", unit="file"))
+    texts = (read(p) for p in progress(files, desc="tokenizer: BPE", unit="file"))
     tok.train_from_iterator(texts, trainer=trainer, length=len(files))
     # Prompts get a leading <s> like every training document, as Llama tokenizers do.
     tok.post_processor = processors.TemplateProcessing(single="<s> $A", pair="<s> $A <s> $B",
@@ -372,37 +346,11 @@ def _train_tokenizer(recipe: Recipe, files: tuple[Path, ...]) -> Any:
     return tok
 
 
-def _read(path: Path) -> str:
-    return path.read_text(encoding="utf-8", errors="replace")
-
-
-def _token_ids(tok: Any, files: tuple[Path, ...], desc: str | None = None) -> list[int]:
-    """All files as one token stream, each file framed by <s> ... </s> (a progress bar with `desc`)."""
-    ids: list[int] = []
-    for path in _progress(files, desc=desc, unit="file") if desc else files:
-        ids += [BOS, *tok.encode(_read(path), add_special_tokens=False).ids, EOS]
-    return ids
-
-
 def _encode(tok: Any, files: tuple[Path, ...], desc: str) -> Any:
     """`_token_ids` as the int32 tensor training and evaluation read."""
     import torch
 
-    return torch.tensor(_token_ids(tok, files, desc), dtype=torch.int32)
-
-
-def _llama(recipe: Recipe, layers: int, width: int, ffn: int) -> Any:
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    config = LlamaConfig(
-        vocab_size=recipe.vocab_size, hidden_size=width, intermediate_size=ffn, num_hidden_layers=layers,
-        num_attention_heads=width // recipe.head_dim, num_key_value_heads=width // recipe.head_dim,
-        head_dim=recipe.head_dim, max_position_embeddings=recipe.max_position_embeddings,
-        tie_word_embeddings=True, bos_token_id=BOS, eos_token_id=EOS, pad_token_id=PAD)
-    with torch.random.fork_rng():  # identical init on every build, caller's RNG untouched
-        torch.manual_seed(recipe.seed)
-        return LlamaForCausalLM(config)
+    return torch.tensor(token_ids(tok, files, desc), dtype=torch.int32)
 
 
 def _batches(recipe: Recipe, stream: Any) -> Iterator[Any]:
@@ -435,7 +383,7 @@ def _optimize(recipe: Recipe, model: Any, lr: float, steps: int, loss_fn: Callab
     sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule)
     model.train()
     batches, losses, start = _batches(recipe, stream), [], time.perf_counter()
-    bar = _progress(range(steps), desc=desc, unit="step")
+    bar = progress(range(steps), desc=desc, unit="step")
     for step in bar:
         loss = loss_fn(next(batches))
         opt.zero_grad(set_to_none=True)
@@ -455,33 +403,6 @@ def _optimize(recipe: Recipe, model: Any, lr: float, steps: int, loss_fn: Callab
     model.eval()
     return {"steps": steps, "seconds": round(seconds, 1), "final_loss": round(sum(losses[-20:]) / 20, 4),
             "tokens_per_s": round(steps * recipe.batch_size * recipe.seq_len / seconds)}
-
-
-def _evaluate(seq_len: int, target: Any, draft: Any, stream: Any, windows: int, desc: str,
-              batch_size: int = 16) -> dict:
-    """Held-out perplexity of each and greedy agreement, teacher-forced, in the models' own dtype."""
-    import torch
-    import torch.nn.functional as F
-
-    t0, n = time.perf_counter(), min(windows, (len(stream) - 1) // seq_len)
-    # Evenly spread over the held-out stream, not its first files only (they sort alphabetically).
-    starts = torch.linspace(0, len(stream) - seq_len - 1, n).long()
-    batches = torch.stack([stream[i: i + seq_len + 1] for i in starts.tolist()]).long()
-    nll_t = nll_d = agree = t_correct = 0.0
-    with torch.inference_mode():
-        for batch in _progress(batches.split(batch_size), desc=desc, unit="batch"):
-            x, y = batch[:, :-1], batch[:, 1:].reshape(-1)
-            lt = target(input_ids=x).logits.float().reshape(y.numel(), -1)
-            ld = draft(input_ids=x).logits.float().reshape(y.numel(), -1)
-            nll_t += F.cross_entropy(lt, y, reduction="sum").item()
-            nll_d += F.cross_entropy(ld, y, reduction="sum").item()
-            agree += (lt.argmax(-1) == ld.argmax(-1)).sum().item()
-            t_correct += (lt.argmax(-1) == y).sum().item()
-    tokens = n * seq_len
-    return {"tokens": tokens, "target_ppl": round(math.exp(nll_t / tokens), 3),
-            "draft_ppl": round(math.exp(nll_d / tokens), 3), "greedy_agreement": round(agree / tokens, 4),
-            "target_top1_accuracy": round(t_correct / tokens, 4), "seconds": round(time.perf_counter() - t0, 1)}
-
 
 
 def train(recipe: Recipe, out: Path) -> dict:
@@ -517,7 +438,7 @@ def _train(recipe: Recipe, out: Path) -> dict:
         return lambda b: F.cross_entropy(model(input_ids=b[:, :-1]).logits.float().flatten(0, 1),
                                          b[:, 1:].flatten())
 
-    target = _llama(recipe, recipe.target_layers, recipe.target_width, recipe.target_ffn)
+    target = llama(recipe, recipe.target_layers, recipe.target_width, recipe.target_ffn)
     target_train = _optimize(recipe, target, recipe.lr, recipe.target_steps, next_token_loss(target), train_stream,
                              "train target")
     log.info("target: loss %.3f, %s tokens/s", target_train["final_loss"], f"{target_train['tokens_per_s']:,}")
@@ -530,11 +451,16 @@ def _train(recipe: Recipe, out: Path) -> dict:
         student = F.log_softmax(draft(input_ids=x).logits.float().flatten(0, 1), -1)
         return F.kl_div(student, teacher, log_target=True, reduction="batchmean")  # KL(target || draft)
 
-    draft = _llama(recipe, recipe.draft_layers, recipe.draft_width, recipe.draft_ffn)
+    draft = llama(recipe, recipe.draft_layers, recipe.draft_width, recipe.draft_ffn)
     draft_train = _optimize(recipe, draft, recipe.draft_lr, recipe.draft_steps, distill_loss, train_stream,
                             "distill draft")
     log.info("draft: KL to target %.3f, %s tokens/s", draft_train["final_loss"], f"{draft_train['tokens_per_s']:,}")
-    evaluation = _evaluate(recipe.seq_len, target, draft, heldout, recipe.eval_windows, "evaluate trained")
+    from deploy import pair_training
+
+    evaluation = pair_training.evaluate(target, draft, pair_training.heldout_windows(heldout, recipe.seq_len,
+                                                                                   recipe.eval_windows),
+                                        torch.tensor(pair_training.token_bytes(tok), dtype=torch.float64),
+                                        "evaluate trained")
 
     out.mkdir(parents=True, exist_ok=True)
     PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
@@ -579,7 +505,7 @@ def _build_served(serving: Serving, weights: Path, out: Path, build_hash: str) -
     served = {"target": widen_llama(trained["target"], serving.target_copies, serving.target_kv_copies),
               "plumbing-target": widen_llama(trained["target"], serving.plumbing_copies, serving.plumbing_copies),
               "draft": trained["draft"]}
-    for name, model in _progress(served.items(), desc="save served models", unit="model"):
+    for name, model in progress(served.items(), desc="save served models", unit="model"):
         model.to(dtype).save_pretrained(out / name)
         tok.save_pretrained(out / name)  # each folder loads on its own (vLLM, AutoTokenizer)
     # Evaluated as a server on this CPU runs them: the saved weights, in float32 where the CPU has

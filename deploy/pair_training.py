@@ -489,7 +489,6 @@ def _train(recipe: Recipe, out: Path, stop_after: int | None) -> dict:
 
     from deploy.cpu_dtype import native_bf16
 
-    t0 = time.perf_counter()
     bf16 = native_bf16()
     folder = run_folder(recipe) if stop_after is None else out / "run"
     checkpoints = Checkpoints(folder)
