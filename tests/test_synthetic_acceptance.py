@@ -17,7 +17,7 @@ import requests
 import torch
 
 from plugins import vllm_fixes
-from tests.conftest import auth_headers
+from conftest import auth_headers
 
 PLACEHOLDER = -1
 
@@ -167,16 +167,16 @@ def test_engine_counts_the_synthetic_rates_asked(servers, temperature: float) ->
     def complete(i_prompt: tuple[int, str]) -> dict:
         i, prompt = i_prompt
         body = {"model": server.plan.served_name, "prompt": prompt, "max_tokens": MAX_TOKENS,
-                "temperature": temperature, "ignore_eos": True, "seed": i, "n": 2}
+                "temperature": temperature, "ignore_eos": True, "seed": i}
         response = requests.post(f"{server.base_url}/v1/completions", json=body, headers=auth_headers(server),
                                  timeout=600)
         response.raise_for_status()
         return response.json()
 
-    with ThreadPoolExecutor(len(PROMPTS)) as pool:
-        answers = list(pool.map(complete, enumerate(PROMPTS)))
+    with ThreadPoolExecutor(2 * len(PROMPTS)) as pool:  # vLLM wants n = 1 at T=0: each prompt twice
+        answers = list(pool.map(complete, enumerate(PROMPTS * 2)))
     for answer in answers:
-        assert answer["usage"]["completion_tokens"] == 2 * MAX_TOKENS
+        assert answer["usage"]["completion_tokens"] == MAX_TOKENS
     drafts1, accepted1 = spec_counters(server)
     drafts = drafts1 - drafts0
     # 8 sequences x 160 tokens at ~2.9 tokens a step: about 440 drafts; fewer would loosen the bound.
