@@ -72,7 +72,7 @@ def test_break_even_interval_from_the_cells_intervals() -> None:
     # Upper ends (0.75, 0.95, 1.15, ...) cross at 0.55; lower ends (0.65, 0.85, 1.05, ...) at 0.65.
     assert point["low"]["value"] == pytest.approx(0.55) and point["high"]["value"] == pytest.approx(0.65)
     assert "low" not in paymap.break_even(LEVELS, [cell(0.7, None)] * 4)
-    assert paymap.describe_point(point) == "0.60 (95% interval 0.55-0.65)"
+    assert paymap.describe_point(point) == "0.60 (95% interval 0.55 to 0.65)"
 
 
 def test_pays_at_reads_the_break_even() -> None:

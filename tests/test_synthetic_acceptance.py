@@ -186,3 +186,21 @@ def test_engine_counts_the_synthetic_rates_asked(servers, temperature: float) ->
         bound = acceptance_bound(rate, drafts)
         assert abs(value - rate) <= bound, (f"T={temperature:g}, position {position}: {value:.3f} accepted, "
                                             f"{rate} asked (bound +-{bound:.3f}, {drafts:.0f} drafts); all: {seen}")
+
+
+def test_paymap_reads_a_running_servers_acceptance(servers) -> None:
+    """`make paymap URL=...` places a deployment on the map by its per-position acceptance from
+    /metrics: on the synthetic server that is the rates it was started with."""
+    from tuning.paymap import acceptance_from_url
+
+    server = servers.get("default", SYNTHETIC)
+    body = {"model": server.plan.served_name, "prompt": PROMPTS[0], "max_tokens": MAX_TOKENS, "temperature": 0,
+            "ignore_eos": True}
+    with ThreadPoolExecutor(len(PROMPTS)) as pool:
+        list(pool.map(lambda _: requests.post(f"{server.base_url}/v1/completions", json=body, timeout=600)
+                      .raise_for_status(), range(len(PROMPTS))))
+    drafts, _ = spec_counters(server)
+    rates = acceptance_from_url(server.base_url)
+    assert len(rates) == len(RATES)
+    for rate, value in zip(RATES, rates):
+        assert abs(value - rate) <= acceptance_bound(rate, drafts), (rates, drafts)

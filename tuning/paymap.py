@@ -162,7 +162,7 @@ def ratio_interval(spec: Sequence[float], base: Sequence[float]) -> dict[str, fl
     if len(spec) >= 2 and len(base) >= 2:
         rel = math.sqrt((statistics.stdev(spec) / ms) ** 2 / len(spec) + (statistics.stdev(base) / mb) ** 2 / len(base))
         half = t.ppf(0.975, min(len(spec), len(base)) - 1) * rel * ms / mb
-        out.update(low=ms / mb - half, high=ms / mb + half)
+        out.update(low=max(ms / mb - half, 0.0), high=ms / mb + half)  # a speedup is never negative
     return out
 
 
@@ -312,14 +312,14 @@ def describe_point(point: dict[str, Any]) -> str:
         text = f"{point['value']:.2f}"
     low, high = point.get("low"), point.get("high")
     if low and high and point["relation"] == "=":
-        text += f" (95% interval {_bound(low, 'low')}-{_bound(high, 'high')})"
+        text += f" (95% interval {_bound(low)} to {_bound(high)})"
     return text
 
 
-def _bound(point: dict[str, Any], side: str) -> str:
+def _bound(point: dict[str, Any]) -> str:
     if point["relation"] == "=":
         return f"{point['value']:.2f}"
-    return f"<={point['value']:.2f}" if point["relation"] == "<=" else f">{point['value']:.2f}"
+    return f"at most {point['value']:.2f}" if point["relation"] == "<=" else f"more than {point['value']:.2f}"
 
 
 # --- plan, measurement, report -----------------------------------------------------------------
@@ -354,7 +354,8 @@ def make_plan(settings: PaymapSettings) -> dict[str, Any]:
     for name, (extra, no_spec) in variants.items():
         resolved, plan = plan_from_config(settings.config, [*settings.overrides, *extra], no_spec, plan_only=True)
         problems += [p for p in resolved.machine_problems if p not in problems]
-        notes += [n for n in resolved.notes if n not in notes]
+        # Preflight's memory estimates are for a server; the rest (a plumbing target, a dtype) says what ran.
+        notes += [n for n in resolved.notes if n not in notes and not n.startswith("memory estimate")]
         weights = resolved.weight_bytes / 2 ** 30 if resolved.weight_bytes else None
         info = ServerInfo(name, name, resolved.device, 0, "", "", weight_gib=weights)
         generations = len(settings.batches) * settings.repeats * (cells if name == "spec" else 1)
@@ -489,7 +490,8 @@ def plot_heatmap(grid: dict[str, Any], a: float | None, path: Path) -> str:
                                  for b in batches] for i in range(len(levels))])
     values = np.concatenate([t.ravel() for t in tables.values()])
     norm = TwoSlopeNorm(vcenter=1.0, vmin=min(values.min(), 0.99), vmax=max(values.max(), 1.01))
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels) + 1, 4), squeeze=False)
+    fig, axes = plt.subplots(1, len(panels), figsize=(3.8 * len(panels) + 1.2, 4), squeeze=False,
+                             layout="constrained")
     for ax, (title, key) in zip(axes[0], panels):
         z = tables[key]
         image = ax.imshow(z, origin="lower", cmap="RdBu", norm=norm, aspect="auto")
@@ -501,13 +503,15 @@ def plot_heatmap(grid: dict[str, Any], a: float | None, path: Path) -> str:
                 label = f"{z[i, j]:.2f}x"
                 if key == "best":
                     label += f"\nK={grid['best'][str(b)][i]['k']}"
-                ax.text(j, i, label, ha="center", va="center", fontsize=8)
+                dark = abs(float(norm(z[i, j])) - 0.5) > 0.35
+                ax.text(j, i, label, ha="center", va="center", fontsize=8, color="white" if dark else "black")
         if a is not None and levels[0] <= a <= levels[-1]:
             ax.axhline(interpolate(levels, list(range(len(levels))), a), color="black", linestyle="--", linewidth=1)
         ax.set_xticks(range(len(batches)), [str(b) for b in batches])
         ax.set_yticks(range(len(levels)), [f"{v:g}" for v in levels])
         ax.set_xlabel("batch size (running requests)")
-        ax.set_ylabel("per-token acceptance a")
+        if ax is axes[0][0]:
+            ax.set_ylabel("per-token acceptance a (position i: a^i)")
         ax.set_title(f"speedup, {title}")
     fig.colorbar(image, ax=axes[0].tolist(), label="output tokens/s over no speculation")
     fig.savefig(path, dpi=110)
