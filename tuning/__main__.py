@@ -72,8 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
                                                                 "(default: max(32, 8 x batch))")
     tun.add_argument("--output", type=Path, default=None, help="the tuned YAML (default: <config>-tuned.yaml beside it)")
     tun.add_argument("--out", type=Path, default=None, help="folder for tune.md (default: reports/tune-<config>-<time>)")
-    pay = sub.add_parser("paymap", help="where speculation pays: speedup over batch size and acceptance, measured on the "
-                                        "engine with synthetic acceptance, the break-even acceptance per batch size")
+    pay = sub.add_parser("paymap", help="where speculation pays: speedup over batch size and acceptance, measured on "
+                                        "the engine with synthetic acceptance, the break-even acceptance per batch size")
     pay.add_argument("config", nargs="?", default=DEFAULT_CONFIG, help="config with a drafter (default: %(default)s)")
     pay.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
                      help="override a config field (repeatable)")
@@ -97,7 +97,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="the schedule suggestion's YAML (default: <report>/<config>-paymap.yaml)")
     pay.add_argument("--out", type=Path, default=None, help="report folder (default: reports/paymap-<config>-<time>)")
     pay.add_argument("--dry-run", action="store_true",
-                     help="print the plan (engines, cells, estimated time) and the exact engine arguments; start nothing")
+                     help="print the plan (engines, cells, estimated time) and the exact engine arguments; "
+                          "start nothing")
     costs = sub.add_parser("costs", help="measure engine step costs: plain decode, verification of K tokens, "
                                           "the config's drafter, at each batch size")
     costs.add_argument("config", nargs="?", default=DEFAULT_CONFIG, help="config with a drafter (default: %(default)s)")

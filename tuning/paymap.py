@@ -255,7 +255,7 @@ def build_grid(raw: dict[str, Any], batches: list[int], levels: list[float], ks:
                             for i in range(k)]
                 cell.update(a=a, k=k, tokens_per_s=statistics.fmean(r["tokens_per_s"] for r in runs),
                             per_position=measured, drafts=drafts,
-                            # The prefill step makes the first token; every later step one per request and per accepted draft.
+                            # The prefill step makes the first token, each later step one plus the accepted drafts.
                             tokens_per_step=statistics.fmean((max_tokens - 1) / max(r["steps"] - 1, 1) for r in runs),
                             expected_tokens_per_step=expected_tokens_per_step(a, k))
                 column.append(cell)
@@ -531,12 +531,13 @@ def describe(result: dict[str, Any]) -> str:
     lines = [result["headline"], "", f"# Where speculation pays: {result['config']}", "",
              f"![speedup over batch size and acceptance]({result['heatmap']})", ""]
     if own:
-        per = (" (per position " + " ".join(f"{p:.2f}" for p in own["per_position"]) + ")") if own["per_position"] else ""
+        per = (" (per position " + " ".join(f"{p:.2f}" for p in own["per_position"]) + ")"
+               if own["per_position"] else "")
         lines += [f"The deployment's acceptance: per-token {own['a']:.3f}{per}, {own['source']}.", ""]
     s = result["settings"]
-    lines += [f"Output tokens/s of closed-loop batches ({s['max_tokens']} output tokens a request, T={s['temperature']:g},"
-              f" {s['repeats']} generations a cell) with speculation at synthetic per-token acceptance a (position i "
-              "accepted at a^i), over the baseline's at the same batch size; the mean, with its 95% interval.", "",
+    lines += [f"Output tokens/s of closed-loop batches ({s['max_tokens']} output tokens a request, "
+              f"T={s['temperature']:g}, {s['repeats']} generations a cell) with speculation at synthetic "
+              "per-token acceptance a (position i accepted at a^i), over the baseline's at the same batch size; the mean, with its 95% interval.", "",
               "## Break-even acceptance per batch size", "",
               "| batch | baseline tok/s | " + " | ".join(f"K={k}" for k in grid["ks"])
               + (" | best K |" if len(grid["ks"]) > 1 else " |"),
@@ -568,7 +569,8 @@ def describe(result: dict[str, Any]) -> str:
         chosen = ", ".join(f"batch {lo}-{hi}: K={k}" for lo, hi, k in schedule["schedule"])
         lines += ["", "## Schedule at the deployment's acceptance", "",
                   f"{chosen}; written to `{schedule['output']}` (the input config with `speculation.schedule`, as "
-                  "`make tune` writes it; `make tune` then measures the real acceptance and proves it with load tests)."]
+                  "`make tune` writes it; `make tune` then measures the real acceptance and proves it with load "
+                  "tests)."]
     lines += bullet_sections(result, {"notes": "Notes:"})
     return "\n".join(lines) + "\n"
 

@@ -40,6 +40,8 @@ the K its drafter drafts (`_set_worker_k`; the engine core gets the same cap, so
 the draft hand-off as a tuned server's do: plugins/k0_handoff.py), K=0..K in a rotating order
 each round. The K's then differ by what K costs, not by which engine happened to be faster.
 `python -m tuning costs CONFIG` prints them; `make models` keeps them beside the embedded pair.
+`make paymap` (tuning/paymap.py) builds its engines here too, and times whole closed-loop
+generations on them at synthetic acceptance levels instead of steps (`_paymap_cells`).
 """
 
 from __future__ import annotations
@@ -242,15 +244,15 @@ def _engine_main(job_path: str, out_path: str) -> None:
     def iterations() -> float:
         return sum(m.count for m in llm.get_metrics() if m.name == "vllm:iteration_tokens_total")
 
-    def generate(batch: int, tokens: int) -> tuple[float, float]:
+    def generate(batch: int, tokens: int, temperature: float = 0.0) -> tuple[float, float]:
         """(seconds, engine steps) of one generation of `tokens` tokens for `batch` identical prompts."""
-        params = SamplingParams(max_tokens=tokens, temperature=0, ignore_eos=True)
+        params = SamplingParams(max_tokens=tokens, temperature=temperature, ignore_eos=True)
         before, started = iterations(), time.perf_counter()
         llm.generate([job["prompt"]] * batch, params, use_tqdm=False)
         return time.perf_counter() - started, iterations() - before
 
     if job.get("paymap"):
-        Path(out_path).write_text(json.dumps(_paymap_cells(llm, job, iterations)))
+        Path(out_path).write_text(json.dumps(_paymap_cells(llm, job, generate)))
         return
 
     short, long = job["lengths"]
@@ -304,23 +306,19 @@ def _set_worker_acceptance(worker: Any, conditional: list[float]) -> bool:
     return True
 
 
-def _paymap_cells(llm: Any, job: dict[str, Any], iterations: Any) -> dict[str, Any]:
+def _paymap_cells(llm: Any, job: dict[str, Any], timed_generation: Any) -> dict[str, Any]:
     """In the subprocess, for `make paymap` (tuning/paymap.py): per batch size, wall time of
     closed-loop generations (B identical prompts submitted at once, `max_tokens` each, EOS
     ignored), `repeats` times. The speculative engine (built with synthetic acceptance and a
     schedule, so K can be capped as in a K sweep) is timed at every (per-token acceptance a, K) of
     the grid, in an order that rotates each round, with the engine's own per-position acceptance
-    of each generation; K=0 once per round where the K list has several."""
-    from vllm import SamplingParams
-
+    of each generation; K=0 once per round where the K list has several. `timed_generation(batch,
+    tokens, temperature)`: `_engine_main`'s (seconds, engine steps) of one generation."""
     spec = job["paymap"]
     temperature, max_tokens = float(spec["temperature"]), int(spec["max_tokens"])
 
     def generate(batch: int, tokens: int) -> tuple[float, float]:
-        params = SamplingParams(max_tokens=tokens, temperature=temperature, ignore_eos=True)
-        before, started = iterations(), time.perf_counter()
-        llm.generate([job["prompt"]] * batch, params, use_tqdm=False)
-        return time.perf_counter() - started, iterations() - before
+        return timed_generation(batch, tokens, temperature)
 
     def run(batch: int) -> dict[str, Any]:
         drafts0, accepted0 = _spec_counters(llm)
