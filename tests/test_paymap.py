@@ -229,3 +229,15 @@ def test_small_map_on_the_engine(tmp_path: Path) -> None:
                 assert c["drafts"] > 0 and c["mean"] > 0
                 bound = 4.5 * math.sqrt(c["a"] * (1 - c["a"]) / c["drafts"]) + 0.02
                 assert abs(c["per_position"][0] - c["a"]) <= bound, c
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--grid", "0.5"], "at least two acceptance levels"),
+    (["--grid", "0.3,1.0"], "at least two acceptance levels"),
+    (["--acceptance", "0.5,0.7"], "cannot rise"),
+    (["--acceptance", "0.6", "--url", "http://127.0.0.1:9"], "either as --acceptance or by --url"),
+])
+def test_bad_command_lines_are_refused_before_any_engine(args: list[str], message: str) -> None:
+    done = subprocess.run([sys.executable, "-m", "tuning", "paymap", "default.yaml", *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and message in done.stderr, done.stderr[-1000:]
