@@ -87,6 +87,20 @@ advise: $(STAMP)
 tune: $(STAMP)
 	$(PY) -m tuning tune $(CONFIG) $(foreach s,$(SET),--set $(s)) --batches $(USERS) $(TUNE_ARGS)
 
+# Speedup over batch size x acceptance, measured on the engine with vLLM's synthetic acceptance.
+.PHONY: paymap
+## make paymap [CONFIG=...] [SET=...] [USERS=1,4,16,32] [ACCEPTANCE=0.3,0.5,0.7,0.9] [URL=http://host:port] [DRY_RUN=1] [PAYMAP_ARGS='--k 1,2,4 --dummy-weights --acceptance 0.62']
+##     where speculation pays: output tokens/s with speculation over the baseline at each batch size and per-token
+##     acceptance, on the engine (synthetic acceptance: the config's drafter, K and costs, acceptance chosen); report
+##     under reports/ with a heat map, the break-even acceptance per batch size and, with --k K,K, the best K per cell
+##     and a schedule config; USERS default 1,4,16,32; ACCEPTANCE: the map's per-token acceptance levels (default
+##     0.3,0.45,0.6,0.75,0.9); URL: a running deployment whose /metrics give its acceptance;
+##     DRY_RUN=1 prints the plan and the engine arguments, starts nothing; PAYMAP_ARGS: options of python -m tuning paymap
+paymap: $(STAMP)
+	$(PY) -m tuning paymap $(CONFIG) $(foreach s,$(SET),--set $(s)) \
+	  $(if $(filter-out file,$(origin USERS)),--batches $(USERS)) $(if $(ACCEPTANCE),--grid $(ACCEPTANCE)) \
+	  $(if $(URL),--url $(URL)) $(if $(DRY_RUN),--dry-run) $(PAYMAP_ARGS)
+
 # The draft fine-tuned on the served target's continuations of DATA (default: a domain the embedded
 # pair never saw), written with <config>-distilled.yaml; acceptance and speedup measured before/after.
 ## make distill [CONFIG=...] [SET=...] [DATA=prompts.jsonl] [USERS=1,32] [DISTILL_ARGS='--epochs 5']

@@ -4,6 +4,7 @@
     python -m tuning costs default.yaml --pair              # `make models`: kept beside the embedded pair
     python -m tuning advise default.yaml --batches 1,8,32   # is the draft worth it, at which batch sizes
     python -m tuning tune default.yaml --batches 1,4,16,32  # K per batch size, into default-tuned.yaml
+    python -m tuning paymap default.yaml --batches 1,4,16,32 --acceptance 0.62   # where speculation pays
     python -m tuning bench-drafters --rounds 3              # every drafter against none, on the embedded default
     python -m tuning soak --requests 5000                   # every drafter's memory and latency over a long run
 """
@@ -72,6 +73,33 @@ def build_parser() -> argparse.ArgumentParser:
                                                                 "(default: max(32, 8 x batch))")
     tun.add_argument("--output", type=Path, default=None, help="the tuned YAML (default: <config>-tuned.yaml beside it)")
     tun.add_argument("--out", type=Path, default=None, help="folder for tune.md (default: reports/tune-<config>-<time>)")
+    pay = sub.add_parser("paymap", help="where speculation pays: speedup over batch size and acceptance, measured on "
+                                        "the engine with synthetic acceptance, the break-even acceptance per batch size")
+    pay.add_argument("config", nargs="?", default=DEFAULT_CONFIG, help="config with a drafter (default: %(default)s)")
+    pay.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
+                     help="override a config field (repeatable)")
+    pay.add_argument("--batches", type=int_list, default=[1, 4, 16, 32], metavar="B,B",
+                     help="batch sizes (closed-loop running requests) of the map (default: 1,4,16,32)")
+    pay.add_argument("--grid", type=acceptance_grid, default=None, metavar="A,A",
+                     help="per-token acceptance levels of the map, draft position i accepted at A^i "
+                          "(default: 0.3,0.45,0.6,0.75,0.9)")
+    pay.add_argument("--k", type=int_list, default=None, metavar="K,K",
+                     help="K values to map; several give the best K per cell and a schedule (default: the config's K)")
+    pay.add_argument("--acceptance", type=deployment_acceptance, default=None, metavar="A | P1,P2,..",
+                     help="the deployment's own acceptance: per-token (0.62) or per position as vLLM counts it "
+                          "(0.8,0.6,0.45,0.3)")
+    pay.add_argument("--url", default=None, help="a running deployment whose /metrics give its per-position acceptance")
+    pay.add_argument("--dummy-weights", action="store_true",
+                     help="every engine loads dummy weights (load_format: dummy): same step costs, no weight download")
+    pay.add_argument("--repeats", type=positive_int, default=3, help="generations per cell (default: 3)")
+    pay.add_argument("--max-tokens", type=positive_int, default=128, help="output tokens a request (default: 128)")
+    pay.add_argument("--temperature", type=float, default=0.0, help="temperature of the generations (default: 0)")
+    pay.add_argument("--output", type=Path, default=None,
+                     help="the schedule suggestion's YAML (default: <report>/<config>-paymap.yaml)")
+    pay.add_argument("--out", type=Path, default=None, help="report folder (default: reports/paymap-<config>-<time>)")
+    pay.add_argument("--dry-run", action="store_true",
+                     help="print the plan (engines, cells, estimated time) and the exact engine arguments; "
+                          "start nothing")
     costs = sub.add_parser("costs", help="measure engine step costs: plain decode, verification of K tokens, "
                                           "the config's drafter, at each batch size")
     costs.add_argument("config", nargs="?", default=DEFAULT_CONFIG, help="config with a drafter (default: %(default)s)")
@@ -127,6 +155,60 @@ def cmd_tune(opts: argparse.Namespace) -> int:
     return {"tuned": 0, "proven": 0, "not_proven": 1, "failed": 1, "cannot_measure": 2}[result["status"]]
 
 
+def acceptance_grid(text: str) -> list[float]:
+    """The map's acceptance levels: at least two, each strictly between 0 and 1."""
+    try:
+        values = sorted(set(float(x) for x in text.replace(" ", "").split(",") if x))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a comma-separated list of acceptance levels") from None
+    if len(values) < 2 or any(not 0 < v < 1 for v in values):
+        raise argparse.ArgumentTypeError("give at least two acceptance levels between 0 and 1, e.g. 0.3,0.5,0.7,0.9")
+    return values
+
+
+def deployment_acceptance(text: str) -> list[float]:
+    from tuning.paymap import parse_acceptance
+
+    try:
+        return parse_acceptance(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def cmd_paymap(opts: argparse.Namespace) -> int:
+    from tuning.paymap import PaymapSettings, describe, describe_plan, make_plan, paymap
+
+    if opts.acceptance and opts.url:
+        print("error: give the deployment's acceptance either as --acceptance or by --url, not both", file=sys.stderr)
+        return 2
+    if opts.temperature < 0:
+        print("error: --temperature must be >= 0", file=sys.stderr)
+        return 2
+    settings = PaymapSettings(opts.config, opts.overrides, sorted(set(opts.batches)), ks=k_list(opts.k),
+                              repeats=opts.repeats, max_tokens=opts.max_tokens, temperature=opts.temperature,
+                              dummy_weights=opts.dummy_weights, deployment_acceptance=opts.acceptance,
+                              url=opts.url, output=opts.output, out=opts.out)
+    if opts.grid:
+        settings.acceptance = opts.grid
+    try:
+        if opts.dry_run:
+            print(describe_plan(make_plan(settings)))
+            return 0
+        result = paymap(settings)
+    except (ConfigError, ValueError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(describe(result))
+    print(f"paymap: {Path(result['out']) / 'paymap.md'}")
+    return 0 if result["status"] == "mapped" else 2
+
+
+def k_list(values: list[int] | None) -> list[int] | None:
+    if values and max(values) > 32:
+        raise SystemExit("error: --k: K is at most 32")
+    return values
+
+
 def cmd_costs(opts: argparse.Namespace) -> int:
     from deploy.embedded_pair import COSTS_FILE, FREE_RUNNING_TEMPERATURE, engine_costs, ensure_pair, goal_lines
     from tuning import step_costs
@@ -164,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     # bench-drafters and soak show their progress in bars and their figures at the end: warnings only.
     logging.basicConfig(level=logging.WARNING if opts.command in ("bench-drafters", "soak") else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
-    return {"costs": cmd_costs, "advise": cmd_advise, "tune": cmd_tune,
+    return {"costs": cmd_costs, "advise": cmd_advise, "tune": cmd_tune, "paymap": cmd_paymap,
             "bench-drafters": bench_drafters.bench, "soak": soak.soak}[opts.command](opts)
 
 

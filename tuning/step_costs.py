@@ -40,6 +40,8 @@ the K its drafter drafts (`_set_worker_k`; the engine core gets the same cap, so
 the draft hand-off as a tuned server's do: plugins/k0_handoff.py), K=0..K in a rotating order
 each round. The K's then differ by what K costs, not by which engine happened to be faster.
 `python -m tuning costs CONFIG` prints them; `make models` keeps them beside the embedded pair.
+`make paymap` (tuning/paymap.py) builds its engines here too, and times whole closed-loop
+generations on them at synthetic acceptance levels instead of steps (`_paymap_cells`).
 """
 
 from __future__ import annotations
@@ -100,13 +102,16 @@ def measure_costs(config: str = "default", k: int | None = None, batches: tuple[
 def measure_steps(config: str, variants: dict[str, tuple[list[str], bool]], batches: tuple[int, ...],
                   repeats: int, overrides: tuple[str, ...] = (), timed: str | None = None,
                   acceptance: tuple[str, dict[str, Any]] | None = None,
-                  k_sweep_variant: str | None = None, k_sweep: int = 0) -> dict[str, Any]:
+                  k_sweep_variant: str | None = None, k_sweep: int = 0,
+                  paymap: dict[str, Any] | None = None) -> dict[str, Any]:
     """Step time and tokens per step of each variant (name -> its overrides and no-speculation)
     at each batch size, one engine per variant in turn. `timed`: the variant whose drafter's
     `propose` is timed; `acceptance`: (variant, {"prompts", "temperatures", "max_tokens"}) whose
     engine also generates those prompts at each temperature and reports per-position acceptance;
     `k_sweep_variant`: a speculative variant with a schedule whose engine is measured at each K
-    from 0 to `k_sweep` (module doc), reported as `k0` .. `k<k_sweep>`."""
+    from 0 to `k_sweep` (module doc), reported as `k0` .. `k<k_sweep>`. `paymap` ({"acceptance",
+    "ks", "max_tokens", "temperature"}): instead of step times, each engine times whole closed-loop
+    generations, the speculative one at every synthetic acceptance and K (`_paymap_cells`)."""
     result: dict[str, Any] = {"config": config, "repeats": repeats, "lengths": list(LENGTHS),
                               "batches": {str(b): {} for b in batches},
                               "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
@@ -122,6 +127,8 @@ def measure_steps(config: str, variants: dict[str, tuple[list[str], bool]], batc
                                                                     if not is_secret(n)}})
         if variant == k_sweep_variant:
             job["k_sweep"] = k_sweep
+        if paymap:
+            job["paymap"] = {**paymap, "speculative": not no_spec}
         figures = _run_engine(job, plan.env)
         if "acceptance" in figures:
             result["acceptance"] = figures.pop("acceptance")
@@ -215,26 +222,38 @@ def _set_k(llm: Any, k: int) -> None:
                            "plugins.k0_handoff is not installed; run `pip install -e .` (make venv)") from exc
 
 
+def llm_arguments(server_args: dict[str, Any]) -> dict[str, Any]:
+    """The `vllm.LLM` arguments of a step-cost engine: the server's engine arguments (those of
+    vLLM's EngineArgs; host, port, middleware and the like are the API server's), async scheduling
+    off (module doc), the engine's counters on."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    known = {f.name for f in dataclasses.fields(EngineArgs)}
+    return {**{n: v for n, v in server_args.items() if n in known}, "async_scheduling": False,
+            "disable_log_stats": False}
+
+
 def _engine_main(job_path: str, out_path: str) -> None:
     """In the subprocess: build the engine from the server's arguments and time generations."""
     from vllm import LLM, SamplingParams
-    from vllm.engine.arg_utils import EngineArgs
 
     job = json.loads(Path(job_path).read_text())
-    known = {f.name for f in dataclasses.fields(EngineArgs)}
-    args = {n: v for n, v in job["args"].items() if n in known}
-    llm = LLM(**{**args, "async_scheduling": False}, disable_log_stats=False)
+    llm = LLM(**llm_arguments(job["args"]))
     timing_drafter = job.get("time_drafter", False) and all(llm.collective_rpc(_time_drafter))
 
     def iterations() -> float:
         return sum(m.count for m in llm.get_metrics() if m.name == "vllm:iteration_tokens_total")
 
-    def generate(batch: int, tokens: int) -> tuple[float, float]:
+    def generate(batch: int, tokens: int, temperature: float = 0.0) -> tuple[float, float]:
         """(seconds, engine steps) of one generation of `tokens` tokens for `batch` identical prompts."""
-        params = SamplingParams(max_tokens=tokens, temperature=0, ignore_eos=True)
+        params = SamplingParams(max_tokens=tokens, temperature=temperature, ignore_eos=True)
         before, started = iterations(), time.perf_counter()
         llm.generate([job["prompt"]] * batch, params, use_tqdm=False)
         return time.perf_counter() - started, iterations() - before
+
+    if job.get("paymap"):
+        Path(out_path).write_text(json.dumps(_paymap_cells(llm, job, generate)))
+        return
 
     short, long = job["lengths"]
 
@@ -271,6 +290,68 @@ def _engine_main(job_path: str, out_path: str) -> None:
     if job.get("acceptance"):
         result["acceptance"] = _acceptance(llm, job["acceptance"])
     Path(out_path).write_text(json.dumps(result))
+
+
+def _set_worker_acceptance(worker: Any, conditional: list[float]) -> bool:
+    """In the worker: from the next step on, accept draft position i with conditional rate
+    `conditional[i]` (False: the engine does not run synthetic acceptance). The rejection sampler
+    passes its rate tensor to the kernels at every step, so writing into it is enough."""
+    import torch
+
+    rates = getattr(getattr(worker.model_runner, "rejection_sampler", None), "synthetic_conditional_rates", None)
+    if rates is None:
+        return False
+    values = list(conditional[:rates.shape[0]]) + [0.0] * max(0, rates.shape[0] - len(conditional))
+    rates.copy_(torch.tensor(values, dtype=rates.dtype, device=rates.device))
+    return True
+
+
+def _paymap_cells(llm: Any, job: dict[str, Any], timed_generation: Any) -> dict[str, Any]:
+    """In the subprocess, for `make paymap` (tuning/paymap.py): per batch size, wall time of
+    closed-loop generations (B identical prompts submitted at once, `max_tokens` each, EOS
+    ignored), `repeats` times. The speculative engine (built with synthetic acceptance and a
+    schedule, so K can be capped as in a K sweep) is timed at every (per-token acceptance a, K) of
+    the grid, in an order that rotates each round, with the engine's own per-position acceptance
+    of each generation; K=0 once per round where the K list has several. `timed_generation(batch,
+    tokens, temperature)`: `_engine_main`'s (seconds, engine steps) of one generation."""
+    spec = job["paymap"]
+    temperature, max_tokens = float(spec["temperature"]), int(spec["max_tokens"])
+
+    def generate(batch: int, tokens: int) -> tuple[float, float]:
+        return timed_generation(batch, tokens, temperature)
+
+    def run(batch: int) -> dict[str, Any]:
+        drafts0, accepted0 = _spec_counters(llm)
+        seconds, steps = generate(batch, max_tokens)
+        drafts1, accepted1 = _spec_counters(llm)
+        drafts = drafts1 - drafts0
+        previous = accepted0 or [0.0] * len(accepted1)
+        return {"seconds": seconds, "steps": steps, "tokens_per_s": batch * max_tokens / seconds, "drafts": drafts,
+                "per_position": [(a - b) / drafts if drafts else 0.0 for a, b in zip(accepted1, previous)]}
+
+    cells: list[tuple[float | None, int]] = []
+    if spec["speculative"]:
+        ks = sorted(set(spec["ks"]))
+        cells = [(a, k) for a in spec["acceptance"] for k in ks] + ([(None, 0)] if len(ks) > 1 else [])
+        if not all(llm.collective_rpc(_set_worker_acceptance, args=([spec["acceptance"][0]] * max(ks),))):
+            raise RuntimeError("the speculative engine runs no synthetic acceptance "
+                               "(speculation.extra.rejection_sample_method: synthetic)")
+    result: dict[str, Any] = {}
+    for batch in job["batches"]:
+        generate(batch, 4)  # warm-up: the first steps at a new batch size are slower
+        if not cells:
+            result[str(batch)] = {"runs": [run(batch) for _ in range(job["repeats"])]}
+            continue
+        runs: dict[str, list[dict[str, Any]]] = {}
+        for round_ in range(job["repeats"]):
+            for a, k in cells[round_ % len(cells):] + cells[:round_ % len(cells)]:
+                _set_k(llm, k)
+                if a is not None:
+                    llm.collective_rpc(_set_worker_acceptance, args=([a] * max(ks),))
+                generate(batch, 2)  # the first step after a switch verifies the old cell's drafts
+                runs.setdefault("k0" if a is None else f"a{a:g}-k{k}", []).append(run(batch))
+        result[str(batch)] = {"cells": runs}
+    return result
 
 
 def _spec_counters(llm: Any) -> tuple[float, list[float]]:

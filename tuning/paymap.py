@@ -1,0 +1,586 @@
+"""`make paymap CONFIG=... USERS=1,4,16,32`: where speculation pays, over batch size and acceptance.
+
+For each batch size B and per-token acceptance a of a grid, output tokens/s of the config's
+drafter with speculation against the same deployment without it, measured on the engine: vLLM's
+synthetic acceptance (`rejection_sample_method: synthetic`) runs the real drafter and the real
+verification and accepts draft position i with the unconditional rate a^i (every draft token
+accepted with probability a when all before it were: the acceptance model of Leviathan et al.,
+`loadtest.stats`). So the costs are the deployment's own and only acceptance is chosen, and a map
+can be drawn before any traffic exists, with `--dummy-weights` before the weights are downloaded.
+
+Two engines, one after the other, each built by `tuning.step_costs` from exactly the arguments
+`make serve` gives the server (async scheduling off in both, as for every step-cost engine):
+  baseline     speculation off: closed-loop generations of B identical prompts x max_tokens
+  speculative  the config's drafter with synthetic acceptance and a flat schedule of the largest K
+               asked; between generations the worker's acceptance rates and K are switched
+               (`step_costs._set_worker_acceptance`, `_set_k`), so every cell of the grid comes
+               from one engine, in rotating order
+A cell's speedup is the mean of its runs' output tokens/s over the baseline's at that batch size.
+
+From the grid: per batch size the break-even acceptance (interpolated linearly where the speedup
+crosses 1.0; its interval from the runs' 95% intervals), the best K per cell where several are
+asked, and at the deployment's own acceptance (`--acceptance`, or a running server's counters via
+`--url`) how far up in batch size speculation pays and which K schedule follows (written as a
+config, as `make tune` writes one).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from deploy import load_config, plan_from_config
+from deploy.config import resolve_config_path
+from deploy.engine_args import engine_arguments, is_secret
+from loadtest.files import bullet_sections, write_atomic, write_result
+from loadtest.plan import ServerInfo, assumed_start_s, assumed_tokens_per_s, duration_text
+from loadtest.runner import default_out_dir
+from loadtest.stats import expected_tokens_per_step, implied_per_token_acceptance
+from tuning import step_costs
+from tuning.tune import TIE, deployed_k, schedule_from, tuned_yaml
+
+log = logging.getLogger("specdeploy.paymap")
+
+DEFAULT_ACCEPTANCE = (0.3, 0.45, 0.6, 0.75, 0.9)
+"""Per-token acceptance levels of the grid: from a poor draft to a very good one."""
+REFERENCE_BATCH = 32
+"""The batch size the report's first line quotes the break-even acceptance at."""
+PROMPT_TOKENS_NOTE = "the first text prompt of the built-in code workload"
+DUMMY_NOTE = ("Every engine loaded dummy weights (`load_format: dummy`): the models' real shapes and kernels "
+              "with random values. A step costs what it costs with the real weights (the same matrix products "
+              "over the same shapes), and acceptance is synthetic either way, so the map is the real weights' "
+              "map; the generated text means nothing.")
+SYNTHETIC_NOTE = ("Acceptance is synthetic: draft position i is accepted with probability a^i whatever the draft "
+                  "says (vLLM's rejection_sample_method: synthetic). Real acceptance varies with the text and the "
+                  "temperature and is not the same at every position, so read a deployment's own acceptance as "
+                  "the per-token a with the same tokens per step (1 + p_1 + ... + p_K).")
+
+
+@dataclass
+class PaymapSettings:
+    config: str
+    overrides: list[str] = field(default_factory=list)
+    batches: list[int] = field(default_factory=lambda: [1, 4, 16, 32])
+    acceptance: list[float] = field(default_factory=lambda: list(DEFAULT_ACCEPTANCE))
+    """Per-token acceptance levels a of the grid (draft position i accepted with rate a^i)."""
+    ks: list[int] | None = None
+    """K values to map (default: the config's num_speculative_tokens)."""
+    repeats: int = 3
+    """Generations per cell (and per baseline batch size); the speedup is their mean."""
+    max_tokens: int = 128
+    """Output tokens of every request (EOS ignored)."""
+    temperature: float = 0.0
+    """Temperature of the generations (0: vLLM's greedy verification path; > 0 its sampled path)."""
+    dummy_weights: bool = False
+    deployment_acceptance: list[float] | None = None
+    """The deployment's own acceptance: one per-token a, or per-position rates as vLLM counts them."""
+    url: str | None = None
+    """A running deployment whose /metrics give its per-position acceptance."""
+    output: Path | None = None
+    """The schedule suggestion's YAML (default: in the report folder)."""
+    out: Path | None = None
+
+
+# --- acceptance --------------------------------------------------------------------------------
+
+
+def parse_acceptance(text: str) -> list[float]:
+    """`0.62` (per-token a) or `0.8,0.6,0.45,0.3` (per-position rates, non-increasing), each in (0, 1]."""
+    try:
+        values = [float(x) for x in text.replace(" ", "").split(",") if x]
+    except ValueError:
+        raise ValueError(f"'{text}' is not an acceptance: give a per-token rate (0.62) or per-position rates "
+                         f"(0.8,0.6,0.45)") from None
+    if not values or any(not 0 < v <= 1 for v in values):
+        raise ValueError(f"acceptance '{text}': every rate must lie in (0, 1]")
+    if any(b > a for a, b in zip(values, values[1:])):
+        raise ValueError(f"acceptance '{text}': per-position rates cannot rise (a position is reached only "
+                         f"through the ones before it)")
+    return values
+
+
+def rates_for(a: float, k: int) -> list[float]:
+    """vLLM's per-position unconditional rates for per-token acceptance a: a, a^2, ..., a^K."""
+    return [a ** i for i in range(1, k + 1)]
+
+
+def per_token_acceptance(rates: Sequence[float]) -> float:
+    """The per-token a with the same tokens per step as these per-position rates (one rate is a itself)."""
+    if len(rates) == 1:
+        return float(rates[0])
+    tokens = 1.0 + sum(rates)
+    a = implied_per_token_acceptance(tokens, len(rates))
+    if a is None:
+        raise ValueError(f"per-position rates {list(rates)} give no per-token acceptance")
+    return a
+
+
+def acceptance_from_metrics(samples: Any) -> list[float] | None:
+    """Per-position acceptance (accepted at position i / drafts) from a /metrics snapshot
+    (`loadtest.prom.Snapshot`); None where the server counted no drafts."""
+    drafts = samples.total("vllm:spec_decode_num_drafts_total")
+    per_pos = samples.by_label("vllm:spec_decode_num_accepted_tokens_per_pos_total", "position")
+    if not drafts or not per_pos:
+        return None
+    rates = [per_pos[p] / drafts for p in sorted(per_pos, key=int)]
+    # A later position can only be reached through the earlier ones; rounding aside, keep them non-increasing.
+    return [min(rates[: i + 1]) for i in range(len(rates))]
+
+
+def acceptance_from_url(url: str, api_key_env: str = "") -> list[float]:
+    """A running deployment's per-position acceptance since it started."""
+    import os
+
+    from loadtest.prom import scrape
+
+    key = os.environ.get(api_key_env, "") if api_key_env else ""
+    snapshot = scrape(url, headers={"Authorization": f"Bearer {key}"} if key else None)
+    rates = acceptance_from_metrics(snapshot)
+    if rates is None:
+        raise ValueError(f"{url}/metrics shows no drafts (vllm:spec_decode_num_drafts_total): the server at {url} "
+                         f"does not speculate or has served nothing yet")
+    return rates
+
+
+# --- the grid's arithmetic ---------------------------------------------------------------------
+
+
+def ratio_interval(spec: Sequence[float], base: Sequence[float]) -> dict[str, float | None]:
+    """mean(spec) / mean(base) and its 95% interval (delta method: the two means' relative standard
+    errors add in quadrature; Student's t with the smaller sample's degrees of freedom). The engines
+    are separate, so runs are not paired."""
+    from scipy.stats import t
+
+    ms, mb = statistics.fmean(spec), statistics.fmean(base)
+    out: dict[str, float | None] = {"mean": ms / mb, "low": None, "high": None, "n": min(len(spec), len(base))}
+    if len(spec) >= 2 and len(base) >= 2:
+        rel = math.sqrt((statistics.stdev(spec) / ms) ** 2 / len(spec) + (statistics.stdev(base) / mb) ** 2 / len(base))
+        half = t.ppf(0.975, min(len(spec), len(base)) - 1) * rel * ms / mb
+        out.update(low=max(ms / mb - half, 0.0), high=ms / mb + half)  # a speedup is never negative
+    return out
+
+
+def crossing(levels: Sequence[float], speedups: Sequence[float]) -> dict[str, Any]:
+    """Where speedup over acceptance crosses 1.0: the acceptance above which every level measured
+    pays, interpolated linearly between the last level that does not pay and the next.
+    `{"value": a, "relation": "="}`, or `"<="` the lowest level (pays everywhere measured), or `">"`
+    the highest (pays nowhere measured)."""
+    points = sorted(zip(levels, speedups))
+    losing = [i for i, (_, s) in enumerate(points) if s < 1.0]
+    if not losing:
+        return {"value": points[0][0], "relation": "<="}
+    i = losing[-1]
+    if i == len(points) - 1:
+        return {"value": points[-1][0], "relation": ">"}
+    (a0, s0), (a1, s1) = points[i], points[i + 1]
+    return {"value": a0 + (1.0 - s0) * (a1 - a0) / (s1 - s0), "relation": "="}
+
+
+def break_even(levels: Sequence[float], cells: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Break-even acceptance of one batch size from its cells' speedups (`ratio_interval` results),
+    with an interval: where the interval's upper ends cross 1.0 (lowest) and its lower ends (highest)."""
+    result = crossing(levels, [c["mean"] for c in cells])
+    if all(c.get("low") is not None for c in cells):
+        result["low"] = crossing(levels, [c["high"] for c in cells])
+        result["high"] = crossing(levels, [c["low"] for c in cells])
+    return result
+
+
+def pays_at(point: dict[str, Any], a: float) -> bool | None:
+    """Whether acceptance a pays at a batch size whose break-even is `point` (None: the grid cannot say)."""
+    if point["relation"] == "=":
+        return a > point["value"]
+    if point["relation"] == "<=":
+        return True if a >= point["value"] else None
+    return False if a <= point["value"] else None
+
+
+def interpolate(levels: Sequence[float], values: Sequence[float], a: float) -> float:
+    """Linear interpolation over the acceptance grid, held flat beyond its ends."""
+    points = sorted(zip(levels, values))
+    if a <= points[0][0]:
+        return points[0][1]
+    for (a0, v0), (a1, v1) in zip(points, points[1:]):
+        if a <= a1:
+            return v0 + (a - a0) * (v1 - v0) / (a1 - a0)
+    return points[-1][1]
+
+
+def best_k(options: dict[int, float]) -> int:
+    """The K with the highest speedup; within `tune.TIE` of it, the shorter draft."""
+    top = max(options.values())
+    return min(k for k, v in options.items() if v >= top * (1 - TIE))
+
+
+def schedule_rows(grid: dict[str, Any], a: float) -> list[dict[str, Any]]:
+    """Per batch size, each K's speedup interpolated at acceptance a (K=0 as measured, where it was)
+    and the K chosen, in the row form `tune.schedule_from` reads."""
+    rows = []
+    for batch in grid["batches"]:
+        options = {k: interpolate(grid["acceptance"], [grid["cells"][str(batch)][f"k{k}"][i]["mean"]
+                                                       for i in range(len(grid["acceptance"]))], a)
+                   for k in grid["ks"]}
+        if grid["k0"].get(str(batch)):
+            options[0] = grid["k0"][str(batch)]["mean"]
+        chosen = best_k(options)
+        rows.append({"batch": batch, "k": chosen, "options": options, "predicted_speedup": options[chosen]})
+    return rows
+
+
+def build_grid(raw: dict[str, Any], batches: list[int], levels: list[float], ks: list[int],
+               max_tokens: int) -> dict[str, Any]:
+    """The measured engines' runs -> per batch size and K, each acceptance level's speedup (mean and
+    interval), the engine's own acceptance, the best K per cell and the break-even acceptance."""
+    grid: dict[str, Any] = {"batches": batches, "acceptance": levels, "ks": ks, "cells": {}, "baseline": {},
+                            "k0": {}, "best": {}, "break_even": {}}
+    for batch in batches:
+        figures = raw["batches"][str(batch)]
+        base = [r["tokens_per_s"] for r in figures["plain"]["runs"]]
+        grid["baseline"][str(batch)] = {"tokens_per_s": statistics.fmean(base), "runs": base}
+        spec = figures["spec"]["cells"]
+        per_k: dict[str, list[dict[str, Any]]] = {}
+        for k in ks:
+            column = []
+            for a in levels:
+                runs = spec[f"a{a:g}-k{k}"]
+                cell = ratio_interval([r["tokens_per_s"] for r in runs], base)
+                drafts = sum(r["drafts"] for r in runs)
+                measured = [sum(r["per_position"][i] * r["drafts"] for r in runs) / drafts if drafts else None
+                            for i in range(k)]
+                cell.update(a=a, k=k, tokens_per_s=statistics.fmean(r["tokens_per_s"] for r in runs),
+                            per_position=measured, drafts=drafts,
+                            # The prefill step makes the first token, each later step one plus the accepted drafts.
+                            tokens_per_step=statistics.fmean((max_tokens - 1) / max(r["steps"] - 1, 1) for r in runs),
+                            expected_tokens_per_step=expected_tokens_per_step(a, k))
+                column.append(cell)
+            per_k[f"k{k}"] = column
+        grid["cells"][str(batch)] = per_k
+        if "k0" in spec:
+            grid["k0"][str(batch)] = ratio_interval([r["tokens_per_s"] for r in spec["k0"]], base)
+        best = []
+        for i, a in enumerate(levels):
+            options = {k: per_k[f"k{k}"][i]["mean"] for k in ks}
+            k = best_k(options)
+            best.append({**per_k[f"k{k}"][i], "k": k})
+        grid["best"][str(batch)] = best
+        grid["break_even"][str(batch)] = {f"k{k}": break_even(levels, per_k[f"k{k}"]) for k in ks}
+        grid["break_even"][str(batch)]["best"] = break_even(levels, best)
+    return grid
+
+
+def headline(grid: dict[str, Any], a: float | None) -> str:
+    """The report's first line."""
+    batches = grid["batches"]
+    reference = REFERENCE_BATCH if REFERENCE_BATCH in batches else batches[-1]
+    needs = f"at batch {reference} it needs {describe_point(grid['break_even'][str(reference)]['best'])}"
+    if a is None:
+        first = batches[0]
+        return (f"This deployment's acceptance is not known (give --acceptance A or URL=): at batch {first} "
+                f"speculation needs {describe_point(grid['break_even'][str(first)]['best'])}; {needs}.")
+    paying: list[int] = []
+    unknown = None
+    for batch in batches:
+        verdict = pays_at(grid["break_even"][str(batch)]["best"], a)
+        if verdict is None:
+            unknown = batch
+            break
+        if not verdict:
+            break
+        paying.append(batch)
+    if unknown is not None and not paying:
+        return f"At acceptance {a:.2f} the map cannot say whether this deployment pays (outside the grid); {needs}."
+    if not paying:
+        return (f"At acceptance {a:.2f} this deployment pays at no batch size measured (batch {batches[0]} needs "
+                f"{describe_point(grid['break_even'][str(batches[0])]['best'])}); {needs}.")
+    tail = " (the largest measured)" if paying[-1] == batches[-1] else ""
+    return f"At acceptance {a:.2f} this deployment pays up to batch {paying[-1]}{tail}; {needs}."
+
+
+def describe_point(point: dict[str, Any]) -> str:
+    """A break-even acceptance as a person reads it, with its interval where there is one."""
+    if point["relation"] == "<=":
+        text = f"at most {point['value']:.2f} (it pays at every acceptance measured)"
+    elif point["relation"] == ">":
+        text = f"more than {point['value']:.2f} (it pays at no acceptance measured)"
+    else:
+        text = f"{point['value']:.2f}"
+    low, high = point.get("low"), point.get("high")
+    if low and high and point["relation"] == "=":
+        text += f" (95% interval {_bound(low)} to {_bound(high)})"
+    return text
+
+
+def _bound(point: dict[str, Any]) -> str:
+    if point["relation"] == "=":
+        return f"{point['value']:.2f}"
+    return f"at most {point['value']:.2f}" if point["relation"] == "<=" else f"more than {point['value']:.2f}"
+
+
+# --- plan, measurement, report -----------------------------------------------------------------
+
+
+def engine_variants(settings: PaymapSettings, k_max: int, max_batch: int) -> dict[str, tuple[list[str], bool]]:
+    """The two engines: name -> (config overrides, no speculation). The speculative one runs synthetic
+    acceptance (its starting rates are the grid's first level; the worker switches them) and a flat
+    schedule of the largest K, so K can be capped per cell as `make tune` caps it."""
+    dummy = ["engine_args.load_format=dummy"] if settings.dummy_weights else []
+    first = rates_for(settings.acceptance[0], k_max)
+    spec = [f"speculation.num_speculative_tokens={k_max}", f"speculation.schedule=[[1, {max_batch}, {k_max}]]",
+            "speculation.draft_max_temperature=null", "speculation.extra.rejection_sample_method=synthetic",
+            f"speculation.extra.synthetic_acceptance_rates={json.dumps([round(r, 6) for r in first])}"]
+    return {"plain": (dummy, True), "spec": (spec + dummy, False)}
+
+
+def make_plan(settings: PaymapSettings) -> dict[str, Any]:
+    """What a paymap run starts and measures, the exact engine arguments, and about how long it takes
+    (assumed start times and speeds of `loadtest.plan`: this machine may not run it)."""
+    config = load_config(settings.config, settings.overrides)
+    if not config.speculation.enabled:
+        raise ValueError(f"config {settings.config} has no drafter (speculation.drafter: none): nothing to map")
+    ks = sorted(set(settings.ks or [config.speculation.num_speculative_tokens]))
+    max_batch = config.resources.max_num_seqs or 256
+    if max(settings.batches) > max_batch:
+        raise ValueError(f"batch {max(settings.batches)} exceeds the config's resources.max_num_seqs ({max_batch})")
+    variants = engine_variants(settings, max(ks), max_batch)
+    servers, problems, notes = [], [], []
+    seconds = 0.0
+    cells = len(settings.acceptance) * len(ks) + (1 if len(ks) > 1 else 0)
+    for name, (extra, no_spec) in variants.items():
+        resolved, plan = plan_from_config(settings.config, [*settings.overrides, *extra], no_spec, plan_only=True)
+        problems += [p for p in resolved.machine_problems if p not in problems]
+        # Preflight's memory estimates are for a server; the rest (a plumbing target, a dtype) says what ran.
+        notes += [n for n in resolved.notes if n not in notes and not n.startswith("memory estimate")]
+        weights = resolved.weight_bytes / 2 ** 30 if resolved.weight_bytes else None
+        info = ServerInfo(name, name, resolved.device, 0, "", "", weight_gib=weights)
+        generations = len(settings.batches) * settings.repeats * (cells if name == "spec" else 1)
+        run_s = sum(settings.repeats * (cells if name == "spec" else 1) * (b * settings.max_tokens + b * 6)
+                    / assumed_tokens_per_s(resolved.device, b) for b in settings.batches)
+        seconds += assumed_start_s(info) + run_s
+        args = step_costs.llm_arguments(engine_arguments(resolved))
+        servers.append({"name": name, "label": "speculation off (baseline)" if no_spec else
+                        f"{config.speculation.drafter}, synthetic acceptance, K capped per cell",
+                        "device": resolved.device, "weight_gib": weights, "generations": generations,
+                        "engine_args": {n: ("***" if is_secret(n) else v) for n, v in args.items()},
+                        "env": {n: v for n, v in plan.env.items() if not is_secret(n)}})
+    return {"config": settings.config, "servers": servers, "starts": len(servers), "ks": ks,
+            "batches": settings.batches, "acceptance": settings.acceptance, "repeats": settings.repeats,
+            "cells": len(settings.batches) * len(settings.acceptance) * len(ks),
+            "k0_cells": len(settings.batches) if len(ks) > 1 else 0, "max_tokens": settings.max_tokens,
+            "temperature": settings.temperature, "dummy_weights": settings.dummy_weights,
+            "estimated_s": seconds, "machine_problems": problems, "notes": notes, "max_batch": max_batch}
+
+
+def describe_plan(plan: dict[str, Any]) -> str:
+    lines = [f"paymap plan for {plan['config']}: {plan['starts']} engine starts, one after the other",
+             f"  grid: batch {','.join(map(str, plan['batches']))} x per-token acceptance "
+             f"{','.join(f'{a:g}' for a in plan['acceptance'])} x K {','.join(map(str, plan['ks']))} = {plan['cells']} "
+             f"cells" + (f", plus K=0 at each batch size ({plan['k0_cells']})" if plan["k0_cells"] else "")
+             + f"; {plan['repeats']} generations each, {plan['max_tokens']} output tokens a request, "
+               f"T={plan['temperature']:g}",
+             f"  about {duration_text(plan['estimated_s'])} (assumed start times and speeds of a "
+             f"{plan['servers'][0]['device']} machine; two engine starts)"]
+    if plan["dummy_weights"]:
+        lines.append("  dummy weights (load_format: dummy) in every engine: no weight download")
+    for s in plan["servers"]:
+        weights = f", {s['weight_gib']:.1f} GiB of weights" if s["weight_gib"] else ""
+        lines += [f"engine '{s['name']}' ({s['label']}; {s['device']}{weights}; {s['generations']} generations)",
+                  "  vllm.LLM(**" + json.dumps(s["engine_args"], sort_keys=True) + ")"]
+        if s["env"]:
+            lines.append("  environment: " + " ".join(f"{n}={v}" for n, v in sorted(s["env"].items())))
+    for p in plan["machine_problems"]:
+        lines.append(f"this machine cannot run it: {p}")
+    return "\n".join(lines)
+
+
+def paymap(settings: PaymapSettings) -> dict[str, Any]:
+    """Measure the grid and write the report; the result (paymap.json / paymap.md) has `status`
+    (`mapped`, `cannot_measure`)."""
+    path = resolve_config_path(settings.config)
+    out = settings.out or default_out_dir(f"paymap-{path.stem}")
+    plan = make_plan(settings)
+    result: dict[str, Any] = {"config": settings.config, "plan": plan, "out": str(out),
+                              "settings": {"overrides": settings.overrides, "repeats": settings.repeats,
+                                           "max_tokens": settings.max_tokens, "temperature": settings.temperature,
+                                           "dummy_weights": settings.dummy_weights}}
+    own = deployment_acceptance(settings, load_config(settings.config, settings.overrides))
+    result["deployment"] = own
+    if plan["machine_problems"]:
+        result.update(status="cannot_measure", problems=plan["machine_problems"])
+        return _finish(result, out)
+    ks = plan["ks"]
+    job = {"acceptance": settings.acceptance, "ks": ks, "max_tokens": settings.max_tokens,
+           "temperature": settings.temperature}
+    log.info("paymap %s: %d cells at batch %s, 2 engines", settings.config, plan["cells"], settings.batches)
+    raw = step_costs.measure_steps(settings.config, engine_variants(settings, max(ks), plan["max_batch"]),
+                                   tuple(settings.batches), settings.repeats, tuple(settings.overrides), paymap=job)
+    result["raw"] = raw
+    result["grid"] = grid = build_grid(raw, settings.batches, settings.acceptance, ks, settings.max_tokens)
+    a = own["a"] if own else None
+    result["headline"] = headline(grid, a)
+    notes = [SYNTHETIC_NOTE]
+    if settings.dummy_weights:
+        notes.append(DUMMY_NOTE)
+    notes.append("Both engines run with async scheduling off (as every step-cost engine: `tuning/step_costs.py`); a "
+                 "served plain or draft-model server overlaps scheduling with the forward pass. The two engines run "
+                 "one after the other; on a shared machine one engine can be ~10% faster than the next, which "
+                 "shifts a whole batch size's row, not the order of its cells.")
+    result["notes"] = notes + plan["notes"]
+    out.mkdir(parents=True, exist_ok=True)
+    result["heatmap"] = plot_heatmap(grid, a, out / "heatmap.png")
+    if len(ks) > 1 and a is not None:
+        result["schedule"] = write_schedule(settings, path, grid, a, out)
+    result["status"] = "mapped"
+    return _finish(result, out)
+
+
+def deployment_acceptance(settings: PaymapSettings, config: Any) -> dict[str, Any] | None:
+    """The deployment's own acceptance, as given or read from its server: per-token a and per position."""
+    if settings.deployment_acceptance:
+        rates, source = settings.deployment_acceptance, "given (--acceptance)"
+    elif settings.url:
+        rates = acceptance_from_url(settings.url, config.server.api_key_env or "")
+        source = f"read from {settings.url}/metrics (vllm:spec_decode_num_accepted_tokens_per_pos_total)"
+    else:
+        return None
+    return {"a": per_token_acceptance(rates), "per_position": rates if len(rates) > 1 else None, "source": source}
+
+
+def write_schedule(settings: PaymapSettings, path: Path, grid: dict[str, Any], a: float, out: Path) -> dict[str, Any]:
+    """The K schedule at acceptance a, written as the input config's text with it (as `make tune` does)."""
+    rows = schedule_rows(grid, a)
+    max_batch = load_config(settings.config, settings.overrides).resources.max_num_seqs or 256
+    schedule = schedule_from(rows, max_batch)
+    k, written = deployed_k(schedule)
+    comments = [f"Suggested by `make paymap` at per-token acceptance {a:.2f} (synthetic acceptance on the engine):",
+                "K per running batch size (vLLM's num_speculative_tokens_per_batch_size). Speedup over no",
+                "speculation at that acceptance, interpolated on the map, for each K:",
+                "batch  " + "  ".join(f"K={kk:<4}" for kk in sorted(rows[0]["options"])) + "  chosen"]
+    for row in rows:
+        comments.append(f"{row['batch']:>5}  " + "  ".join(f"{row['options'][kk]:>5.2f}x"
+                                                          for kk in sorted(row["options"])) + f"  K={row['k']}")
+    if any(r["predicted_speedup"] < 1 for r in rows):
+        comments.append("Below 1.0x no K pays: serve that traffic without speculation (NO_SPEC=1) where it matters.")
+    output = settings.output or out / f"{path.stem}-paymap.yaml"
+    write_atomic(output, tuned_yaml(path.read_text(), k, written, comments))
+    load_config(output, settings.overrides)  # what it writes must be a config the kit serves
+    return {"rows": rows, "schedule": schedule, "k": k, "written_schedule": written, "output": str(output)}
+
+
+def plot_heatmap(grid: dict[str, Any], a: float | None, path: Path) -> str:
+    """Speedup over batch size x acceptance, one panel per K (and the best K's where there are
+    several), the 1.0 contour drawn, each cell's speedup written in it."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+    from matplotlib.colors import TwoSlopeNorm
+
+    panels = [(f"K={k}", f"k{k}") for k in grid["ks"]] + ([("best K", "best")] if len(grid["ks"]) > 1 else [])
+    batches, levels = grid["batches"], grid["acceptance"]
+    tables = {}
+    for _, key in panels:
+        tables[key] = np.array([[(grid["best"][str(b)] if key == "best" else grid["cells"][str(b)][key])[i]["mean"]
+                                 for b in batches] for i in range(len(levels))])
+    values = np.concatenate([t.ravel() for t in tables.values()])
+    norm = TwoSlopeNorm(vcenter=1.0, vmin=min(values.min(), 0.99), vmax=max(values.max(), 1.01))
+    fig, axes = plt.subplots(1, len(panels), figsize=(3.8 * len(panels) + 1.2, 4), squeeze=False,
+                             layout="constrained")
+    for ax, (title, key) in zip(axes[0], panels):
+        z = tables[key]
+        image = ax.imshow(z, origin="lower", cmap="RdBu", norm=norm, aspect="auto")
+        if z.shape[0] > 1 and z.shape[1] > 1 and z.min() < 1.0 < z.max():
+            x, y = np.meshgrid(np.arange(len(batches)), np.arange(len(levels)))
+            ax.contour(x, y, z, levels=[1.0], colors="black", linewidths=2)
+        for i in range(len(levels)):
+            for j, b in enumerate(batches):
+                label = f"{z[i, j]:.2f}x"
+                if key == "best":
+                    label += f"\nK={grid['best'][str(b)][i]['k']}"
+                dark = abs(float(norm(z[i, j])) - 0.5) > 0.35
+                ax.text(j, i, label, ha="center", va="center", fontsize=8, color="white" if dark else "black")
+        if a is not None and levels[0] <= a <= levels[-1]:
+            ax.axhline(interpolate(levels, list(range(len(levels))), a), color="black", linestyle="--", linewidth=1)
+        ax.set_xticks(range(len(batches)), [str(b) for b in batches])
+        ax.set_yticks(range(len(levels)), [f"{v:g}" for v in levels])
+        ax.set_xlabel("batch size (running requests)")
+        if ax is axes[0][0]:
+            ax.set_ylabel("per-token acceptance a (position i: a^i)")
+        ax.set_title(f"speedup, {title}")
+    fig.colorbar(image, ax=axes[0].tolist(), label="output tokens/s over no speculation")
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path.name
+
+
+def describe(result: dict[str, Any]) -> str:
+    """The report as a person reads it (paymap.md); its first line is the headline."""
+    plan = result["plan"]
+    if result["status"] != "mapped":
+        lines = [f"Not measured: this machine cannot run {result['config']} (problems below).", "",
+                 "```text", describe_plan(plan), "```"]
+        return "\n".join(lines + bullet_sections(result, {"problems": "Problems:"})) + "\n"
+    grid = result["grid"]
+    own = result.get("deployment")
+    lines = [result["headline"], "", f"# Where speculation pays: {result['config']}", "",
+             f"![speedup over batch size and acceptance]({result['heatmap']})", ""]
+    if own:
+        per = (" (per position " + " ".join(f"{p:.2f}" for p in own["per_position"]) + ")"
+               if own["per_position"] else "")
+        lines += [f"The deployment's acceptance: per-token {own['a']:.3f}{per}, {own['source']}.", ""]
+    s = result["settings"]
+    lines += [f"Output tokens/s of closed-loop batches ({s['max_tokens']} output tokens a request, "
+              f"T={s['temperature']:g}, {s['repeats']} generations a cell) with speculation at synthetic "
+              "per-token acceptance a (position i accepted at a^i), over the baseline's at the same batch size; the mean, with its 95% interval.", "",
+              "## Break-even acceptance per batch size", "",
+              "| batch | baseline tok/s | " + " | ".join(f"K={k}" for k in grid["ks"])
+              + (" | best K |" if len(grid["ks"]) > 1 else " |"),
+              "|---:|---:|" + "---|" * (len(grid["ks"]) + (1 if len(grid["ks"]) > 1 else 0))]
+    for b in grid["batches"]:
+        points = grid["break_even"][str(b)]
+        row = [describe_point(points[f"k{k}"]) for k in grid["ks"]]
+        if len(grid["ks"]) > 1:
+            row.append(describe_point(points["best"]))
+        lines.append(f"| {b} | {grid['baseline'][str(b)]['tokens_per_s']:.0f} | " + " | ".join(row) + " |")
+    lines += ["", "## Speedup per cell", "",
+              "| batch | a | " + " | ".join(f"K={k}" for k in grid["ks"]) + " | engine-counted acceptance (largest K) |"
+              + (" best K |" if len(grid["ks"]) > 1 else ""),
+              "|---:|---:|" + "---:|" * len(grid["ks"]) + "---|" + ("---:|" if len(grid["ks"]) > 1 else "")]
+    for b in grid["batches"]:
+        for i, a in enumerate(grid["acceptance"]):
+            cells = [grid["cells"][str(b)][f"k{k}"][i] for k in grid["ks"]]
+            counted = " ".join(f"{p:.2f}" for p in cells[-1]["per_position"] if p is not None)
+            asked = " ".join(f"{p:.2f}" for p in rates_for(a, grid["ks"][-1]))
+            row = f"| {b} | {a:g} | " + " | ".join(_cell(c) for c in cells) + f" | {counted} (asked {asked}) |"
+            if len(grid["ks"]) > 1:
+                row += f" {grid['best'][str(b)][i]['k']} |"
+            lines.append(row)
+    if grid["k0"]:
+        lines += ["", "K=0 (the speculative engine told to draft nothing; no acceptance involved): "
+                  + ", ".join(f"batch {b}: {_cell(c)}" for b, c in grid["k0"].items())]
+    schedule = result.get("schedule")
+    if schedule:
+        chosen = ", ".join(f"batch {lo}-{hi}: K={k}" for lo, hi, k in schedule["schedule"])
+        lines += ["", "## Schedule at the deployment's acceptance", "",
+                  f"{chosen}; written to `{schedule['output']}` (the input config with `speculation.schedule`, as "
+                  "`make tune` writes it; `make tune` then measures the real acceptance and proves it with load "
+                  "tests)."]
+    lines += bullet_sections(result, {"notes": "Notes:"})
+    return "\n".join(lines) + "\n"
+
+
+def _cell(cell: dict[str, Any]) -> str:
+    if cell.get("low") is None:
+        return f"{cell['mean']:.2f}x"
+    return f"{cell['mean']:.2f}x [{cell['low']:.2f}-{cell['high']:.2f}]"
+
+
+def _finish(result: dict[str, Any], out: Path) -> dict[str, Any]:
+    return write_result(out, "paymap", result, describe(result))
+
