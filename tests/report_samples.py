@@ -72,7 +72,7 @@ def interrupted_sweep() -> dict[str, Any]:
     return results
 
 
-def rates(repeat: int = 2) -> dict[str, Any]:
+def rates(repeat: int = 3) -> dict[str, Any]:
     """Open loop at 1, 2, 4 req/s: speculation's per-token speedup falls with the rate."""
     from test_report import _level
 
@@ -136,7 +136,7 @@ def soak() -> dict[str, Any]:
 
 def write_all(out: Path) -> dict[str, Path]:
     """Every sample's report.html under `out` (one folder each)."""
-    from loadtest import capacity_report
+    from loadtest import capacity_report, compare
     from loadtest.report import write_report
     from tuning import soak_report
 
@@ -146,6 +146,13 @@ def write_all(out: Path) -> dict[str, Path]:
         pages[name] = write_report(copy.deepcopy(results), out / name)["html"]
     pages["capacity"] = capacity_report.write(capacity(out / "capacity"), out / "capacity")["html"]
     pages["soak"] = soak_report.write(soak(), out / "soak")["html"]
+    greedy = sweep(flagged=False)
+    greedy["settings"]["temperature"], greedy["machine"]["commit"] = 0.0, "abc1234"
+    for lv in greedy["variants"][0]["levels"]:
+        lv["client"]["output_tokens_per_s"] *= 1.15
+    write_report(greedy, out / "greedy")
+    files, _ = compare.compare([out / "sweep", out / "greedy"], out / "compare", allow_different=True)
+    pages["compare"] = files["html"]
     return pages
 
 
