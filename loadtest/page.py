@@ -87,16 +87,16 @@ class Page:
 COMPACT_OVER = 6
 
 
-def method_link(anchor: str, out: Path | None = None) -> str:
-    """A Markdown link to docs/load-tests.md#anchor, relative to the report folder `out` (so it
-    works from a checkout), with the file's name in the text for a report read elsewhere."""
-    target = METHOD_DOC.as_posix()
+def method_link(anchor: str, out: Path | None = None, doc: Path = METHOD_DOC) -> str:
+    """A Markdown link to docs/<doc>#anchor, relative to the report folder `out` (so it works from
+    a checkout), with the file's name in the text for a report read elsewhere."""
+    target = doc.as_posix()
     if out is not None:
         try:
-            target = Path(_relpath(METHOD_DOC, out.resolve())).as_posix()
+            target = Path(_relpath(doc, out.resolve())).as_posix()
         except ValueError:
             pass
-    return f"[docs/load-tests.md#{anchor}]({target}#{anchor})"
+    return f"[docs/{doc.name}#{anchor}]({target}#{anchor})"
 
 
 def _relpath(path: Path, start: Path) -> str:

@@ -75,6 +75,7 @@ def lead(results: dict[str, Any]) -> str:
         failed = sorted({v["name"] for v, lv in _all_levels(results) if lv.get("status") in ("failed", "skipped")}
                         | {v["name"] for v in variants if v.get("status") == "failed"})
         parts.append(f"Incomplete: {counted}; failed: {', '.join(failed)}")
+        missing = [n for n in missing if n not in failed]
     if parts:
         if missing:
             parts.append(f"not measured: {', '.join(missing)}")

@@ -25,7 +25,7 @@ from typing import Any
 from loadtest import page
 from loadtest.client import RequestRecord
 from loadtest.files import write_atomic, write_json
-from loadtest.page import Badge, Line, Page, Section, method_link
+from loadtest.page import METHOD_DOC, Badge, Line, Page, Section, method_link
 from loadtest.stats import percentile
 
 GIB = 2**30
@@ -285,7 +285,7 @@ def _drafter_body(r: dict[str, Any], window: int, plots: dict[str, str]) -> str:
     if r.get("error"):
         return f"Failed: {r['error']}"
     v = r["verdict"]
-    lines = [f"{verdict_line(r['drafter'], r)}", "",
+    lines = [f"- {verdict_line(r['drafter'], r)}", "",
              f"Rate {r['rate']:.2f} requests/s ({r['rate_source']}); server start {r['startup_s']:.0f} s; "
              f"the run took {r['run_s'] / 60:.1f} min; {v['requests']} requests, {v['failed']} failed; "
              f"{r['processes']} processes in the server's tree."
@@ -411,7 +411,7 @@ def first_page(soak: dict[str, Any], plots: dict[str, str], summary: str | None,
              f"{meta['max_tokens']} output tokens, workload `{meta['workload']}`, temperature {meta['temperature']:g}; "
              f"{meta['rate_rule']}; the last {meta['window']} requests judged against the first {meta['window']}, "
              f"within {100 * meta['tolerance']:g}%. {meta['machine']}; {meta['date']}. Method: "
-             f"{method_link('a-soak-make-soak', out)}.")
+             f"{method_link('long-runs-make-soak', out, METHOD_DOC.parent / 'drafters.md')}.")
     sections = [Section(slug(r["drafter"]), r["drafter"], _drafter_body(r, meta["window"], plots)) for r in drafters]
     sections.append(Section("method", "How the soak ran", _method(meta)))
     return Page(title="Soak: each drafter on the embedded default", lines=[_line(r, meta["tolerance"]) for r in drafters],
