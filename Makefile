@@ -58,7 +58,7 @@ loadtest: $(STAMP)
 ## make compare [REPORT=reports/...]
 ##     the batch-1 vs batch-32 table of the report in folder REPORT (default: the newest)
 ## make compare REPORTS='reports/a reports/b ...' [ALLOW_DIFFERENT=1]
-##     two or more reports side by side: a table and an overlaid speedup plot (reports/compare-<time>/compare.html),
+##     the reports in REPORTS (two or more) side by side: a table and an overlaid speedup plot (reports/compare-<time>/compare.html),
 ##     saying what differs (machine, vLLM, commit, config); reports whose workload, temperature or output length
 ##     differ are refused unless ALLOW_DIFFERENT=1
 ##     exit status of make loadtest, capacity and compare: 0 every level measured (flags shown in the report);

@@ -258,7 +258,8 @@ def _lines(result: dict[str, Any]) -> list[Line]:
             word = ("raises capacity" if b > a else "lowers capacity" if b < a else "leaves capacity unchanged")
             tone = "good" if b > a else "bad" if b < a else "even"
             lines.append(Line("capacity", f"speculation {word}" + (f" {100 * change:+.0f}%" if b != a else ""),
-                              f"baseline {cap._capacity_text(base)} → speculation {cap._capacity_text(mine)} req/s"
+                              f"baseline {cap._capacity_text(base)} → speculation {cap._capacity_text(mine)} req/s "
+                              f"at {cap.describe_targets(result['slo'])}"
                               + "".join(" (revised)" for c in (base, mine) if c.get("status") == "revised"), tone))
         else:
             lines.append(Line("capacity", "no capacity to compare",
@@ -306,15 +307,19 @@ def badges(result: dict[str, Any]) -> list[Badge]:
         if c.get("status") == "revised":
             out.append(Badge("REVISED", f"{v}: capacity {cap._rate(c['was'])} → {cap._capacity_text(c)} req/s: "
                              f"a run at {c['missed'][0]['rate']:g} req/s missed", "levels"))
+    off: dict[str, list[str]] = {}  # a figure the benchmark disagrees on: where
     for r in result.get("second_opinion") or []:
+        where = f"{r['rate']:g} req/s {r['variant']}"
         for key, name in SECOND_OPINION_FIGURES:
             f = r["figures"].get(key) or {}
             if f.get("agrees") is False:
-                out.append(Badge("FLAG", f"{r['rate']:g} req/s {r['variant']}: vLLM bench {name} differs"
-                                 + (f" {100 * f['difference']:+.1f}%" if f.get("difference") is not None else ""),
-                                 "second-opinion"))
+                off.setdefault(name, []).append(where + (f" {100 * f['difference']:+.1f}%" if f.get("difference")
+                                                         is not None else ""))
         if r.get("error"):
-            out.append(Badge("FLAG", f"{r['rate']:g} req/s {r['variant']}: vLLM bench failed", "second-opinion"))
+            out.append(Badge("FLAG", f"{where}: vLLM bench failed", "second-opinion"))
+    for name, wheres in off.items():
+        out.append(Badge("FLAG", f"vLLM bench {name} differs from Locust: " + (
+            wheres[0] if len(wheres) == 1 else f"{len(wheres)} runs ({wheres[0]}, ...)"), "second-opinion"))
     for v, o in (result.get("overload") or {}).items():
         for problem in o.get("problems") or []:
             out.append(Badge("OVERLOAD", f"{v}: {problem}"[:90], "overload"))

@@ -391,11 +391,15 @@ def _cell(key: str, value: Any) -> str:
 
 def compare_table(results: dict[str, Any], concurrencies: list[int] | None = None) -> str:
     """Plain-text table for the terminal."""
+    from loadtest.sweep_summary import lead
+
+    said = lead(results)  # what the run is, where it is not a complete measurement: before any verdict
     if any(True for _ in rate_levels(results)):
-        return _rate_table_text(results)
+        return "\n".join([said] if said else []) + ("\n" if said else "") + _rate_table_text(results)
     rows = compare_rows(results, concurrencies)
-    top = [line for line in headline(results) if not concurrencies or not line.startswith("batch ")
-           or int(line.split(",")[0].removeprefix("batch ")) in concurrencies]
+    top = ([said] if said else []) + [line for line in headline(results) if not concurrencies
+                                      or not line.startswith("batch ")
+                                      or int(line.split(",")[0].removeprefix("batch ")) in concurrencies]
     header = [title for _, title in COMPARE_COLUMNS]
     body = [[_cell(k, r[k]) for k, _ in COMPARE_COLUMNS] for r in rows]
     widths = [max(len(h), *(len(b[i]) for b in body)) if body else len(h) for i, h in enumerate(header)]
@@ -738,9 +742,10 @@ def _finish_answer(ax: Any, xs: list[float], xlabel: str, title: str) -> None:
     ax.set_xticks(xs)
     ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
     ax.xaxis.set_minor_locator(NullLocator())
-    ax.set_xlim(min(xs) / 1.6, max(xs) * 1.6)  # room for the labels beside the end points
+    ax.set_xlim(min(xs) / 1.6, max(xs) * 2.4)  # room for the label beside the last point
     low, high = ax.get_ylim()
-    ax.set_ylim(min(low, 0.8), max(high, 1.2))
+    low, high = min(low, 0.8), max(high, 1.2)
+    ax.set_ylim(low, high + 0.08 * (high - low))  # headroom: the top point's label stays off the title
     ax.set_xlabel(xlabel, fontsize=11)
     ax.set_ylabel("speedup (x the baseline)", fontsize=11)
     ax.set_title(title, fontsize=12)
@@ -771,8 +776,10 @@ def speedup_figure(plt: Any, speed: list[dict[str, Any]], concurrencies: list[in
                 for x, m in zip(xs, ms):
                     ax.annotate(f"{m:.2f}x", (x, m), textcoords="offset points", xytext=(8, 6), fontsize=10,
                                 color=f"C{j}", fontweight="bold")
+    intervals = any((e.get("speedup") or {}).get("low") is not None for e in speed)
     _finish_answer(ax, concurrencies or sorted({e["concurrency"] for e in speed}), "batch size (concurrent requests)",
-                   "Speedup of speculation over the baseline (95% intervals)")
+                   "Speedup of speculation over the baseline " + ("(95% intervals)" if intervals else
+                                                                  "(one run: no interval)"))
     return fig
 
 

@@ -30,6 +30,8 @@ addEventListener('load', () => {
     verdicts: [...document.querySelectorAll('[data-verdict]')].map(e => ({text: e.innerText, ...box(e)})),
     answer: [...document.querySelectorAll('img[data-answer]')].map(box),
     lead: [...document.querySelectorAll('[data-lead]')].map(e => ({text: e.innerText, ...box(e)})),
+    badges: [...document.querySelectorAll('a.badge')].map(a => ({target: a.hash,
+                                                                found: !!document.getElementById(a.hash.slice(1))})),
     images: [...document.querySelectorAll('img')].map(i => ({loaded: i.complete && i.naturalWidth > 0,
                                                             alt: i.alt}))}) + 'END';
 });
@@ -70,12 +72,14 @@ def first_screen_holds_the_answer(layout: dict, page: Path, verdicts: int, pictu
         [answer] = layout["answer"]
         assert answer["bottom"] <= FIRST_SCREEN and answer["right"] <= WIDTH and answer["bottom"] - answer["top"] > 200, \
             (page, answer)
+    assert all(b["found"] for b in layout["badges"]), (page, layout["badges"])  # each badge leads to its detail
     broken = [i["alt"] for i in layout["images"] if not i["loaded"]]
     assert layout["images"] and not broken, (page, broken)
 
 
 @pytest.fixture(scope="module")
 def pages(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    chromium()  # says it cannot run before building anything
     return report_samples.write_all(tmp_path_factory.mktemp("reports"))
 
 
@@ -86,6 +90,7 @@ def test_a_sweep_report_shows_its_verdicts_and_speedup_picture_first(pages, tmp_
     assert layout["verdicts"][0]["text"].startswith("batch 1: speculation pays")
     assert "1.90x (95% 1.71-2.09)" in layout["verdicts"][0]["text"]
     assert not layout["lead"]  # a complete run of three repeats needs no lead
+    assert [b["target"] for b in layout["badges"]] == ["#second-opinion"]  # the flagged run's badge
     # One repeat: the first screen says that no interval can be given, above the verdicts.
     one = render(pages["sweep-one-run"], browser, tmp_path)
     first_screen_holds_the_answer(one, pages["sweep-one-run"], verdicts=3)
