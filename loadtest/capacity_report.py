@@ -273,8 +273,7 @@ def _lines(result: dict[str, Any]) -> list[Line]:
         m = row["speedup"]
         if m["mean"] is None:
             continue
-        word = ("pays" if (m["low"] or m["mean"]) > 1 else "does not pay" if (m["high"] or m["mean"]) < 1
-                else "breaks even") if m["low"] is not None else ("pays" if m["mean"] > 1 else "does not pay")
+        word = sweep_summary.verdict_rule(m)
         spread = f" (95% {m['low']:.2f}-{m['high']:.2f})" if m["low"] is not None else ""
         figures = [f"{m['mean']:.2f}x per token{spread}"]
         if row["e2e_speedup"]["mean"] is not None:

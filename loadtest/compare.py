@@ -18,6 +18,7 @@ from loadtest import page, stats
 from loadtest.files import write_atomic
 from loadtest.page import Badge, Line, Page, Section
 from loadtest.report import _md_table, derive_rates, embedded, load_results, summarize_speedups
+from loadtest.sweep_summary import verdict_rule
 
 MUST_MATCH = {"workload": "workload", "temperature": "temperature", "max_tokens": "output length (max_tokens)",
               "fixed_length": "fixed output length"}
@@ -102,15 +103,9 @@ def rows(runs: list[tuple[str, dict[str, Any]]]) -> list[dict[str, Any]]:
             m = stats.mean_interval([r["tpot_p50_speedup"] for r in group])
             accepts = [r["acceptance"] for r in group if r.get("acceptance") is not None]
             out.append({"level": rate, "unit": "req/s", "variant": variant, "report": name, "speedup": m,
-                        "verdict": _rule(m), "acceptance": sum(accepts) / len(accepts) if accepts else None,
+                        "verdict": verdict_rule(m), "acceptance": sum(accepts) / len(accepts) if accepts else None,
                         "runs": len(group)})
     return sorted(out, key=lambda r: (r["unit"], r["level"], r["variant"], [n for n, _ in runs].index(r["report"])))
-
-
-def _rule(m: dict[str, Any]) -> str:
-    from loadtest.sweep_summary import _rule as rule
-
-    return rule(m)
 
 
 def _speed(m: dict[str, Any]) -> str:
@@ -136,7 +131,7 @@ def table_text(table: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def plot(table: list[dict[str, Any]], names: list[str], path: Path) -> Path | None:
+def plot(table: list[dict[str, Any]], path: Path) -> Path | None:
     """Every report's speedup by level on one axis, each with its 95% interval, the 1.0 line."""
     pts = [r for r in table if r["speedup"].get("mean") is not None]
     if not pts:
@@ -190,7 +185,7 @@ def compare(folders: list[Path], out: Path, allow_different: bool = False) -> tu
                            "(make compare ... ALLOW_DIFFERENT=1)")
     table = rows(runs)
     out.mkdir(parents=True, exist_ok=True)
-    picture = plot(table, [n for n, _ in runs], out / "compare-speedup.png")
+    picture = plot(table, out / "compare-speedup.png")
     sources = embedded([picture]) if picture else {}
     first = _page(runs, table, refusing, said, picture, folders)
     files = {"markdown": write_atomic(out / "compare.md", page.markdown(first)),

@@ -10,6 +10,7 @@ evidence in sections that open on click (plain `<details>`). `markdown` writes i
 from __future__ import annotations
 
 import html as html_lib
+import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -93,16 +94,10 @@ def method_link(anchor: str, out: Path | None = None, doc: Path = METHOD_DOC) ->
     target = doc.as_posix()
     if out is not None:
         try:
-            target = Path(_relpath(doc, out.resolve())).as_posix()
+            target = Path(os.path.relpath(doc, out.resolve())).as_posix()
         except ValueError:
             pass
     return f"[docs/{doc.name}#{anchor}]({target}#{anchor})"
-
-
-def _relpath(path: Path, start: Path) -> str:
-    import os
-
-    return os.path.relpath(path, start)
 
 
 # ---------------------------------------------------------------------------------- Markdown

@@ -129,7 +129,8 @@ def verdict_lines(results: dict[str, Any]) -> list[Line]:
         figures.append(_content_word(e.get("content")))
         speed = e.get("speedup") or {}
         if speed.get("mean") is None:
-            lines.append(Line(level, "no comparison", "; ".join([f"the baseline was not measured at batch {e['concurrency']}", *figures])))
+            lines.append(Line(level, "no comparison",
+                              " · ".join([f"the baseline was not measured at batch {e['concurrency']}", *figures])))
             continue
         word, tone = _tone_of(e["verdict"])
         runs = f"{e['runs']} run{'s' if e['runs'] != 1 else ''}"
@@ -160,18 +161,19 @@ def _rate_lines(results: dict[str, Any]) -> list[Line]:
         figures += [_content_word(content.merge(contents.get((variant, rate), []))), f"{served}/{total} served"]
         per_token = stats.mean_interval([r["tpot_p50_speedup"] for r in group if r.get("tpot_p50_speedup")])
         if per_token["mean"] is None:
-            lines.append(Line(level, "no comparison", "; ".join(["baseline not measured at this rate", *figures])))
+            lines.append(Line(level, "no comparison", " · ".join(["the baseline was not measured at this rate", *figures])))
             continue
         e2e = stats.mean_interval([r["e2e_mean_speedup"] for r in group if r.get("e2e_mean_speedup")])
-        word, tone = _tone_of(_rule(per_token))
+        word, tone = _tone_of(verdict_rule(per_token))
         speeds = [f"{_interval(per_token)} per token"] + ([f"{e2e['mean']:.2f}x end to end"] if e2e["mean"] else [])
         runs = f"{len(group)} run{'s' if len(group) != 1 else ''}"
         lines.append(Line(level, word, " · ".join([*speeds, *figures, runs]), tone))
     return lines
 
 
-def _rule(m: dict[str, Any]) -> str:
-    """The verdict rule of `report.verdict` on one interval."""
+def verdict_rule(m: dict[str, Any]) -> str:
+    """The verdict rule of `report.verdict` on one interval (`stats.mean_interval`): pays, does not pay,
+    breaks even."""
     if m.get("low") is not None and m["low"] > 1:
         return "pays"
     if m.get("high") is not None and m["high"] < 1:
