@@ -614,6 +614,8 @@ class Capacity:
             points = paired_speedups(self.result["levels"], self.spec)
             self.result["speedups"] = points
             self.result["crossover"] = {**crossover(points), "e2e": crossover(points, "e2e_speedup")}
+        # Capacities a later run at a lower rate contradicts (`revised`): for programs, as the headline says them.
+        self.result["revised"] = {v: r for v in self.result["capacity"] if (r := revised(self.result, v))}
         if self.result["status"] == "running" or self.result["status"] in ("ok", "flagged"):
             self.result["status"] = self._status()
 
@@ -621,7 +623,7 @@ class Capacity:
         caps = self.result["capacity"].values()
         if any(c["status"] == "stopped" for c in caps):
             return "failed"
-        flagged = self.result["problems"] or any(
+        flagged = self.result["problems"] or self.result.get("revised") or any(
             r.get("agrees") is False or r.get("error") for r in self.result["second_opinion"]) or any(
             o.get("problems") for o in self.result["overload"].values())
         return "flagged" if flagged else "ok"
@@ -702,7 +704,8 @@ class Capacity:
 
     def _overload(self) -> None:
         for v in self.levels.variants:
-            cap = self.result["capacity"][v]["capacity"]
+            # Twice the capacity every run allows: the search's, or the revised one (`revised`).
+            cap = (revised(self.result, v) or self.result["capacity"][v])["capacity"]
             if cap is None or self.searches[v].stopped:
                 self.result["overload"][v] = {"skipped": "no capacity found" if cap is None
                                               else self.searches[v].stopped}

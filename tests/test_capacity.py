@@ -340,6 +340,25 @@ def test_a_capacity_that_a_later_lower_rate_run_contradicts_is_revised_in_the_he
     assert [b.text for b in badges] == ["spec-k4: capacity 8 → 4 req/s: a run at 6.4 req/s missed"]
 
 
+def test_a_second_opinion_that_misses_the_targets_revises_the_capacity_the_overload_uses(tmp_path: Path) -> None:
+    class Contradicted(FakeLevels):
+        def measure(self, variant: str, rate: float, repeat: int, **options) -> dict:
+            level = super().measure(variant, rate, repeat, **options)
+            if variant == "spec-k4" and options.get("vllm_bench") and rate > 1:  # 80% of the smaller capacity
+                level["client"]["ttft_ms"] = _dist(900)
+                level["slo"] = {"met": False, "targets": {"ttft_p95": {"bound_ms": 500, "value_ms": 900, "met": False}}}
+            return level
+
+    levels = Contradicted({"spec-k4": 3.1, "baseline": 1.3})
+    result = Capacity(levels, CapacitySettings(SLO, overload_s=5), tmp_path).run()
+    assert set(result["revised"]) == {"spec-k4"} and result["revised"]["spec-k4"]["capacity"] == 1.0
+    assert result["status"] == "flagged" and capacity_report.exit_code(result) == 0
+    assert "speculation's capacity revised from 3.08 to 1 req/s: a run at 1.04 req/s (second opinion) missed" \
+        in "\n".join(headline(result))
+    # The overload runs at twice the capacity that stands.
+    assert {(v, r) for v, r, n, b, d in levels.calls if d} == {("spec-k4", 2.0), ("baseline", 2.6)}
+
+
 def test_overload_counts_requests_without_an_outcome() -> None:
     level = {**synthetic_level("baseline", 2.0, 1, 10), "variant": "baseline"}
     level["open_loop"]["sent"] = 10  # 8 ended, 2 vanished
