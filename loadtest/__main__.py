@@ -161,7 +161,7 @@ def cmd_run(opts: argparse.Namespace) -> int:
     files = write_report(results, sweep.out)
     if not results["variants"]:  # nothing was measured: the reason is the whole story
         print(f"error: {'; '.join(results['problems'])}", file=sys.stderr)
-        return 2
+        return exit_code(results)  # 130 when interrupted, else 2
     print()
     print(compare_table(results))
     print(f"\nstatus: {results['status']}" + (f" ({'; '.join(results['problems'])})" if results["problems"] else ""))
