@@ -239,8 +239,8 @@ def badges(results: dict[str, Any]) -> list[Badge]:
             out.append(Badge("CONTENT", _short(line.replace(": CONTENT:", ":")), "content"))
         if "say the opposite" in entry.get("verdict", ""):
             said = entry["verdict"].split("; but ", 1)[1].split(" say the opposite")[0]
-            out.append(Badge("DISAGREE", _short(f"batch {entry['concurrency']} {entry['variant']}: {said} "
-                                                "point the other way"), "second-opinion"))
+            out.append(Badge("DISAGREE", _short(f"batch {entry['concurrency']} {entry['variant']}: Locust's verdict "
+                                                f"contradicted by {said}"), "second-opinion"))
     for entry in vllm_bench.systematic_by_level(results):
         runs = max(entry[key]["runs"] for key in vllm_bench.AGREEMENT)
         if entry["agrees"] is False and runs > 1:  # over one run: the FLAG of that run says it
