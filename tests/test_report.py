@@ -258,6 +258,11 @@ def test_a_flag_is_a_badge_that_links_to_its_detail(tmp_path):
     badges = {(b.label, b.target): b.text for b in ss.badges(results)}
     assert badges[("FLAG", "second-opinion")] == "batch 1 baseline run 1: vLLM bench TTFT differs +14.7%"
     assert badges[("UNTRUSTED", "trust")] == "batch 1 baseline run 1: client tokens vs server counter 7.0% apart"
+    # Locust says slower, the engine's clock says faster: the verdict carries a DISAGREE badge.
+    results["variants"][0]["levels"][0]["client"]["output_tokens_per_s"] = 50.0
+    badges = {(b.label, b.target): b.text for b in ss.badges(results)}
+    assert badges[("DISAGREE", "second-opinion")] == ("batch 1 spec-k4: Locust's verdict contradicted by per token on "
+                                                      "the engine's clock")
 
 
 def test_markdown_table_cells_keep_backslashes_and_pipes():
