@@ -788,6 +788,7 @@ def rate_speedup_figure(plt: Any, rows: list[dict[str, Any]]) -> Any:
     fig, ax = _answer_axes(plt)
     spec = [r for r in rows if r["variant"] != "baseline"]
     names = list(dict.fromkeys(r["variant"] for r in spec))
+    intervals = False
     for j, name in enumerate(names):
         for key, fmt, label in (("tpot_p50_speedup", "o-", "per token (TPOT p50)"),
                                 ("e2e_mean_speedup", "d--", "end to end (mean)")):
@@ -798,12 +799,13 @@ def rate_speedup_figure(plt: Any, rows: list[dict[str, Any]]) -> Any:
             if not by_rate:
                 continue
             ms = [(rate, stats.mean_interval(v)) for rate, v in sorted(by_rate.items())]
+            intervals = intervals or any(m.get("low") is not None for _, m in ms)
             err = [[m["mean"] - m["low"] if m.get("low") is not None else 0 for _, m in ms],
                    [m["high"] - m["mean"] if m.get("high") is not None else 0 for _, m in ms]]
             ax.errorbar([r for r, _ in ms], [m["mean"] for _, m in ms], yerr=err, fmt=fmt, color=f"C{j}", capsize=4,
                         lw=2 if key == "tpot_p50_speedup" else 1, label=(f"{name}: " if len(names) > 1 else "") + label)
     _finish_answer(ax, sorted({r["rate"] for r in rows}), "arrival rate, req/s (Poisson, open loop)",
-                   "Speedup a user sees, same arrivals (95% intervals)")
+                   "Speedup a user sees, same arrivals " + ("(95% intervals)" if intervals else "(one run: no interval)"))
     return fig
 
 
