@@ -57,8 +57,16 @@ loadtest: $(STAMP)
 
 ## make compare [REPORT=reports/...]
 ##     the batch-1 vs batch-32 table of the report in folder REPORT (default: the newest)
+## make compare REPORTS='reports/a reports/b ...' [ALLOW_DIFFERENT=1]
+##     the reports in REPORTS (two or more) side by side: a table and an overlaid speedup plot (reports/compare-<time>/compare.html),
+##     saying what differs (machine, vLLM, commit, config); reports whose workload, temperature or output length
+##     differ are refused unless ALLOW_DIFFERENT=1
+##     exit status of make loadtest, capacity and compare: 0 every level measured (flags shown in the report);
+##     2 bad input or nothing measured (compare: reports refused); 3 a level or variant could not be measured;
+##     4 a run's token count disagrees with the server's counter (not to be trusted); 130 interrupted;
+##     of make soak: 0 every drafter within the tolerance, 1 one drifts or failed requests, 3 one not measured
 compare: $(STAMP)
-	$(PY) -m loadtest compare $(REPORT)
+	$(PY) -m loadtest compare $(or $(REPORTS),$(REPORT)) $(if $(ALLOW_DIFFERENT),--allow-different)
 
 # The request rate each variant sustains within the service targets (open-loop Poisson arrivals).
 ## make capacity [CONFIG=...] [SET=...] [NO_SPEC=1] SLO=ttft_p95=500ms,tpot_p95=50ms [WORKERS=N] [CAPACITY_ARGS='--max-rate 8']

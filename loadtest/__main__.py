@@ -1,4 +1,4 @@
-"""Command line: `python -m loadtest run CONFIG ...` and `python -m loadtest compare [REPORT]`.
+"""Command line: `python -m loadtest run CONFIG ...` and `python -m loadtest compare [REPORT ...]`.
 
     python -m loadtest run default.yaml --users 1,32                 # spec vs baseline, batch 1 and 32
     python -m loadtest run default.yaml --users 1,8,32 --k 2,8       # plus K=2 and K=8 variants
@@ -9,6 +9,7 @@
     python -m loadtest run --url http://gpu1:8000 --baseline-url http://gpu1:8001 --slo ttft_p95=500ms
                                                                      # servers already running elsewhere
     python -m loadtest compare                                       # table of the newest report
+    python -m loadtest compare reports/a reports/b                   # reports side by side (compare.html)
     python -m loadtest capacity default.yaml --slo ttft_p95=500ms,tpot_p95=50ms
                                                                      # highest request rate within the targets
 """
@@ -32,6 +33,7 @@ from loadtest.report import compare_table, load_results, newest_report, write_re
 from loadtest.request_settings import RequestSettings
 from loadtest.runner import Sweep, SweepSettings
 from loadtest.slo import parse_targets
+from loadtest.sweep_summary import exit_code
 
 
 def _slo(text: str) -> str:
@@ -103,9 +105,14 @@ def build_parser() -> argparse.ArgumentParser:
                         help="variable holding the servers' API key (default: the config's server.api_key_env)")
     run.add_argument("--out", type=Path, default=None, help="report folder (default: reports/<config>-<time>)")
 
-    cmp = sub.add_parser("compare", help="print the batch comparison table of a report")
-    cmp.add_argument("report", nargs="?", type=Path, default=None,
-                     help="report folder or results.json (default: the newest under reports/)")
+    cmp = sub.add_parser("compare", help="print the batch comparison table of a report, or put several side by side")
+    cmp.add_argument("report", nargs="*", type=Path, default=[],
+                     help="report folder or results.json (default: the newest under reports/); two or more: side by "
+                          "side (a table, an overlaid speedup plot, compare.md and compare.html)")
+    cmp.add_argument("--allow-different", action="store_true",
+                     help="compare reports whose workload, temperature or output length differ (refused otherwise)")
+    cmp.add_argument("--out", type=Path, default=None,
+                     help="with several reports: folder for compare.md/html (default: reports/compare-<time>)")
     cmp.add_argument("--users", type=int_list, default=None,
                      help="concurrency levels to show (default: all in the report)")
     capacity_cli.add_parser(sub, _slo)
@@ -154,7 +161,7 @@ def cmd_run(opts: argparse.Namespace) -> int:
     files = write_report(results, sweep.out)
     if not results["variants"]:  # nothing was measured: the reason is the whole story
         print(f"error: {'; '.join(results['problems'])}", file=sys.stderr)
-        return 2
+        return exit_code(results)  # 130 when interrupted, else 2
     print()
     print(compare_table(results))
     print(f"\nstatus: {results['status']}" + (f" ({'; '.join(results['problems'])})" if results["problems"] else ""))
@@ -162,7 +169,7 @@ def cmd_run(opts: argparse.Namespace) -> int:
     untested = untested_temperatures(settings, [settings.request.temperature])
     if untested:
         print(untested)
-    return exit_code(results["status"])
+    return announce(exit_code(results))
 
 
 def dry_run(settings: SweepSettings, temperatures: list[float]) -> int:
@@ -177,8 +184,12 @@ def dry_run(settings: SweepSettings, temperatures: list[float]) -> int:
     return 0 if plan.servers else 2
 
 
-def exit_code(status: str) -> int:
-    return 0 if status == "ok" else (130 if status == "interrupted" else 1)
+def announce(code: int) -> int:
+    """Print what the exit status means (the words and the status must agree), return it."""
+    from loadtest.sweep_summary import EXIT_CODES
+
+    print(f"exit {code}: {EXIT_CODES.get(code, '')}")
+    return code
 
 
 def untested_temperatures(settings: SweepSettings, measured: list[float]) -> str:
@@ -216,8 +227,8 @@ def run_temperatures_cli(settings: SweepSettings, temperatures: list[float]) -> 
     print(f"report: {out / 'temperature.md'} (each temperature's own report beside it)")
     if untested := untested_temperatures(settings, temperatures):
         print(untested)
-    worst = next((s for s in ("failed", "flagged") if s in statuses.values()), "ok")
-    return exit_code(worst)
+    codes = [exit_code(r) for r in runs]
+    return announce(max(codes, key=lambda c: (c != 0, c)))
 
 
 def cmd_rejudge(opts: argparse.Namespace) -> int:
@@ -232,7 +243,9 @@ def cmd_rejudge(opts: argparse.Namespace) -> int:
 
 
 def cmd_compare(opts: argparse.Namespace) -> int:
-    report = opts.report or newest_report()
+    if len(opts.report) > 1:
+        return compare_several(opts.report, opts.out, opts.allow_different)
+    report = opts.report[0] if opts.report else newest_report()
     if report is None:
         print("no report found under reports/; run `make loadtest` first or give a report folder", file=sys.stderr)
         return 1
@@ -254,6 +267,23 @@ def cmd_compare(opts: argparse.Namespace) -> int:
     print(compare_table(results, opts.users))
     if results.get("problems"):
         print("\nproblems: " + "; ".join(results["problems"]))
+    return 0
+
+
+def compare_several(reports: list[Path], out: Path | None, allow_different: bool) -> int:
+    """Reports side by side; 2 when one cannot be read or they measured different work."""
+    from loadtest import compare
+
+    try:
+        files, text = compare.compare(reports, out or compare.default_out(), allow_different)
+    except compare.Incomparable as exc:
+        print(f"refusing to compare: {exc}", file=sys.stderr)
+        return 2
+    except (OSError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(text)
+    print(f"\nreport: {files['markdown']}  {files['html']}")
     return 0
 
 

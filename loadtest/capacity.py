@@ -354,21 +354,84 @@ def content_warnings(result: dict[str, Any]) -> list[str]:
     return lines
 
 
+def contradictions(result: dict[str, Any], variant: str) -> list[dict[str, Any]]:
+    """Runs of `variant` at or below its capacity that were measured (served, not broken off) and
+    missed the targets: a later run (the second opinion's, a scan's) that the search's capacity
+    does not survive."""
+    c = (result.get("capacity") or {}).get(variant) or {}
+    cap = c.get("capacity")
+    if cap is None:
+        return []
+    return [lv for lv in result.get("levels") or [] if lv.get("variant") == variant and lv.get("phase") != "overload"
+            and lv["rate"] <= cap and not lv.get("meets_targets") and lv.get("status") not in ("failed", "skipped")
+            and (lv.get("client") or {}).get("ok")]
+
+
+def revised(result: dict[str, Any], variant: str) -> dict[str, Any] | None:
+    """The variant's capacity as every run measured allows (None: the search's stands): the highest
+    rate below the lowest contradicting run's at which every run met the targets, with `was` (the
+    search's capacity) and `missed` (the contradicting runs: rate, phase, why)."""
+    missed = contradictions(result, variant)
+    if not missed:
+        return None
+    c = result["capacity"][variant]
+    low = min(lv["rate"] for lv in missed)
+    passing: dict[float, bool] = {}
+    for lv in result.get("levels") or []:
+        if lv.get("variant") == variant and lv.get("phase") != "overload" and lv["rate"] < low:
+            passing[lv["rate"]] = passing.get(lv["rate"], True) and bool(lv.get("meets_targets"))
+    ok = [r for r, met in passing.items() if met]
+    new = max(ok) if ok else None
+    return {**c, "capacity": new, "interval": [new, low], "status": "revised", "was": c["capacity"],
+            "lowest_tried": min(passing, default=low),
+            "missed": [{"rate": lv["rate"], "phase": lv.get("phase"), "why": lv.get("why", "")} for lv in missed]}
+
+
+def measured_variants(result: dict[str, Any]) -> set[str]:
+    """Variants with at least one run that served requests (without `levels`, a summary of
+    capacities only: each variant with a capacity entry)."""
+    if "levels" not in result:
+        return set(result.get("capacity") or {})
+    return {lv["variant"] for lv in result["levels"] if (lv.get("client") or {}).get("ok")}
+
+
+def effective_capacity(result: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Each measured variant's capacity, revised where a later run contradicts it (`revised`)."""
+    seen = measured_variants(result)
+    return {v: revised(result, v) or c for v, c in (result.get("capacity") or {}).items() if v in seen}
+
+
+def revision_text(variant: str, c: dict[str, Any]) -> str:
+    missed = ", ".join(f"{m['rate']:g} req/s ({m['phase']})" for m in c["missed"])
+    return (f"{'the baseline' if variant == BASELINE else 'speculation'}'s capacity revised from {_rate(c['was'])} to "
+            f"{_capacity_text(c)} req/s: a run at {missed} missed the targets")
+
+
 def headline(result: dict[str, Any]) -> list[str]:
-    """The report's first lines: output that is no text (`content_warnings`), capacity with and
-    without speculation, then the crossover."""
-    caps, spec = result.get("capacity") or {}, result.get("spec_variant")
+    """The report's first lines: what the run is where it is incomplete, output that is no text
+    (`content_warnings`), capacity with and without speculation (revised where a later run at a
+    lower rate missed the targets), then the crossover. Only measured variants are compared."""
+    spec = result.get("spec_variant")
+    caps = effective_capacity(result)
     base = caps.get(BASELINE)
     mine = caps.get(spec) if spec else None
     targets = describe_targets(result["slo"])
     lines = content_warnings(result)
+    planned = [v for v in result.get("variants") or [] if v]
+    unmeasured = [v for v in planned if v not in caps]
+    if result.get("status") == "interrupted":
+        runs = len([lv for lv in result.get("levels") or [] if (lv.get("client") or {}).get("ok")])
+        lines.append(f"Interrupted after {runs} run{'s' if runs != 1 else ''}"
+                     + (f"; not measured: {', '.join(unmeasured)}: no comparison" if unmeasured else ""))
     if mine is None or base is None:
         only = mine or base
         who = "speculation" if only is mine else "the baseline"
-        lines.append(f"At {targets}, " + (f"{who}'s capacity is {_capacity_text(only)} req/s; no other variant to "
-                                           f"compare with" if only else "nothing was measured"))
+        missing = "the baseline" if only is mine else "speculation"
+        lines.append(f"At {targets}, " + (f"{who}'s capacity is {_capacity_text(only)} req/s; {missing} was not "
+                                           f"measured: no comparison" if only else "nothing was measured"))
     else:
         lines.append(f"At {targets}, {_capacity_change(base, mine)}")
+    lines += [revision_text(v, c) for v, c in caps.items() if c.get("status") == "revised"]
     cross = result.get("crossover") or {}
     lines.append(_crossover_text(cross, result.get("scan")))
     return lines
@@ -551,6 +614,8 @@ class Capacity:
             points = paired_speedups(self.result["levels"], self.spec)
             self.result["speedups"] = points
             self.result["crossover"] = {**crossover(points), "e2e": crossover(points, "e2e_speedup")}
+        # Capacities a later run at a lower rate contradicts (`revised`): for programs, as the headline says them.
+        self.result["revised"] = {v: r for v in self.result["capacity"] if (r := revised(self.result, v))}
         if self.result["status"] == "running" or self.result["status"] in ("ok", "flagged"):
             self.result["status"] = self._status()
 
@@ -558,7 +623,7 @@ class Capacity:
         caps = self.result["capacity"].values()
         if any(c["status"] == "stopped" for c in caps):
             return "failed"
-        flagged = self.result["problems"] or any(
+        flagged = self.result["problems"] or self.result.get("revised") or any(
             r.get("agrees") is False or r.get("error") for r in self.result["second_opinion"]) or any(
             o.get("problems") for o in self.result["overload"].values())
         return "flagged" if flagged else "ok"
@@ -639,7 +704,8 @@ class Capacity:
 
     def _overload(self) -> None:
         for v in self.levels.variants:
-            cap = self.result["capacity"][v]["capacity"]
+            # Twice the capacity every run allows: the search's, or the revised one (`revised`).
+            cap = (revised(self.result, v) or self.result["capacity"][v])["capacity"]
             if cap is None or self.searches[v].stopped:
                 self.result["overload"][v] = {"skipped": "no capacity found" if cap is None
                                               else self.searches[v].stopped}

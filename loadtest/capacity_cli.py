@@ -119,7 +119,7 @@ def sweep_settings(opts: argparse.Namespace) -> Any:
 def cmd_capacity(opts: argparse.Namespace) -> int:
     from loadtest import capacity_report
     from loadtest.capacity import SweepLevels
-    from loadtest.runner import Sweep
+    from loadtest.runner import Sweep, machine_info
 
     if opts.baseline_url and not opts.url:
         print("--baseline-url needs --url (the speculative server)", file=sys.stderr)
@@ -144,7 +144,7 @@ def cmd_capacity(opts: argparse.Namespace) -> int:
     signal.signal(signal.SIGHUP, on_term)
     sweep = Sweep(sweep_settings(opts))
     out = sweep.out
-    context = {"config": sweep.settings.config or sweep.settings.url,
+    context = {"config": sweep.settings.config or sweep.settings.url, "machine": machine_info(),
                "request": {"workload": sweep.settings.request.workload,
                            "max_tokens": sweep.settings.request.max_tokens,
                            "temperature": sweep.settings.request.temperature}}
@@ -168,4 +168,6 @@ def cmd_capacity(opts: argparse.Namespace) -> int:
     print("\n".join(headline(result)))
     print(f"\nstatus: {result['status']}" + (f" ({'; '.join(result['problems'])})" if result["problems"] else ""))
     print(f"report: {files['markdown']}  {files['html']}  {out / 'capacity.json'}")
-    return code or (0 if result["status"] == "ok" else 1)
+    from loadtest.__main__ import announce
+
+    return announce(capacity_report.exit_code(result))

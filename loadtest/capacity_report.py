@@ -3,16 +3,15 @@ plots: the Pareto view (latency against throughput) and the speedup against arri
 
 from __future__ import annotations
 
-import base64
-import html
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from loadtest import capacity as cap
-from loadtest import slo
+from loadtest import page, slo, stats, sweep_summary
 from loadtest.files import write_atomic
-from loadtest.report import HTML_STYLE, _fmt, _md_table, render_html
+from loadtest.page import Badge, Line, Page, Section, method_link
+from loadtest.report import _fmt, _md_table, embedded
 
 PARETO = "pareto.png"
 SPEEDUP = "capacity-speedup.png"
@@ -77,31 +76,42 @@ def plot(result: dict[str, Any], out: Path) -> list[Path]:
         plt.close(fig)
         written.append(out / PARETO)
 
-    points = result.get("speedups") or []
+    points = rate_speedups(result)
     if points:
-        fig, ax = plt.subplots(figsize=(8, 4.5))
-        for key, style, label in (("speedup", "o-", "per-token latency p50 (baseline / speculation)"),
-                                  ("e2e_speedup", "d--", "end-to-end latency mean (baseline / speculation)")):
-            pts = [(p["rate"], p[key]) for p in points if p.get(key) is not None]
-            if pts:
-                ax.plot(*zip(*pts), style, label=label)
-        ax.axhline(1.0, color="grey", lw=1)
+        fig, ax = plt.subplots(figsize=(6.4, 4.3), dpi=100)
+        for key, style, label in (("speedup", "o-", "per token (TPOT p50)"), ("e2e_speedup", "d--", "end to end (mean)")):
+            pts = [(p["rate"], p[key]) for p in points if p[key]["mean"] is not None]
+            if not pts:
+                continue
+            err = [[m["mean"] - m["low"] if m["low"] is not None else 0 for _, m in pts],
+                   [m["high"] - m["mean"] if m["high"] is not None else 0 for _, m in pts]]
+            ax.errorbar([r for r, _ in pts], [m["mean"] for _, m in pts], yerr=err, fmt=style, capsize=4,
+                        lw=2 if key == "speedup" else 1, label=label)
+        ax.axhline(1.0, color="black", lw=1.2)
+        ax.text(0.01, 1.0, "1.0x: no gain", transform=ax.get_yaxis_transform(), va="bottom", fontsize=9, color="#444")
         cross = result.get("crossover") or {}
         if cross.get("rate"):
             ax.axvline(cross["rate"], color="red", ls=":", lw=1.5,
                        label=f"crossover {cross['rate']:.3g} req/s ({cross['kind']})")
-        for j, (variant, c) in enumerate((result.get("capacity") or {}).items()):
+        for j, (variant, c) in enumerate(cap.effective_capacity(result).items()):
             if c.get("capacity") is not None:
-                ax.axvline(c["capacity"], color=("C2", "C4", "C5")[j % 3], ls="--", lw=1, label=f"{variant} capacity {c['capacity']:g}")
+                ax.axvline(c["capacity"], color=("C2", "C4", "C5")[j % 3], ls="--", lw=1,
+                           label=f"{variant} capacity {c['capacity']:g}" + (" (revised)" if c["status"] == "revised"
+                                                                          else ""))
         ax.set_xscale("log")
         _plain_ticks(ax.xaxis)
-        ax.set_xlabel("arrival rate asked, req/s (Poisson)")
-        ax.set_ylabel("speedup (x baseline)")
-        ax.set_title("Speculation against the baseline at the same arrivals")
+        low, high = ax.get_ylim()
+        ax.set_ylim(min(low, 0.8), max(high, 1.2))
+        ax.set_xlabel("arrival rate, req/s (Poisson)", fontsize=11)
+        ax.set_ylabel("speedup (x the baseline)", fontsize=11)
+        intervals = any(p[k]["low"] is not None for p in points for k in ("speedup", "e2e_speedup"))
+        ax.set_title("Speedup a user sees, same arrivals " + ("(95% intervals)" if intervals else "(no repeats: no "
+                                                                                                   "interval)"),
+                     fontsize=12)
         ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=8)
         fig.tight_layout()
-        fig.savefig(out / SPEEDUP, dpi=110)
+        fig.savefig(out / SPEEDUP)
         plt.close(fig)
         written.append(out / SPEEDUP)
     return written
@@ -205,15 +215,142 @@ def _overload_rows(result: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     return header, rows
 
 
+# ---------------------------------------------------------------------------------- first screen
+def rate_speedups(result: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per rate measured on both variants: per-token p50 and end-to-end speedups with their 95%
+    intervals over the rate's pairs, speculation's acceptance, and which variants met the targets."""
+    spec = result.get("spec_variant")
+    pairs: dict[tuple[float, int], dict[str, dict[str, Any]]] = {}
+    for lv in result.get("levels") or []:
+        if lv.get("phase") != "overload" and (lv.get("client") or {}).get("ok"):
+            pairs.setdefault((lv["rate"], lv["repeat"]), {})[lv["variant"]] = lv
+    by_rate: dict[float, dict[str, list[Any]]] = {}
+    for (rate, _), pair in sorted(pairs.items()):
+        s, b = pair.get(spec), pair.get(cap.BASELINE)
+        if s is None or b is None:
+            continue
+        entry = by_rate.setdefault(rate, {"speedup": [], "e2e_speedup": [], "acceptance": [], "met": []})
+        for key, fig in (("speedup", cap._tpot_p50), ("e2e_speedup", cap._e2e_mean)):
+            if fig(s) and fig(b):
+                entry[key].append(fig(b) / fig(s))
+        if (s.get("server") or {}).get("acceptance_rate") is not None:
+            entry["acceptance"].append(s["server"]["acceptance_rate"])
+        entry["met"].append((bool(s.get("meets_targets")), bool(b.get("meets_targets"))))
+    return [{"rate": rate, "pairs": len(v["met"]), "speedup": stats.mean_interval(v["speedup"]),
+             "e2e_speedup": stats.mean_interval(v["e2e_speedup"]),
+             "acceptance": sum(v["acceptance"]) / len(v["acceptance"]) if v["acceptance"] else None,
+             "spec_met": all(m[0] for m in v["met"]), "base_met": all(m[1] for m in v["met"])}
+            for rate, v in sorted(by_rate.items())]
+
+
+def _met_words(row: dict[str, Any]) -> str:
+    return {(True, True): "both meet the targets", (True, False): "only speculation meets the targets",
+            (False, True): "only the baseline meets the targets", (False, False): "neither meets the targets"}[
+        (row["spec_met"], row["base_met"])]
+
+
+def _lines(result: dict[str, Any]) -> list[Line]:
+    caps = cap.effective_capacity(result)
+    spec = result.get("spec_variant")
+    base, mine = caps.get(cap.BASELINE), caps.get(spec) if spec else None
+    lines = []
+    if base is not None and mine is not None:
+        a, b = base["capacity"], mine["capacity"]
+        if a is not None and b is not None and a > 0:
+            change = (b - a) / a
+            word = ("raises capacity" if b > a else "lowers capacity" if b < a else "leaves capacity unchanged")
+            tone = "good" if b > a else "bad" if b < a else "even"
+            lines.append(Line("capacity", f"speculation {word}" + (f" {100 * change:+.0f}%" if b != a else ""),
+                              f"baseline {cap._capacity_text(base)} → speculation {cap._capacity_text(mine)} req/s "
+                              f"at {cap.describe_targets(result['slo'])}"
+                              + "".join(" (revised)" for c in (base, mine) if c.get("status") == "revised"), tone))
+        else:
+            lines.append(Line("capacity", "no capacity to compare",
+                              f"baseline {cap._capacity_text(base)}; speculation {cap._capacity_text(mine)} req/s"))
+    else:
+        only = mine or base
+        lines.append(Line("capacity", "no comparison", (f"{'speculation' if only is mine else 'the baseline'}: "
+                                                         f"{cap._capacity_text(only)} req/s; the other variant was "
+                                                         "not measured") if only else "nothing measured"))
+    for row in rate_speedups(result):
+        m = row["speedup"]
+        if m["mean"] is None:
+            continue
+        word = sweep_summary.verdict_rule(m)
+        spread = f" (95% {m['low']:.2f}-{m['high']:.2f})" if m["low"] is not None else ""
+        figures = [f"{m['mean']:.2f}x per token{spread}"]
+        if row["e2e_speedup"]["mean"] is not None:
+            figures.append(f"{row['e2e_speedup']['mean']:.2f}x end to end")
+        if row["acceptance"] is not None:
+            figures.append(f"acceptance {row['acceptance']:.0%}")
+        figures += [_met_words(row), f"{row['pairs']} pair{'s' if row['pairs'] != 1 else ''}"]
+        lines.append(Line(f"{row['rate']:g} req/s", f"speculation {word}", " · ".join(figures),
+                          {"pays": "good", "does not pay": "bad"}.get(word, "even")))
+    return lines
+
+
+def lead(result: dict[str, Any]) -> str:
+    runs = len([lv for lv in result.get("levels") or [] if (lv.get("client") or {}).get("ok")])
+    missing = [v for v in result.get("variants") or [] if v not in cap.measured_variants(result)]
+    tail = (f"; not measured: {', '.join(missing)}: no comparison" if missing else "") + "."
+    if result.get("status") == "interrupted":
+        return f"Interrupted after {runs} run{'s' if runs != 1 else ''}" + tail
+    stopped = [v for v, c in (result.get("capacity") or {}).items() if c.get("status") == "stopped"]
+    if stopped:
+        return f"Incomplete: the search of {', '.join(stopped)} stopped ({result['capacity'][stopped[0]]['stopped']})" + tail
+    if missing:
+        return "Incomplete" + tail
+    return ""
+
+
+def badges(result: dict[str, Any]) -> list[Badge]:
+    out = [Badge("CONTENT", line.replace(": CONTENT:", ":")[:90], "levels") for line in cap.content_warnings(result)]
+    for v, c in cap.effective_capacity(result).items():
+        if c.get("status") == "revised":
+            out.append(Badge("REVISED", f"{v}: capacity {cap._rate(c['was'])} → {cap._capacity_text(c)} req/s: "
+                             f"a run at {c['missed'][0]['rate']:g} req/s missed", "levels"))
+    off: dict[str, list[str]] = {}  # a figure the benchmark disagrees on: where
+    for r in result.get("second_opinion") or []:
+        where = f"{r['rate']:g} req/s {r['variant']}"
+        for key, name in SECOND_OPINION_FIGURES:
+            f = r["figures"].get(key) or {}
+            if f.get("agrees") is False:
+                off.setdefault(name, []).append(where + (f" {100 * f['difference']:+.1f}%" if f.get("difference")
+                                                         is not None else ""))
+        if r.get("error"):
+            out.append(Badge("FLAG", f"{where}: vLLM bench failed", "second-opinion"))
+    for name, wheres in off.items():
+        out.append(Badge("FLAG", f"vLLM bench {name} differs from Locust: " + (
+            wheres[0] if len(wheres) == 1 else f"{len(wheres)} runs ({wheres[0]}, ...)"), "second-opinion"))
+    for v, o in (result.get("overload") or {}).items():
+        for problem in o.get("problems") or []:
+            out.append(Badge("OVERLOAD", f"{v}: {problem}"[:90], "overload"))
+    behind = [lv for lv in result.get("levels") or [] if (lv.get("open_loop") or {}).get("behind")]
+    if behind:
+        out.append(Badge("BEHIND", f"{len(behind)} run{'s' if len(behind) != 1 else ''}: the load generator fell "
+                         "behind its schedule", "levels"))
+    untrusted = [lv for lv in result.get("levels") or [] if (lv.get("consistency") or {}).get("ok") is False]
+    if untrusted:
+        out.append(Badge("UNTRUSTED", f"{len(untrusted)} run(s): client tokens vs server counter", "levels"))
+    out += [Badge("PROBLEM", p[:90], "settings") for p in result.get("problems") or []
+            if not p.startswith("interrupted")]
+    return out
+
+
+def setup(result: dict[str, Any], method: str) -> str:
+    s, req, m = result.get("settings") or {}, result.get("request") or {}, result.get("machine") or {}
+    machine = (f" Machine: {m.get('cpus')} CPUs, vLLM {m.get('vllm')}" + (f", commit {m['commit']}" if m.get("commit")
+                                                                          else "") + ".") if m else ""
+    return (f"**Setup.** Config `{result.get('config', '')}`: speculation (`{result.get('spec_variant')}`) against "
+            f"the baseline at the same Poisson arrivals, targets {cap.describe_targets(result['slo'])}. Workload "
+            f"`{req.get('workload')}`, {req.get('max_tokens')} output tokens, temperature {req.get('temperature')}; "
+            f"search from {s.get('start_rate')} req/s, at most {s.get('max_steps')} rates a variant, each boundary "
+            f"rate {s.get('repeat')} times.{machine} Status **{result.get('status')}**. Method: {method}.")
+
+
 # ---------------------------------------------------------------------------------- documents
-def report_markdown(result: dict[str, Any], plots: list[Path], sources: Mapping[str, str] | None = None) -> str:
-    sources = sources or {}
+def _run_text(result: dict[str, Any]) -> str:
     s = result.get("settings") or {}
-    lines = cap.headline(result)
-    bold = len(cap.content_warnings(result))  # the warnings, then the capacity line
-    parts = [f"# Capacity at a service target: {result.get('config', '')}\n",
-             "\n\n".join(f"**{line}**" if n <= bold else line for n, line in enumerate(lines)) + "\n"]
-    problems = result.get("problems") or []
     run_text = (f"Status **{result.get('status')}**. Open-loop Poisson arrivals; a rate passes when every run at it "
                 f"meets every target, with the load generator on schedule and every request served. Search from "
                 f"{s.get('start_rate')} req/s" + (f", at most {s.get('max_rate')} req/s" if s.get("max_rate") else "")
@@ -227,47 +364,74 @@ def report_markdown(result: dict[str, Any], plots: list[Path], sources: Mapping[
                      + f" (ended: {scan['ended']}).")
     if result.get("request"):
         run_text += " Requests: " + ", ".join(f"{k} {v}" for k, v in result["request"].items()) + "."
-    parts.append(run_text + ("\n\nProblems: " + "; ".join(problems) if problems else "") + "\n")
+    problems = result.get("problems") or []
+    return run_text + ("\n\nProblems:\n\n" + "\n".join(f"- {p}" for p in problems) if problems else "")
+
+
+def first_page(result: dict[str, Any], plots: list[Path], sources: Mapping[str, str] | None = None,
+               out: Path | None = None) -> Page:
+    sources = sources or {}
+
+    def how(anchor: str) -> str:
+        return f" Method: {method_link(anchor, out)}."
+
+    def table(t: tuple[list[str], list[list[str]]]) -> str:
+        return "\n\n" + _md_table(*t) if t[1] else "\n\n(nothing measured)"
+
     sections = [
-        ("Capacity", "Capacity: the highest rate at which every run met every target, below the lowest rate at "
-         "which one did not (the interval). 'found': the interval is within the precision; 'budget': the step "
-         "budget ran out first; 'at least': it passed at --max-rate; 'none passing': it failed down to the lowest "
-         "rate tried.", _capacity_rows(result)),
-        ("Speedup by rate", "Speculation against the baseline, paired at each rate and run (the same arrivals): "
-         "per-token latency p50 and end-to-end latency mean, baseline over speculation (above 1: speculation is "
-         "faster), averaged over the rate's pairs. The crossover is interpolated between the rates around it on a "
-         "log scale.", _speedup_rows(result)),
-        ("Every level measured", "In the order measured. Achieved req/s: requests sent over the level's time; "
-         "behind: the load generator could not keep its schedule (the load asked was not the load served).",
-         _level_rows(result)),
-        ("Second opinion: Locust against vLLM's benchmark",
-         "Below the smaller capacity, each variant with vLLM's serving benchmark run beside Locust's level on the "
-         "same server, arrivals and prompts; they agree within 5% on tokens/s and 10% on TTFT and per-token p50. "
-         "The difference in brackets is the one judged, as in a sweep's second opinion: latencies request by "
-         "request (the median ratio of the same request in both clients), with the engine's own drift between the "
-         "two windows taken out, so it can differ from the ratio of the two p50s beside it.",
-         _second_opinion_rows(result)),
-        ("Overload", "Each variant at twice its capacity: the server must still answer its health check "
-         "afterwards, and every request sent must have ended served, refused, timed out or failed. Peak resident "
-         "memory of the kit's own processes over the level (sampled every 0.5 s).", _overload_rows(result)),
+        Section("findings", "Every finding in full", "\n".join(f"- {line}" for line in cap.headline(result))),
+        Section("capacity", "Capacity by variant", "The highest rate at which every run met every target, below "
+                "the lowest at which one did not." + how("capacity-at-a-service-target-make-capacity")
+                + table(_capacity_rows(result))),
+        Section("speedup", "Speedup by rate", "Speculation against the baseline at the same arrivals, per rate."
+                + how("capacity-at-a-service-target-make-capacity") + table(_speedup_rows(result))),
+        Section("levels", "Every level measured", "In the order measured; behind: the load asked was not the load "
+                "served." + table(_level_rows(result))),
+        Section("second-opinion", "Second opinion: Locust against vLLM's benchmark",
+                "Below the smaller capacity, vLLM's serving benchmark beside Locust on the same server and arrivals."
+                + how("second-opinion") + table(_second_opinion_rows(result))),
+        Section("overload", "Overload", "Each variant at twice its capacity: the server must survive and every "
+                "request end." + table(_overload_rows(result))),
     ]
-    for title, prose, table in sections:
-        parts.append(f"## {title}\n\n{prose}\n")
-        if table and table[1]:
-            parts.append(_md_table(*table) + "\n")
-    if plots:
-        parts.append("## Plots\n\n" + "\n".join(f"![{p.stem}]({sources.get(p.name, p.name)})" for p in plots) + "\n")
-    return "\n".join(parts)
+    others = [p for p in plots if p.name != SPEEDUP]
+    if others:
+        sections.append(Section("plots", "Latency against throughput (Pareto)",
+                                "\n\n".join(f"![{p.stem}]({sources.get(p.name, p.name)})" for p in others)))
+    sections.append(Section("settings", "How the search ran", _run_text(result)))
+    notes = [cap.headline(result)[-1]]  # the crossover
+    return Page(title=f"Capacity at a service target: {result.get('config', '')}", lead=lead(result),
+                lines=_lines(result), notes=notes, compact_from=1,
+                picture=SPEEDUP if any(p.name == SPEEDUP for p in plots) else None,
+                picture_alt="Speedup of speculation against the arrival rate", badges=badges(result),
+                setup=setup(result, method_link("capacity-at-a-service-target-make-capacity", out)), sections=sections)
+
+
+def report_markdown(result: dict[str, Any], plots: list[Path], sources: Mapping[str, str] | None = None,
+                    out: Path | None = None) -> str:
+    return page.markdown(first_page(result, plots, sources, out), sources)
+
+
+def exit_code(result: dict[str, Any]) -> int:
+    """0: every rate the search asked for measured (flags in the report); 3: a search stopped (a
+    server died) or a level could not run; 4: a run's token count disagrees with the server's;
+    130: interrupted. The codes of `loadtest.sweep_summary`."""
+    if result.get("status") == "interrupted":
+        return sweep_summary.INTERRUPTED
+    if not cap.measured_variants(result):
+        return sweep_summary.USAGE
+    if result.get("status") == "failed" or any(lv.get("status") in ("failed", "skipped")
+                                               for lv in result.get("levels") or []):
+        return sweep_summary.INCOMPLETE
+    if any((lv.get("consistency") or {}).get("ok") is False for lv in result.get("levels") or []):
+        return sweep_summary.UNTRUSTED
+    return sweep_summary.OK
 
 
 def write(result: dict[str, Any], out: Path) -> dict[str, Path]:
     """capacity.md, report.html (self-contained: plots as data URIs) and the plots."""
     out.mkdir(parents=True, exist_ok=True)
     plots = plot(result, out)
-    md = write_atomic(out / "capacity.md", report_markdown(result, plots))
-    sources = {p.name: "data:image/png;base64," + base64.b64encode(p.read_bytes()).decode() for p in plots}
-    page = write_atomic(out / "report.html",
-                        f"<!doctype html><html><head><meta charset='utf-8'><title>Capacity "
-                        f"{html.escape(str(result.get('config', '')))}</title><style>{HTML_STYLE}</style></head><body>\n"
-                        + render_html(report_markdown(result, plots, sources)) + "\n</body></html>\n")
-    return {"markdown": md, "html": page, **{p.stem: p for p in plots}}
+    md = write_atomic(out / "capacity.md", report_markdown(result, plots, out=out))
+    sources = embedded(plots)
+    html_page = write_atomic(out / "report.html", page.html(first_page(result, plots, sources, out), sources))
+    return {"markdown": md, "html": html_page, **{p.stem: p for p in plots}}

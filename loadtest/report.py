@@ -5,7 +5,6 @@ and the batch-1 vs batch-32 table that `python -m loadtest compare` prints.
 from __future__ import annotations
 
 import base64
-import html
 import json
 import re
 import statistics
@@ -14,14 +13,13 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import markdown
 
 from loadtest import content, slo, stats, vllm_bench
 from loadtest.files import write_atomic, write_json
+from loadtest.page import Page, Section
 from loadtest.results import CREATED_FORMAT
 
 PLOTS = ("throughput.png", "latency.png", "acceptance.png", "speedup.png", "rates.png")
-COST_MODEL = stats.__doc__.strip().split("\n", 1)[1].strip() if stats.__doc__ else ""
 
 
 # ---------------------------------------------------------------------------------- derived numbers
@@ -394,11 +392,15 @@ def _cell(key: str, value: Any) -> str:
 
 def compare_table(results: dict[str, Any], concurrencies: list[int] | None = None) -> str:
     """Plain-text table for the terminal."""
+    from loadtest.sweep_summary import lead
+
+    said = lead(results)  # what the run is, where it is not a complete measurement: before any verdict
     if any(True for _ in rate_levels(results)):
-        return _rate_table_text(results)
+        return "\n".join([said] if said else []) + ("\n" if said else "") + _rate_table_text(results)
     rows = compare_rows(results, concurrencies)
-    top = [line for line in headline(results) if not concurrencies or not line.startswith("batch ")
-           or int(line.split(",")[0].removeprefix("batch ")) in concurrencies]
+    top = ([said] if said else []) + [line for line in headline(results) if not concurrencies
+                                      or not line.startswith("batch ")
+                                      or int(line.split(",")[0].removeprefix("batch ")) in concurrencies]
     header = [title for _, title in COMPARE_COLUMNS]
     body = [[_cell(k, r[k]) for k, _ in COMPARE_COLUMNS] for r in rows]
     widths = [max(len(h), *(len(b[i]) for b in body)) if body else len(h) for i, h in enumerate(header)]
@@ -714,26 +716,98 @@ def plot(results: dict[str, Any], out: Path) -> list[Path]:
 
     speed = [e for e in summarize_speedups(results) if (e.get("speedup") or {}).get("mean") is not None]
     if speed:
-        fig, ax = plt.subplots(figsize=(7, 4.5))
-        styles = {"speedup": "o-", "vllm_bench_speedup": "d--", "measured_speedup": "x:"}
-        for j, name in enumerate(dict.fromkeys(e["variant"] for e in speed)):
-            rows = sorted((e for e in speed if e["variant"] == name), key=lambda e: e["concurrency"])
-            for key, label in SPEEDUPS.items():
-                pts = [(e["concurrency"], e[key]) for e in rows if (e.get(key) or {}).get("mean") is not None]
-                if not pts:
-                    continue
-                xs, ms = [c for c, _ in pts], [m["mean"] for _, m in pts]
-                err = [[m["mean"] - m["low"] if m.get("low") is not None else 0 for _, m in pts],
-                       [m["high"] - m["mean"] if m.get("high") is not None else 0 for _, m in pts]]
-                ax.errorbar(xs, ms, yerr=err, fmt=styles[key], color=f"C{j}", capsize=3, label=f"{name}: {label}")
-        ax.axhline(1.0, color="grey", lw=1)
-        axis(ax, "Speedup of speculation over the baseline (95% intervals)", "x baseline")
-        save(fig, "speedup.png")
+        save(speedup_figure(plt, speed, concurrencies), ANSWER)
 
     rate_rows = [r for r in derive_rates(results) if r["output_tokens_per_s"] is not None]
     if rate_rows:
         save(_rates_figure(plt, rate_rows), "rates.png")
+        if not speed and any(r.get("tpot_p50_speedup") for r in rate_rows):
+            save(rate_speedup_figure(plt, rate_rows), ANSWER)
     return written
+
+
+def _answer_axes(plt: Any) -> tuple[Any, Any]:
+    """The first screen's picture: 600 px wide on the page, its text readable at that size."""
+    fig, ax = plt.subplots(figsize=(6.4, 4.3), dpi=100)
+    ax.axhline(1.0, color="black", lw=1.2, zorder=1)
+    ax.text(0.01, 1.0, "1.0x: no gain", transform=ax.get_yaxis_transform(), va="bottom", ha="left", fontsize=9,
+            color="#444")
+    ax.grid(True, alpha=0.3)
+    return fig, ax
+
+
+def _finish_answer(ax: Any, xs: list[float], xlabel: str, title: str) -> None:
+    from matplotlib.ticker import FuncFormatter, NullLocator
+
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(xs)
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.set_xlim(min(xs) / 1.6, max(xs) * 2.4)  # room for the label beside the last point
+    low, high = ax.get_ylim()
+    low, high = min(low, 0.8), max(high, 1.2)
+    ax.set_ylim(low, high + 0.08 * (high - low))  # headroom: the top point's label stays off the title
+    ax.set_xlabel(xlabel, fontsize=11)
+    ax.set_ylabel("speedup (x the baseline)", fontsize=11)
+    ax.set_title(title, fontsize=12)
+    ax.tick_params(labelsize=10)
+    ax.legend(fontsize=9, loc="best")
+
+
+def speedup_figure(plt: Any, speed: list[dict[str, Any]], concurrencies: list[int]) -> Any:
+    """Speedup by batch size, each of the three readings with its 95% interval, and the 1.0 line;
+    Locust's mean written beside its point."""
+    fig, ax = _answer_axes(plt)
+    styles = {"speedup": ("o-", 7), "vllm_bench_speedup": ("d--", 5), "measured_speedup": ("x:", 5)}
+    names = list(dict.fromkeys(e["variant"] for e in speed))
+    for j, name in enumerate(names):
+        rows = sorted((e for e in speed if e["variant"] == name), key=lambda e: e["concurrency"])
+        for key, label in SPEEDUPS.items():
+            pts = [(e["concurrency"], e[key]) for e in rows if (e.get(key) or {}).get("mean") is not None]
+            if not pts:
+                continue
+            xs, ms = [c for c, _ in pts], [m["mean"] for _, m in pts]
+            err = [[m["mean"] - m["low"] if m.get("low") is not None else 0 for _, m in pts],
+                   [m["high"] - m["mean"] if m.get("high") is not None else 0 for _, m in pts]]
+            fmt, size = styles[key]
+            ax.errorbar(xs, ms, yerr=err, fmt=fmt, color=f"C{j}", capsize=4, ms=size,
+                        lw=2 if key == "speedup" else 1, alpha=1 if key == "speedup" else 0.7,
+                        label=(f"{name}: " if len(names) > 1 else "") + label)
+            if key == "speedup":
+                for x, m in zip(xs, ms):
+                    ax.annotate(f"{m:.2f}x", (x, m), textcoords="offset points", xytext=(8, 6), fontsize=10,
+                                color=f"C{j}", fontweight="bold")
+    intervals = any((e.get("speedup") or {}).get("low") is not None for e in speed)
+    _finish_answer(ax, concurrencies or sorted({e["concurrency"] for e in speed}), "batch size (concurrent requests)",
+                   "Speedup of speculation over the baseline " + ("(95% intervals)" if intervals else
+                                                                  "(one run: no interval)"))
+    return fig
+
+
+def rate_speedup_figure(plt: Any, rows: list[dict[str, Any]]) -> Any:
+    """Open loop: speedup a user sees by arrival rate (per-token p50, end-to-end mean), 95% intervals."""
+    fig, ax = _answer_axes(plt)
+    spec = [r for r in rows if r["variant"] != "baseline"]
+    names = list(dict.fromkeys(r["variant"] for r in spec))
+    intervals = False
+    for j, name in enumerate(names):
+        for key, fmt, label in (("tpot_p50_speedup", "o-", "per token (TPOT p50)"),
+                                ("e2e_mean_speedup", "d--", "end to end (mean)")):
+            by_rate: dict[float, list[float]] = {}
+            for r in spec:
+                if r["variant"] == name and r.get(key):
+                    by_rate.setdefault(r["rate"], []).append(r[key])
+            if not by_rate:
+                continue
+            ms = [(rate, stats.mean_interval(v)) for rate, v in sorted(by_rate.items())]
+            intervals = intervals or any(m.get("low") is not None for _, m in ms)
+            err = [[m["mean"] - m["low"] if m.get("low") is not None else 0 for _, m in ms],
+                   [m["high"] - m["mean"] if m.get("high") is not None else 0 for _, m in ms]]
+            ax.errorbar([r for r, _ in ms], [m["mean"] for _, m in ms], yerr=err, fmt=fmt, color=f"C{j}", capsize=4,
+                        lw=2 if key == "tpot_p50_speedup" else 1, label=(f"{name}: " if len(names) > 1 else "") + label)
+    _finish_answer(ax, sorted({r["rate"] for r in rows}), "arrival rate, req/s (Poisson, open loop)",
+                   "Speedup a user sees, same arrivals " + ("(95% intervals)" if intervals else "(one run: no interval)"))
+    return fig
 
 
 def _rates_figure(plt: Any, rows: list[dict[str, Any]]) -> Any:
@@ -775,12 +849,8 @@ def _rates_figure(plt: Any, rows: list[dict[str, Any]]) -> Any:
 
 
 # ---------------------------------------------------------------------------------- documents
-Section = tuple[str, str, "tuple[list[str], list[list[str]]] | None"]
-PREFORMATTED = "Speculation: acceptance, expected tokens and break-even"  # its prose is the model, verbatim
-
-
-def _sections(results: dict[str, Any]) -> list[Section]:
-    """(title, prose as Markdown, table) of the report."""
+def _setup_details(results: dict[str, Any]) -> str:
+    """The run's settings in full (the first screen's setup paragraph is the short form)."""
     s = results.get("settings", {})
     per_level = {lv["concurrency"]: lv["requests"] for v in results.get("variants", []) for lv in v.get("levels", [])
                  if lv.get("requests") and "concurrency" in lv}
@@ -804,12 +874,24 @@ def _sections(results: dict[str, Any]) -> list[Section]:
              f"Machine: {results.get('machine', {}).get('cpus')} CPUs, vLLM {results.get('machine', {}).get('vllm')}, "
              f"Locust {results.get('machine', {}).get('locust')}.")
     plan = results.get("plan")
-    if plan:
-        intro += (f" Order: {plan['order']} ({plan['why']}); {plan['server_starts']} server start(s), "
-                  f"estimated {plan['estimated_s'] / 60:.0f} min beforehand.")
-    findings = [f"- {line}" for line in rate_headline(results) + headline(results)]
-    if findings:
-        intro = "\n".join(findings) + "\n\n" + intro
+    if plan and plan.get("order"):
+        intro += (f" Order: {plan['order']} ({plan.get('why')}); {plan.get('server_starts')} server start(s)"
+                  + (f", estimated {plan['estimated_s'] / 60:.0f} min beforehand." if plan.get("estimated_s") else "."))
+    return intro
+
+
+def _table(table: tuple[list[str], list[list[str]]] | None) -> str:
+    return "\n\n" + _md_table(*table) if table and table[1] else "\n\n(nothing measured)"
+
+
+def evidence(results: dict[str, Any], plots: list[Path], sources: Mapping[str, str], out: Path | None) -> list[Section]:
+    """The sections below the first screen, each a caption, its method's link and its table."""
+    from loadtest.page import method_link
+
+    def how(anchor: str) -> str:
+        return f" Method: {method_link(anchor, out)}."
+
+    s = results.get("settings", {})
     problems = results.get("problems") or []
     variants = [[v["name"], v.get("label", ""), v["status"],
                  v.get("url") or " / ".join(_fmt(t, 0) for t in v.get("startup_s") or []) or "-",
@@ -817,73 +899,79 @@ def _sections(results: dict[str, Any]) -> list[Section]:
                  v.get("error") or ""] for v in results.get("variants", [])]
     cmp_rows = compare_rows(results)
     compare = ([t for _, t in COMPARE_COLUMNS], [[_cell(k, r[k]) for k, _ in COMPARE_COLUMNS] for r in cmp_rows])
-    open_loop = [("Open loop: each variant at each arrival rate", OPEN_LOOP_PROSE, (RATE_COLUMNS, rate_table_rows(results)))
-                 ] if any(True for _ in rate_levels(results)) else []
-    return [
-        ("Summary", intro + ("\n\nProblems: " + "; ".join(problems) if problems else ""), None),
-        ("Variants", "Each variant ran on its own server: started by the sweep (start-up times, one per start) "
-         "or already running (its address; its speculative config as read from its /metrics).",
-         (["variant", "label", "status", "start-up s or address", "speculative_config", "error"], variants)),
-        *open_loop,
-        ("Batch comparison", "tok/s system: output tokens of all successful requests / measured interval. "
-         "tok/s per user: median over requests of output tokens / end-to-end latency. Speedup: system tok/s of "
-         "the variant / the baseline's run of the same repeat at the same concurrency. Acceptance and "
-         "tokens/step from the server's /metrics over the same run (as vLLM's benchmark computes them). "
-         "K (effective): the K the config gives at this batch size (its schedule's, where it has one) and, in "
-         "brackets, the K that ran: draft tokens per drafting step (vllm:spec_decode_num_draft_tokens / "
-         "num_drafts over the run; steps a schedule gives K=0 draft nothing and are not counted). "
-         "vLLM bench tok/s: vLLM's own serving benchmark right after, on the same server.", compare),
-        ("Content: is the output text?", content.__doc__.split("\n\n", 1)[1].strip(), _content_rows(results)),
-        ("Second opinion: Locust against vLLM's serving benchmark",
-         "After each Locust run, `vllm/benchmarks/serve.py` loaded the same server with the same prompts (in "
-         "Locust's order and number), output length, temperature, concurrency and request count. The two run one "
-         "after the other, and a shared machine's speed moves by up to ~10% in a minute, so the engine's own "
-         "histograms are read over both windows: 'engine drift' is how much slower (+) the engine itself was "
-         "during the benchmark, and the agreement is judged with that drift taken out (the raw difference is in "
-         "brackets). Latencies are compared request by request: Locust's i-th request and the benchmark's are the "
-         "same prompt at the same place, and the median of their ratios is the difference judged (the two p50s "
-         "are shown too: where a workload's TTFT has clusters, as short and long prompts give, its p50 sits on "
-         "the cliff between them and moves 15% with a few ms of noise on one request). Runs where output "
-         "tokens/s then differ by more than 5%, or TTFT or per-token latency by more "
-         "than 10%, are flagged. 'engine TTFT / per-token mean' is the engine's own mean over the Locust run: what "
-         "both clients should see when delivery costs nothing; 'engine acceptance' over the Locust / benchmark "
-         "windows shows both sent the same work.",
-         _bench_rows(results)),
-        ("Latency", "Per-token latency = (end-to-end - TTFT) / tokens after the first chunk. Chunk gaps are "
-         "the times between streamed chunks; with speculation a chunk carries several tokens, so they are not "
-         "per-token latencies.", _latency_rows(results)),
-        (PREFORMATTED, COST_MODEL, _spec_rows(results)),
-        ("Service targets",
-         "Per run: each target's percentile over all requests, with the share of requests within its bound "
-         "(failed requests count as missing it); goodput = output tokens/s of the requests within every bound "
-         "(vLLM's benchmark's definition). A batch size meets the targets when every run at it does.",
-         _slo_rows(results)),
-        ("The load generator's own lag",
-         "Send lag: how long after its user's previous response a request left (a closed loop should send at "
-         "once; more means the offered load was lower than the concurrency says). Loop lag: how much later than "
-         "asked Locust's event loop woke a probe that sleeps 10 ms at a time; a stall delays the timing of every "
-         "chunk that arrived meanwhile, so client latency tails include it. Locust CPU: busy cores over the run.",
-         _lag_rows(results)),
-        ("Trust: client numbers against the server's counters",
-         "Client output tokens (from each response's usage) against the delta of "
-         "`vllm:generation_tokens_total` over the same interval; runs differing by more than "
-         f"{100 * s.get('tolerance', 0.05):.0f}% are flagged. Server means come from vLLM's histograms.",
-         _trust_rows(results)),
+    lines = headline(results) + rate_headline(results)
+    out_sections: list[Section] = []
+    if lines:
+        out_sections.append(Section("findings", "Every finding in full",
+                                    "\n".join(f"- {line}" for line in lines)))
+    if cmp_rows:
+        out_sections.append(Section("batch-comparison", "Batch comparison: every run",
+                                    "Per run: throughput, latency (the engine's means in brackets), K, acceptance, "
+                                    "speedup over the baseline's run of the same repeat, and whether the second "
+                                    "opinion and the server's counters agree." + how("batch-comparison")
+                                    + _table(compare)))
+    if any(True for _ in rate_levels(results)):
+        out_sections.append(Section("open-loop", "Open loop: each variant at each arrival rate",
+                                    "Per run: the rate asked and achieved, how requests ended, latencies, "
+                                    "speedups at the same arrivals, vLLM's benchmark beside." + how("open-loop-table")
+                                    + _table((RATE_COLUMNS, rate_table_rows(results)))))
+    out_sections += [
+        Section("content", "Content: is the output text?",
+                "Per run and client: degenerate requests, distinct 4-grams against the reference, and acceptance "
+                "and speed over the content-valid requests alone." + how("the-content-check")
+                + _table(_content_rows(results))),
+        Section("second-opinion", "Second opinion: Locust against vLLM's serving benchmark",
+                "The same prompts, length, temperature and concurrency through vLLM's own benchmark right after "
+                "each Locust run; differences judged with the engine's drift taken out." + how("second-opinion")
+                + "".join(f"\n\n- {vllm_bench.describe_systematic(e)}" for e in vllm_bench.systematic_by_level(results))
+                + _table(_bench_rows(results))),
+        Section("latency", "Latency", "TTFT, per-token latency, chunk gaps and end-to-end latency per run."
+                + how("latency-and-chunks") + _table(_latency_rows(results))),
+        Section("speculation", "Speculation: acceptance, expected tokens and break-even",
+                "Acceptance, tokens per step against the model E(alpha, K), the step cost r and the break-even "
+                "acceptance per run." + how("the-cost-model") + _table(_spec_rows(results))),
+        Section("slo", "Service targets", "Per run: each target's percentile with the share of requests within "
+                "its bound, and the goodput." + how("service-targets-slo---slo") + _table(_slo_rows(results))),
+        Section("lag", "The load generator's own lag", "Send lag, the event loop's stalls and Locust's CPU per run."
+                + how("the-load-generators-own-lag") + _table(_lag_rows(results))),
+        Section("trust", "Trust: client numbers against the server's counters",
+                f"Client output tokens against `vllm:generation_tokens_total` over the same run (flagged beyond "
+                f"{100 * s.get('tolerance', 0.05):.0f}%), the server's means beside the client's, and every run's "
+                "problems and notes." + how("can-the-figures-be-trusted") + _table(_trust_rows(results))),
+        Section("variants", "Variants and setup", _setup_details(results)
+                + ("\n\nProblems:\n\n" + "\n".join(f"- {p}" for p in problems) if problems else "")
+                + _table((["variant", "label", "status", "start-up s or address", "speculative_config", "error"],
+                          variants))),
     ]
+    others = [p for p in plots if p.name != ANSWER]
+    if others:
+        out_sections.append(Section("plots", "Plots: throughput, latency, acceptance" + (", rates" if any(
+            p.name == "rates.png" for p in others) else ""), "\n\n".join(
+            f"![{p.stem}]({sources.get(p.name, p.name)})" for p in others)))
+    links = _locust_links(results)
+    if links:
+        out_sections.append(Section("locust", "Locust's own reports",
+                                    "\n".join(f"- [{n}]({h}) (CSV beside it)" for n, h in links)))
+    return out_sections
 
 
-OPEN_LOOP_PROSE = (
-    "Requests arrived by a Poisson process at the asked rate whether or not earlier ones had finished (nothing caps "
-    "the requests in flight, so a server slower than the arrivals queues them and latencies grow). Every variant "
-    "of a repeat got the same arrival times and prompts. Achieved: requests sent over the span of the actual "
-    "sends; BEHIND: the load generator sent under 95% of the asked rate, or its send lag (actual send minus "
-    "scheduled arrival) had a p99 over 100 ms, or left requests unsent. In flight max: most requests sent and not "
-    "yet ended at once. Outcomes: served, refused (an HTTP error status such as 429 or 503, or no connection), "
-    "timed out, failed (a broken stream), unsent. TTFT and TPOT count from the actual send. Speedups: the "
-    "baseline's TPOT p50 over the variant's, and the baseline's mean end-to-end latency over the variant's, at "
-    "the same rate and repeat (above 1: speculation faster for a user). vLLM bench: vLLM's serving benchmark "
-    "right after, at the same rate and seed (the same arrival times), flagged where output tokens/s differ by "
-    "more than 5% or TTFT or TPOT p50 by more than 10%.")
+ANSWER = "speedup.png"
+"""The plot that answers the question, shown beside the verdicts."""
+
+
+def first_page(results: dict[str, Any], plots: list[Path], sources: Mapping[str, str] | None = None,
+               out: Path | None = None) -> Page:
+    """The report as a `loadtest.page.Page`: verdicts, the speedup picture and the setup first."""
+    from loadtest import sweep_summary
+    from loadtest.page import method_link
+
+    sources = sources or {}
+    answer = ANSWER if any(p.name == ANSWER for p in plots) else None
+    return Page(title=f"Load test: {results.get('config')}", lead=sweep_summary.lead(results),
+                lines=sweep_summary.verdict_lines(results), notes=sweep_summary.notes(results),
+                picture=answer, picture_alt="Speedup of speculation over the baseline, 95% intervals",
+                setup=sweep_summary.setup(results, method_link("reading-the-report", out)),
+                badges=sweep_summary.badges(results), sections=evidence(results, plots, sources, out))
 
 
 def _free_lengths(results: dict[str, Any]) -> str:
@@ -910,53 +998,31 @@ def _locust_links(results: dict[str, Any]) -> list[tuple[str, str]]:
     return out
 
 
-def report_markdown(results: dict[str, Any], plots: list[Path], sources: Mapping[str, str] | None = None) -> str:
-    """The report as Markdown, the text of both report.md and report.html. `sources` maps a plot's
-    file name to the address its image link gives (default: the file name, the PNG beside report.md)."""
-    sources = sources or {}
-    parts = [f"# Load test report: {results.get('config')}\n"]
-    for title, prose, table in _sections(results):
-        parts.append(f"## {title}\n\n" + (f"```text\n{prose}\n```\n" if title == PREFORMATTED else f"{prose}\n"))
-        if table and table[1]:
-            parts.append(_md_table(*table) + "\n")
-    if plots:
-        parts.append("## Plots\n\n" + "\n".join(f"![{p.stem}]({sources.get(p.name, p.name)})" for p in plots) + "\n")
-    links = _locust_links(results)
-    if links:
-        parts.append("## Locust's own reports\n\n" + "\n".join(f"- [{n}]({h}) (CSV beside it)" for n, h in links) + "\n")
-    return "\n".join(parts)
+def report_markdown(results: dict[str, Any], plots: list[Path], sources: Mapping[str, str] | None = None,
+                    out: Path | None = None) -> str:
+    """report.md: the first screen (verdicts, picture, setup, badges), then the evidence. `sources`
+    maps a plot's file name to the address its image link gives (default: the PNG beside report.md)."""
+    from loadtest import page
+
+    return page.markdown(first_page(results, plots, sources, out), sources)
 
 
 def write_markdown(results: dict[str, Any], out: Path, plots: list[Path]) -> Path:
     path = out / "report.md"
-    write_atomic(path, report_markdown(results, plots))
+    write_atomic(path, report_markdown(results, plots, out=out))
     return path
 
 
-HTML_STYLE = ("body{font-family:sans-serif;max-width:1200px;margin:2em auto;padding:0 1em}"
-              "table{border-collapse:collapse;font-size:13px;margin:1em 0}"
-              "td,th{border:1px solid #ccc;padding:3px 6px;text-align:right}th{background:#f3f3f3}"
-              "img{max-width:100%}p{white-space:pre-wrap}")
-
-
-def render_html(text: str) -> str:
-    """Markdown to HTML (tables, fenced code as <pre>). The report's text is data (names, error
-    messages), never markup: raw HTML in it is shown as text, not passed through."""
-    converter = markdown.Markdown(extensions=["tables", "fenced_code"])
-    converter.preprocessors.deregister("html_block")
-    converter.inlinePatterns.deregister("html")
-    return converter.convert(text)
+def embedded(plots: list[Path]) -> dict[str, str]:
+    """Plots as data URIs: the page can be mailed or attached alone."""
+    return {p.name: "data:image/png;base64," + base64.b64encode(p.read_bytes()).decode() for p in plots}
 
 
 def write_html(results: dict[str, Any], out: Path, plots: list[Path]) -> Path:
-    # Self-contained: the plots go in as data URIs, so the page can be mailed or attached alone.
-    sources = {p.name: "data:image/png;base64," + base64.b64encode(p.read_bytes()).decode() for p in plots}
-    body = render_html(report_markdown(results, plots, sources))
-    path = out / "report.html"
-    write_atomic(path, f"<!doctype html><html><head><meta charset='utf-8'><title>Load test "
-                    f"{html.escape(str(results.get('config')))}</title><style>{HTML_STYLE}</style></head><body>\n"
-                    + body + "\n</body></html>\n")
-    return path
+    from loadtest import page
+
+    sources = embedded(plots)
+    return write_atomic(out / "report.html", page.html(first_page(results, plots, sources, out), sources))
 
 
 def write_report(results: dict[str, Any], out: Path) -> dict[str, Path]:

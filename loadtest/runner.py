@@ -38,6 +38,7 @@ import platform
 import re
 import math
 import shutil
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -224,7 +225,24 @@ def machine_info() -> dict[str, Any]:
                 break
             except importlib.metadata.PackageNotFoundError:
                 continue
+    info["commit"] = kit_commit()
     return info
+
+
+def kit_commit() -> str | None:
+    """The kit's git commit (`+dirty` with uncommitted changes), for telling reports apart; None
+    outside a checkout."""
+    repo = Path(__file__).resolve().parents[1]
+    try:
+        head = subprocess.run(["git", "-C", str(repo), "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, timeout=10)
+        if head.returncode != 0:
+            return None
+        dirty = subprocess.run(["git", "-C", str(repo), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return head.stdout.strip() + ("+dirty" if dirty else "")
 
 
 @dataclass
@@ -412,7 +430,8 @@ class Sweep:
         by_name = {v.name: v for v in variants}
         order = [(r, c, by_name[server.name]) for r, c, server in plan.steps]
         self.results["plan"] = {"order": plan.order_name, "why": plan.why, "servers_together": plan.together,
-                                "server_starts": len(plan.starts()), "estimated_s": round(plan.total_s())}
+                                "server_starts": len(plan.starts()), "estimated_s": round(plan.total_s()),
+                                "planned_runs": len(order), "variants": [v.name for v in variants]}
         if plan.servers:
             print(plan.describe(), file=sys.stderr, flush=True)
         log.info("load test of %s: report in %s", self.settings.config or self.settings.url, self.out)

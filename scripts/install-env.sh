@@ -42,3 +42,15 @@ if ! command -v prometheus >/dev/null; then
     echo "specdeploy: note: no prometheus on PATH; the observability test will be skipped (apt install prometheus)"
   fi
 fi
+
+# The report's browser test renders report.html in headless Chromium: Debian's package, installed
+# the same way; elsewhere that test says it could not run (and fails under CI=true).
+if ! command -v chromium >/dev/null && ! command -v chromium-browser >/dev/null; then
+  if command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
+    echo "specdeploy: installing Debian's chromium (for the report's browser test)"
+    { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium >/dev/null; } \
+      || echo "specdeploy: warning: could not install chromium; the browser test cannot run"
+  else
+    echo "specdeploy: note: no chromium on PATH; the report's browser test cannot run (apt install chromium)"
+  fi
+fi

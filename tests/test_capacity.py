@@ -222,8 +222,10 @@ def test_the_command_writes_capacity_json_report_and_plots(tmp_path: Path) -> No
     assert over["accounted"] and over["server_up_after"] and over["outcomes"]["timed_out"] == 3
     assert over["memory"]["self_peak_mib"] > 0 and over["memory"]["samples"] >= 2
     text = files["markdown"].read_text()
-    assert text.splitlines()[2].startswith("**At ttft_p95 <= 500 ms and tpot_p95 <= 50 ms, speculation raises "
-                                           "capacity from 1.3 to 3.08 req/s (+137%")
+    assert text.splitlines()[2] == ("- **capacity: speculation raises capacity +137%** — baseline 1.3 → speculation "
+                                    "3.08 req/s at ttft_p95 <= 500 ms and tpot_p95 <= 50 ms")
+    assert "- At ttft_p95 <= 500 ms and tpot_p95 <= 50 ms, speculation raises capacity from 1.3 to 3.08 req/s" in text
+    assert capacity_report.exit_code(result) == 0  # flagged (the second opinion disagrees): measured, flags shown
     assert "speculation stops paying above 2." in text
     assert "| spec-k4 | 0.65 | 50% |" in text and "| NO |" in text  # the second opinion table
     page = files["html"].read_text()
@@ -297,6 +299,66 @@ def test_an_interrupt_keeps_capacity_json(tmp_path: Path) -> None:
     assert saved["status"] == "interrupted" and len(saved["levels"]) == 3
 
 
+def test_an_interrupted_search_draws_no_comparison_from_the_variant_it_never_measured(tmp_path: Path) -> None:
+    class Interrupted(FakeLevels):
+        def measure(self, variant: str, rate: float, repeat: int, **options) -> dict:
+            if variant == "baseline":
+                raise KeyboardInterrupt
+            return super().measure(variant, rate, repeat, **options)
+
+    run = Capacity(Interrupted({"spec-k4": 3.1, "baseline": 1.3}), CapacitySettings(SLO), tmp_path)
+    with pytest.raises(KeyboardInterrupt):
+        run.run()
+    lines = headline(run.result)
+    assert lines[0] == "Interrupted after 1 run; not measured: baseline: no comparison"
+    assert lines[1] == ("At ttft_p95 <= 500 ms and tpot_p95 <= 50 ms, speculation's capacity is at least 0.5 req/s; "
+                        "the baseline was not measured: no comparison")
+    assert capacity_report.lead(run.result).startswith("Interrupted after 1 run")
+    assert capacity_report.exit_code(run.result) == 130
+
+
+def test_a_capacity_that_a_later_lower_rate_run_contradicts_is_revised_in_the_headline() -> None:
+    """The short search of issue 46: both variants pass at 8 req/s, then the second opinion's run at
+    6.4 req/s (80% of it) misses tpot_p95 for speculation: 8 cannot stand."""
+    def level(variant: str, rate: float, met: bool, phase: str = "search", repeat: int = 1) -> dict:
+        return {"variant": variant, "rate": rate, "repeat": repeat, "phase": phase, "status": "ok",
+                "meets_targets": met, "why": "ok" if met else "tpot_p95 93 ms > 50 ms",
+                "client": {"ok": 8, "per_token_latency_ms": _dist(20), "e2e_ms": _dist(900)}}
+
+    found = {"capacity": 8.0, "interval": [8.0, 16.0], "status": "found", "lowest_tried": 4.0}
+    result = {"slo": SLO, "spec_variant": "spec-k4", "variants": ["spec-k4", "baseline"], "crossover": None,
+              "capacity": {"spec-k4": dict(found), "baseline": dict(found)},
+              "levels": [level(v, r, r <= 8) for v in ("spec-k4", "baseline") for r in (4.0, 8.0, 16.0)]
+              + [level("spec-k4", 6.4, False, "second opinion", 2), level("baseline", 6.4, True, "second opinion", 2)]}
+    lines = headline(result)
+    assert lines[0].startswith("At ttft_p95 <= 500 ms and tpot_p95 <= 50 ms, speculation lowers capacity from 8 to "
+                               "4 req/s (-50%)"), lines[0]
+    assert lines[1] == ("speculation's capacity revised from 8 to 4 req/s: a run at 6.4 req/s (second opinion) missed "
+                        "the targets")
+    assert cap.revised(result, "baseline") is None
+    badges = [b for b in capacity_report.badges(result) if b.label == "REVISED"]
+    assert [b.text for b in badges] == ["spec-k4: capacity 8 → 4 req/s: a run at 6.4 req/s missed"]
+
+
+def test_a_second_opinion_that_misses_the_targets_revises_the_capacity_the_overload_uses(tmp_path: Path) -> None:
+    class Contradicted(FakeLevels):
+        def measure(self, variant: str, rate: float, repeat: int, **options) -> dict:
+            level = super().measure(variant, rate, repeat, **options)
+            if variant == "spec-k4" and options.get("vllm_bench") and rate > 1:  # 80% of the smaller capacity
+                level["client"]["ttft_ms"] = _dist(900)
+                level["slo"] = {"met": False, "targets": {"ttft_p95": {"bound_ms": 500, "value_ms": 900, "met": False}}}
+            return level
+
+    levels = Contradicted({"spec-k4": 3.1, "baseline": 1.3})
+    result = Capacity(levels, CapacitySettings(SLO, overload_s=5), tmp_path).run()
+    assert set(result["revised"]) == {"spec-k4"} and result["revised"]["spec-k4"]["capacity"] == 1.0
+    assert result["status"] == "flagged" and capacity_report.exit_code(result) == 0
+    assert "speculation's capacity revised from 3.08 to 1 req/s: a run at 1.04 req/s (second opinion) missed" \
+        in "\n".join(headline(result))
+    # The overload runs at twice the capacity that stands.
+    assert {(v, r) for v, r, n, b, d in levels.calls if d} == {("spec-k4", 2.0), ("baseline", 2.6)}
+
+
 def test_overload_counts_requests_without_an_outcome() -> None:
     level = {**synthetic_level("baseline", 2.0, 1, 10), "variant": "baseline"}
     level["open_loop"]["sent"] = 10  # 8 ended, 2 vanished
@@ -339,9 +401,8 @@ def test_capacity_command_on_running_servers(servers, tmp_path: Path) -> None:
         assert over["memory"]["locust_peak_mib"] > 0
     assert {(lv["variant"], lv["rate"]) for lv in result["levels"] if lv["phase"] == "search"} == \
         {(v, 4.0) for v in ("spec-k4", "baseline")}
-    first = (tmp_path / "capacity.md").read_text().splitlines()[2]
-    assert first.startswith("**At ttft_p95 <= 60000 ms and tpot_p95 <= 10000 ms, speculation leaves capacity "
-                            "unchanged: at least 4 req/s (+0%)"), first
+    assert "- At ttft_p95 <= 60000 ms and tpot_p95 <= 10000 ms, speculation leaves capacity unchanged: at least " \
+           "4 req/s (+0%)" in (tmp_path / "capacity.md").read_text()
     assert (tmp_path / "report.html").is_file() and (tmp_path / capacity_report.PARETO).is_file()
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -161,15 +162,22 @@ class _Tables(HTMLParser):
             self.pre[-1] += data
 
 
-def test_html_report_is_the_markdown_rendered_with_plots_inside(tmp_path):
+def test_html_report_leads_with_the_answer_and_keeps_the_evidence_in_details(tmp_path):
     files = write_report(_results(), tmp_path)
     page = files["html"].read_text()
     md = files["markdown"].read_text()
-    assert "<title>Load test default</title>" in page and "<style>" in page and "<table>" in page
+    assert "<title>Load test: default</title>" in page and "<style>" in page and "<table>" in page
+    # The first screen: a verdict line, the speedup picture, the setup; then sections that open on click.
+    body = page.split("<body>", 1)[1]
+    assert body.index("data-verdict") < body.index("data-answer") < body.index("Setup.") < body.index("<details>")
+    assert "<b>speculation pays</b>" in page and "2.00x output tok/s" in page
+    assert md.splitlines()[2] == "**Incomplete: 2 runs measured; failed: broken.**"  # its server did not start
+    assert md.splitlines()[4].startswith("- **batch 1: speculation pays** — 2.00x output tok/s")
+    assert md.index("![Speedup of speculation") < md.index("**Setup.**") < md.index("## Batch comparison")
     # Markdown's bold is bold, not stripped and not left as asterisks.
-    assert "status <strong>ok</strong>" in page and "status **ok**" in md
+    assert "Status <strong>ok</strong>" in page and "Status **ok**" in md
     # The raw HTML in an error message is shown as text, not passed into the page.
-    assert "<html>" not in page.split("<body>", 1)[1] and "&lt;html&gt; &amp; a | pipe second line" in page
+    assert "<html>" not in body and "&lt;html&gt; &amp; a | pipe second line" in page
     parsed = _Tables()
     parsed.feed(page)
     variants = next(r for r in parsed.rows if r and r[0] == "broken")
@@ -181,9 +189,80 @@ def test_html_report_is_the_markdown_rendered_with_plots_inside(tmp_path):
         assert src.startswith("data:image/png;base64,")
         assert base64.b64decode(src.split(",", 1)[1]).startswith(b"\x89PNG")
     assert "![throughput](throughput.png)" in md
-    # The cost model stays preformatted: its alignment and asterisks as written.
-    assert any("break-even per-token a*:    E(a*, K) = r" in block for block in parsed.pre)
+    # The method (the cost model's formulas, how agreement is judged) is in docs/load-tests.md, linked.
+    assert "E(a*, K) = r" not in page and "docs/load-tests.md#the-cost-model" in page
+    docs = (REPO / "docs" / "load-tests.md").read_text()
+    for anchor in re.findall(r"docs/load-tests\.md#([a-z0-9-]+)", page):
+        assert f"(#{anchor})" in docs or _anchor_of_heading(docs, anchor), anchor
     assert '<a href="locust/c1.html">' in page
+
+
+def _anchor_of_heading(docs: str, anchor: str) -> bool:
+    """Whether a heading of docs/load-tests.md gets `anchor` (GitHub's rule: lower case, spaces to
+    dashes, punctuation dropped)."""
+    for line in docs.splitlines():
+        if line.startswith("#"):
+            text = line.lstrip("#").strip().lower()
+            if re.sub(r"[^a-z0-9 -]", "", text).replace(" ", "-") == anchor:
+                return True
+    return False
+
+
+def test_the_exit_status_matches_the_words():
+    from loadtest import sweep_summary as ss
+
+    results = _results()
+    results["variants"] = results["variants"][:2]
+    assert ss.exit_code(results) == ss.OK == 0
+    # Flags (a second opinion that disagrees) are shown, not an error: every level was measured.
+    results["variants"][1]["levels"][0].update(status="flagged", problems=["vLLM's benchmark disagrees"])
+    results["status"] = "flagged"
+    assert ss.exit_code(results) == 0
+    results["variants"][0]["levels"][0]["consistency"]["ok"] = False
+    assert ss.exit_code(results) == ss.UNTRUSTED == 4
+    failed = _results()  # a variant whose server did not start: a measurement missing
+    assert ss.exit_code(failed) == ss.INCOMPLETE == 3
+    assert "Incomplete" in ss.lead(failed) and "failed: broken" in ss.lead(failed)
+    failed["status"] = "interrupted"
+    assert ss.exit_code(failed) == ss.INTERRUPTED == 130
+    assert ss.exit_code({"status": "failed", "variants": []}) == ss.USAGE == 2
+
+
+def test_an_interrupted_sweep_leads_with_what_it_is_and_a_single_run_says_it_has_no_interval():
+    from loadtest import sweep_summary as ss
+
+    alone = _results()
+    alone["variants"] = alone["variants"][:1]
+    alone.update(status="interrupted", plan={"planned_runs": 4, "variants": ["spec-k4", "baseline"]})
+    assert ss.lead(alone) == "Interrupted after 1 of 4 runs measured; not measured: baseline; no comparison."
+    [line] = ss.verdict_lines(alone)
+    assert (line.verdict, line.tone) == ("no comparison", "none") and "baseline was not measured" in line.figures
+    md = report_markdown(alone, [])
+    assert md.splitlines()[2] == "**Interrupted after 1 of 4 runs measured; not measured: baseline; no comparison.**"
+    complete = _results()
+    complete["variants"] = complete["variants"][:2]
+    assert ss.lead(complete).startswith("One run per level: no 95% interval can be given")
+    complete["settings"]["repeat"] = 3
+    assert ss.lead(complete) == ""
+
+
+def test_a_flag_is_a_badge_that_links_to_its_detail(tmp_path):
+    from loadtest import sweep_summary as ss
+
+    results = _results()
+    results["variants"] = results["variants"][:2]
+    level = results["variants"][1]["levels"][0]
+    level["vllm_bench_agreement"] = {"ttft_p50_ms": {"difference": 0.15, "difference_adjusted": 0.147,
+                                                     "agrees": False}, "agrees": False}
+    level["consistency"] = {"ok": False, "relative_error": 0.07}
+    badges = {(b.label, b.target): b.text for b in ss.badges(results)}
+    assert badges[("FLAG", "second-opinion")] == "batch 1 baseline run 1: vLLM bench TTFT differs +14.7%"
+    assert badges[("UNTRUSTED", "trust")] == "batch 1 baseline run 1: client tokens vs server counter 7.0% apart"
+    # Locust says slower, the engine's clock says faster: the verdict carries a DISAGREE badge.
+    results["variants"][0]["levels"][0]["client"]["output_tokens_per_s"] = 50.0
+    badges = {(b.label, b.target): b.text for b in ss.badges(results)}
+    assert badges[("DISAGREE", "second-opinion")] == ("batch 1 spec-k4: Locust's verdict contradicted by per token on "
+                                                      "the engine's clock")
 
 
 def test_markdown_table_cells_keep_backslashes_and_pipes():

@@ -310,4 +310,4 @@ def soak(opts: argparse.Namespace) -> int:
         tqdm.write(soak_report.verdict_line(name, result))
     print("\n".join(soak_report.verdict_line(r["drafter"], r) for r in report["drafters"]))
     print(f"report: {opts.out / 'soak.md'}")
-    return 0 if all(soak_report.passed(r) for r in report["drafters"]) else 1
+    return soak_report.exit_code(report)

@@ -17,14 +17,15 @@ machine's) when acceptance held and each step got slower.
 from __future__ import annotations
 
 import base64
-import html
 import statistics
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from loadtest import page
 from loadtest.client import RequestRecord
 from loadtest.files import write_atomic, write_json
+from loadtest.page import METHOD_DOC, Badge, Line, Page, Section, method_link
 from loadtest.stats import percentile
 
 GIB = 2**30
@@ -279,63 +280,162 @@ def _fmt(key: str, value: float | None) -> str:
     return f"{value:.3f}" if key.startswith("rss") else f"{value:.1f}"
 
 
-def markdown(soak: dict[str, Any], plots: dict[str, str]) -> str:
-    """soak.md: a verdict line per drafter first, then how it ran, then a table and a plot per drafter."""
-    meta = soak["meta"]
-    window = meta["window"]
-    lines = [f"- {verdict_line(r['drafter'], r)}" for r in soak["drafters"]]
-    lines += ["", "# Soak: each drafter on the embedded default", "",
-              f"{meta['requests']} requests per drafter, open loop (Poisson arrivals, seed {meta['seed']}) at each "
-              f"drafter's rate" + (f"; the last {meta['repeat_head']} repeat the first {meta['repeat_head']}'s gaps and "
-                                   f"prompts, so both judged windows offer the same load"
-                                   if meta.get("repeat_head") else "") + f", {meta['max_tokens']} output tokens each (ignore_eos), workload `{meta['workload']}` "
-              f"({meta['prompts']} prompts in turn, no two consecutive alike), temperature {meta['temperature']:g}; "
-              f"{meta['rate_rule']}. Resident memory: RSS summed over the server's process tree (API server, engine "
-              f"core, workers), sampled every {meta['sample_every_s']:g} s. Each figure of the last {window} requests "
-              f"(in send order) against the first {window}: within {100 * meta['tolerance']:g}% either way, or "
-              f"DRIFTS. Latencies over the window's successful requests; RSS mean over the samples taken while "
-              f"its requests ran, RSS at the end: the sample after the first window's last response, and the final "
-              f"one." + (f" Not judged: what the engine counted over each window (its /metrics, scraped every "
-                          f"{meta['metrics_every_s']:g} s): draft acceptance, its own per-token latency, requests "
-                          f"running; they say whether a drift is the drafter's or the steps'."
-                          if meta.get("metrics_every_s") else "") + f" {meta['machine']}; {meta['date']}.", ""]
-    for r in soak["drafters"]:
-        lines += [f"## {r['drafter']}", ""]
-        if r.get("error"):
-            lines += [f"Failed: {r['error']}", ""]
-            continue
-        v = r["verdict"]
-        lines += [f"Rate {r['rate']:.2f} requests/s ({r['rate_source']}); server start {r['startup_s']:.0f} s; "
-                  f"the run took {r['run_s'] / 60:.1f} min; {v['requests']} requests, {v['failed']} failed; "
-                  f"{r['processes']} processes in the server's tree."
-                  + (" Problems: " + "; ".join(v["problems"]) + "." if v["problems"] else ""), ""]
-        if "first" in v:
-            lines += [f"| figure | first {window} | last {window} | change | |", "|---|---:|---:|---:|---|"]
-            for key, title in FIGURES.items():
-                change = v["change"][key]
-                mark = "DRIFTS" if key in v["drifts"] else ("within" if change is not None else "n/a")
-                lines.append(f"| {title} | {_fmt(key, v['first'][key])} | {_fmt(key, v['last'][key])} | "
-                             f"{_pct(change)} | {mark} |")
-            lines.append(f"| failed requests | {v['first']['failed']} | {v['last']['failed']} | | |")
-            for key, title in ENGINE_FIGURES.items():
-                if v["first"].get(key) is not None or v["last"].get(key) is not None:
-                    pair = [v[w].get(key) for w in ("first", "last")]
-                    change = pair[1] / pair[0] - 1 if pair[0] and pair[1] is not None else None
-                    lines.append(f"| {title} | " + " | ".join("n/a" if x is None else f"{x:.3g}" for x in pair)
-                                 + f" | {_pct(change)} | |")
-            rates = [v[w].get("arrivals_per_s") for w in ("first", "last")]
-            lines.append("| arrivals/s (the load offered, not judged) | "
-                         + " | ".join("n/a" if x is None else f"{x:.2f}" for x in rates) + " | | |")
-            lines.append("")
-        if r["drafter"] in plots:
-            lines += [f"![{r['drafter']}]({plots[r['drafter']]})", ""]
+def _drafter_body(r: dict[str, Any], window: int, plots: dict[str, str]) -> str:
+    """One drafter's evidence: how its run went, the two windows side by side and its plot."""
+    if r.get("error"):
+        return f"Failed: {r['error']}"
+    v = r["verdict"]
+    lines = [f"- {verdict_line(r['drafter'], r)}", "",
+             f"Rate {r['rate']:.2f} requests/s ({r['rate_source']}); server start {r['startup_s']:.0f} s; "
+             f"the run took {r['run_s'] / 60:.1f} min; {v['requests']} requests, {v['failed']} failed; "
+             f"{r['processes']} processes in the server's tree."
+             + (" Problems: " + "; ".join(v["problems"]) + "." if v["problems"] else ""), ""]
+    if "first" in v:
+        lines += [f"| figure | first {window} | last {window} | change | |", "|---|---:|---:|---:|---|"]
+        for key, title in FIGURES.items():
+            change = v["change"][key]
+            mark = "DRIFTS" if key in v["drifts"] else ("within" if change is not None else "n/a")
+            lines.append(f"| {title} | {_fmt(key, v['first'][key])} | {_fmt(key, v['last'][key])} | "
+                         f"{_pct(change)} | {mark} |")
+        lines.append(f"| failed requests | {v['first']['failed']} | {v['last']['failed']} | | |")
+        for key, title in ENGINE_FIGURES.items():
+            if v["first"].get(key) is not None or v["last"].get(key) is not None:
+                pair = [v[w].get(key) for w in ("first", "last")]
+                change = pair[1] / pair[0] - 1 if pair[0] and pair[1] is not None else None
+                lines.append(f"| {title} | " + " | ".join("n/a" if x is None else f"{x:.3g}" for x in pair)
+                             + f" | {_pct(change)} | |")
+        rates = [v[w].get("arrivals_per_s") for w in ("first", "last")]
+        lines.append("| arrivals/s (the load offered, not judged) | "
+                     + " | ".join("n/a" if x is None else f"{x:.2f}" for x in rates) + " | | |")
+        lines.append("")
+    if r["drafter"] in plots:
+        lines += [f"![{r['drafter']}]({plots[r['drafter']]})", ""]
     return "\n".join(lines)
+
+
+def _method(meta: dict[str, Any]) -> str:
+    window = meta["window"]
+    return (f"{meta['requests']} requests per drafter, open loop (Poisson arrivals, seed {meta['seed']}) at each "
+            f"drafter's rate" + (f"; the last {meta['repeat_head']} repeat the first {meta['repeat_head']}'s gaps and "
+                                 f"prompts, so both judged windows offer the same load"
+                                 if meta.get("repeat_head") else "") + f", {meta['max_tokens']} output tokens each "
+            f"(ignore_eos), workload `{meta['workload']}` ({meta['prompts']} prompts in turn, no two consecutive alike), "
+            f"temperature {meta['temperature']:g}; {meta['rate_rule']}. Resident memory: RSS summed over the server's "
+            f"process tree (API server, engine core, workers), sampled every {meta['sample_every_s']:g} s. Each figure "
+            f"of the last {window} requests (in send order) against the first {window}: within "
+            f"{100 * meta['tolerance']:g}% either way, or DRIFTS. Latencies over the window's successful requests; RSS "
+            f"mean over the samples taken while its requests ran, RSS at the end: the sample after the first window's "
+            f"last response, and the final one." + (f" Not judged: what the engine counted over each window (its "
+                                                    f"/metrics, scraped every {meta['metrics_every_s']:g} s): draft "
+                                                    f"acceptance, its own per-token latency, requests running; they "
+                                                    f"say whether a drift is the drafter's or the steps'."
+                                                    if meta.get("metrics_every_s") else "")
+            + f" {meta['machine']}; {meta['date']}.")
+
+
+def _line(r: dict[str, Any], tolerance: float) -> Line:
+    if r.get("error"):
+        return Line(r["drafter"], "not measured", r["error"])
+    v = r["verdict"]
+    changes = " · ".join(f"{SHORT[k]} {_pct(c)}" for k, c in v["change"].items())
+    accept = [v.get(w, {}).get("acceptance_rate") for w in ("first", "last")]
+    if None not in accept:
+        changes += f" · acceptance {accept[0]:.0%} → {accept[1]:.0%}"
+    basis = f"{v['requests']} requests" + (f" at {r['rate']:.2g}/s" if r.get("rate") else "") + f", {v['failed']} failed"
+    if v["status"] == "drifts":
+        drifted = ", ".join(f"{SHORT[k]} {_pct(v['change'][k])}" for k in v["drifts"])
+        return Line(r["drafter"], f"DRIFTS: {drifted}", f"{changes} · {basis}", "bad")
+    if v["status"] == "failed":
+        return Line(r["drafter"], "FAILED", "; ".join(v["problems"]) + f" · {basis}", "bad" if "first" in v else "none")
+    return Line(r["drafter"], f"within {100 * tolerance:g}%", f"{changes} · {basis}", "good")
+
+
+def summary_plot(soak: dict[str, Any], path: Path) -> Path | None:
+    """The first screen's picture: each drafter's change of every judged figure (last window against
+    the first), the tolerance band shaded; a bar outside it drifts."""
+    judged = [r for r in soak["drafters"] if not r.get("error") and r["verdict"].get("change")]
+    if not judged:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tol = 100 * soak["meta"]["tolerance"]
+    fig, ax = plt.subplots(figsize=(6.4, 4.3), dpi=100)
+    keys = list(FIGURES)
+    height = 0.8 / len(keys)
+    for i, key in enumerate(keys):
+        ys = [j + (i - (len(keys) - 1) / 2) * height for j in range(len(judged))]
+        xs = [100 * (r["verdict"]["change"].get(key) or 0.0) for r in judged]
+        ax.barh(ys, xs, height=height, color=f"C{i}", label=SHORT[key])
+        ax.plot(xs, ys, "|", color=f"C{i}", ms=8)  # a figure that did not move is a tick at 0, not nothing
+    ax.axvspan(-tol, tol, color="green", alpha=0.08)
+    for x in (-tol, tol):
+        ax.axvline(x, color="green", lw=1, ls="--")
+    ax.axvline(0, color="black", lw=1)
+    ax.set_yticks(range(len(judged)))
+    ax.set_yticklabels([r["drafter"] for r in judged], fontsize=10)
+    ax.invert_yaxis()
+    ax.set_xlabel(f"last window against the first, % (within ±{tol:g}%: green band)", fontsize=10)
+    ax.set_title("Soak: how far each figure moved", fontsize=12)
+    ax.grid(True, axis="x", alpha=0.3)
+    ax.legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+SUMMARY = "soak-summary.png"
+
+
+def first_page(soak: dict[str, Any], plots: dict[str, str], summary: str | None, out: Path | None = None) -> Page:
+    """soak.md and soak.html: a verdict line per drafter and the summary picture first."""
+    meta = soak["meta"]
+    drafters = soak["drafters"]
+    missing = [r["drafter"] for r in drafters if r.get("error") or "first" not in (r.get("verdict") or {})]
+    lead = (f"Incomplete: {', '.join(missing)} could not be judged ({len(drafters) - len(missing)} of "
+            f"{len(drafters)} drafters measured)." if missing else "")
+    badges = []
+    for r in drafters:
+        v = r.get("verdict") or {}
+        if r.get("error"):
+            badges.append(Badge("FAILED", f"{r['drafter']}: {r['error']}"[:90], slug(r["drafter"])))
+        elif v.get("status") == "drifts":
+            badges.append(Badge("DRIFT", f"{r['drafter']}: " + ", ".join(SHORT[k] for k in v["drifts"]),
+                                slug(r["drafter"])))
+        elif v.get("problems"):
+            badges.append(Badge("FLAG", f"{r['drafter']}: {'; '.join(v['problems'])}"[:90], slug(r["drafter"])))
+    setup = (f"**Setup.** Each drafter on the embedded default: {meta['requests']} requests open loop, "
+             f"{meta['max_tokens']} output tokens, workload `{meta['workload']}`, temperature {meta['temperature']:g}; "
+             f"{meta['rate_rule']}; the last {meta['window']} requests judged against the first {meta['window']}, "
+             f"within {100 * meta['tolerance']:g}%. {meta['machine']}; {meta['date']}. Method: "
+             f"{method_link('long-runs-make-soak', out, METHOD_DOC.parent / 'drafters.md')}.")
+    sections = [Section(slug(r["drafter"]), r["drafter"], _drafter_body(r, meta["window"], plots)) for r in drafters]
+    sections.append(Section("method", "How the soak ran", _method(meta)))
+    return Page(title="Soak: each drafter on the embedded default", lines=[_line(r, meta["tolerance"]) for r in drafters],
+                setup=setup, picture=summary, picture_alt="Change of each judged figure by drafter", lead=lead,
+                badges=badges, sections=sections)
+
+
+def markdown(soak: dict[str, Any], plots: dict[str, str], summary: str | None = None, out: Path | None = None) -> str:
+    """soak.md: a verdict line per drafter first, the summary picture, the setup, then each drafter."""
+    return page.markdown(first_page(soak, plots, summary, out))
+
+
+def exit_code(soak: dict[str, Any]) -> int:
+    """0: every drafter within the tolerance, no request failed; 1: a drafter drifts or failed
+    requests (the soak's verdict: not stable); 3: a drafter could not be measured or judged (its
+    server did not start, too few requests finished to fill two windows, a figure not measured)."""
+    if any(r.get("error") or "first" not in (r.get("verdict") or {}) or any(
+            c is None for c in (r.get("verdict") or {}).get("change", {}).values()) for r in soak["drafters"]):
+        return 3
+    return 0 if all(passed(r) for r in soak["drafters"]) else 1
 
 
 def write(soak: dict[str, Any], out: Path) -> dict[str, Path]:
     """soak.json, the plots, soak.md and a self-contained soak.html (plots embedded) in `out`."""
-    from loadtest.report import HTML_STYLE, render_html
-
     out.mkdir(parents=True, exist_ok=True)
     written = {"json": write_json(out / "soak.json", soak)}
     plots = {}
@@ -343,10 +443,13 @@ def write(soak: dict[str, Any], out: Path) -> dict[str, Path]:
         path = plot(r["drafter"], r, out / f"soak-{slug(r['drafter'])}.png") if not r.get("error") else None
         if path:
             plots[r["drafter"]] = path
-    written["markdown"] = write_atomic(out / "soak.md", markdown(soak, {k: p.name for k, p in plots.items()}))
-    embedded = {k: "data:image/png;base64," + base64.b64encode(p.read_bytes()).decode() for k, p in plots.items()}
-    body = render_html(markdown(soak, embedded))
-    written["html"] = write_atomic(out / "soak.html", "<!doctype html><html><head><meta charset='utf-8'><title>"
-                                   f"{html.escape('Soak')}</title><style>{HTML_STYLE}</style></head><body>\n"
-                                   + body + "\n</body></html>\n")
+    summary = summary_plot(soak, out / SUMMARY)
+    written["markdown"] = write_atomic(out / "soak.md", markdown(soak, {k: p.name for k, p in plots.items()},
+                                                                 SUMMARY if summary else None, out))
+    files = {k: p for k, p in plots.items()}
+    sources = {k: "data:image/png;base64," + base64.b64encode(p.read_bytes()).decode() for k, p in files.items()}
+    if summary:
+        sources[SUMMARY] = "data:image/png;base64," + base64.b64encode(summary.read_bytes()).decode()
+    written["html"] = write_atomic(out / "soak.html", page.html(first_page(soak, sources, SUMMARY if summary else None,
+                                                                            out), sources))
     return written

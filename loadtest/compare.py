@@ -1,0 +1,232 @@
+"""Two or more sweep reports side by side (`make compare REPORTS='a b ...'`): a table of the
+verdicts and speedups at every batch size (or rate) and an overlaid speedup plot, written as
+compare.md and a self-contained compare.html.
+
+Runs that measured different work cannot be compared: reports whose workload, temperature or
+output length differ are refused unless told (`--allow-different`). What else differs (machine,
+vLLM, commit, config, speculative configs, repeats) is said, not refused: that is usually what the
+comparison is for (before and after `make distill`, two CPUs, two vLLM versions).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from loadtest import page, stats
+from loadtest.files import write_atomic
+from loadtest.page import Badge, Line, Page, Section
+from loadtest.report import _md_table, derive_rates, embedded, load_results, summarize_speedups
+from loadtest.sweep_summary import verdict_rule
+
+MUST_MATCH = {"workload": "workload", "temperature": "temperature", "max_tokens": "output length (max_tokens)",
+              "fixed_length": "fixed output length"}
+"""Settings that change the work measured: a speedup under one is not comparable with one under another."""
+
+
+class Incomparable(ValueError):
+    """The reports measured different work (`MUST_MATCH`)."""
+
+
+def load(folder: Path) -> dict[str, Any]:
+    """A sweep's results (results.json in `folder`); a clear error for anything else."""
+    path = folder / "results.json" if folder.is_dir() else folder
+    if not path.is_file():
+        hint = " (a capacity report: compare its capacity.md instead)" if (folder / "capacity.json").is_file() else ""
+        raise ValueError(f"{folder}: no results.json{hint}")
+    results = load_results(folder)
+    if not isinstance(results, dict) or "variants" not in results:
+        raise ValueError(f"{folder}: not a load test's results.json")
+    return results
+
+
+def _value(results: dict[str, Any], key: str) -> Any:
+    return (results.get("settings") or {}).get(key)
+
+
+def _describe(results: dict[str, Any], what: str) -> str:
+    m = results.get("machine") or {}
+    if what == "machine":
+        return f"{m.get('cpus')} CPUs, {m.get('platform')}"
+    if what == "vLLM":
+        return str(m.get("vllm"))
+    if what == "commit":
+        return str(m.get("commit") or "not recorded")
+    if what == "config":
+        return str(results.get("config"))
+    if what == "speculation":
+        return "; ".join(f"{v['name']} {v.get('speculative_config') or 'off'}" for v in results.get("variants") or []
+                         if v["name"] != "baseline") or "none"
+    if what == "repeats":
+        return str(_value(results, "repeat"))
+    if what == "load":
+        return (f"rates {_value(results, 'rates')}" if _value(results, "rates") else f"batch {_value(results, 'users')}")
+    return str(_value(results, what))
+
+
+SAID = ("machine", "vLLM", "commit", "config", "speculation", "repeats", "load")
+"""What may differ and is said."""
+
+
+def differences(runs: list[tuple[str, dict[str, Any]]]) -> tuple[list[str], list[str]]:
+    """(refusing, said): what differs between the reports, as lines 'what: a (name), b (name)'."""
+    def line(title: str, values: list[str]) -> str:
+        return f"{title}: " + ", ".join(f"{v} ({name})" for v, (name, _) in zip(values, runs))
+
+    refusing = []
+    for key, title in MUST_MATCH.items():
+        values = [_value(r, key) for _, r in runs]
+        if len({repr(v) for v in values}) > 1:
+            refusing.append(line(title, [str(v) for v in values]))
+    said = []
+    for what in SAID:
+        values = [_describe(r, what) for _, r in runs]
+        if len(set(values)) > 1:
+            said.append(line(what, values))
+    return refusing, said
+
+
+def rows(runs: list[tuple[str, dict[str, Any]]]) -> list[dict[str, Any]]:
+    """One row per (level, variant, report): the speedup's mean and interval, the verdict, the acceptance."""
+    out = []
+    for name, results in runs:
+        for e in summarize_speedups(results):
+            out.append({"level": e["concurrency"], "unit": "batch", "variant": e["variant"], "report": name,
+                        "speedup": e.get("speedup") or {}, "verdict": e["verdict"].split(";")[0].split(" (")[0],
+                        "acceptance": (e.get("acceptance_rate") or {}).get("mean"), "runs": e["runs"]})
+        groups: dict[tuple[str, float], list[dict[str, Any]]] = {}
+        for r in derive_rates(results):
+            if r["variant"] != "baseline" and r.get("tpot_p50_speedup"):
+                groups.setdefault((r["variant"], r["rate"]), []).append(r)
+        for (variant, rate), group in groups.items():
+            m = stats.mean_interval([r["tpot_p50_speedup"] for r in group])
+            accepts = [r["acceptance"] for r in group if r.get("acceptance") is not None]
+            out.append({"level": rate, "unit": "req/s", "variant": variant, "report": name, "speedup": m,
+                        "verdict": verdict_rule(m), "acceptance": sum(accepts) / len(accepts) if accepts else None,
+                        "runs": len(group)})
+    return sorted(out, key=lambda r: (r["unit"], r["level"], r["variant"], [n for n, _ in runs].index(r["report"])))
+
+
+def _speed(m: dict[str, Any]) -> str:
+    if m.get("mean") is None:
+        return "-"
+    return f"{m['mean']:.2f}x" + (f" ({m['low']:.2f}-{m['high']:.2f})" if m.get("low") is not None else "")
+
+
+def table_text(table: list[dict[str, Any]]) -> str:
+    """The side-by-side table for the terminal."""
+    header = ["level", "variant", "report", "speedup (95%)", "verdict", "acceptance", "runs"]
+    body = [[f"{r['level']:g} {r['unit']}" if r["unit"] == "req/s" else f"batch {r['level']}", r["variant"], r["report"],
+             _speed(r["speedup"]), r["verdict"], "-" if r["acceptance"] is None else f"{r['acceptance']:.0%}",
+             str(r["runs"])] for r in table]
+    widths = [max(len(h), *(len(b[i]) for b in body)) if body else len(h) for i, h in enumerate(header)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths)), "  ".join("-" * w for w in widths)]
+    previous = None
+    for r, b in zip(table, body):
+        if previous is not None and (r["level"], r["variant"]) != previous:
+            lines.append("")
+        previous = (r["level"], r["variant"])
+        lines.append("  ".join(c.ljust(w) for c, w in zip(b, widths)))
+    return "\n".join(lines)
+
+
+def plot(table: list[dict[str, Any]], path: Path) -> Path | None:
+    """Every report's speedup by level on one axis, each with its 95% interval, the 1.0 line."""
+    pts = [r for r in table if r["speedup"].get("mean") is not None]
+    if not pts:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from loadtest.report import _answer_axes, _finish_answer
+
+    fig, ax = _answer_axes(plt)
+    series = list(dict.fromkeys((r["report"], r["variant"], r["unit"]) for r in pts))
+    several_variants = len({s[1] for s in series}) > 1
+    levels = sorted({r["level"] for r in pts})
+    for j, (report, variant, unit) in enumerate(series):
+        mine = sorted((r for r in pts if (r["report"], r["variant"], r["unit"]) == (report, variant, unit)),
+                      key=lambda r: r["level"])
+        # Reports side by side at one level: a small offset (in log x) keeps their intervals apart.
+        shift = 1.0 + 0.04 * (j - (len(series) - 1) / 2)
+        ms = [r["speedup"] for r in mine]
+        err = [[m["mean"] - m["low"] if m.get("low") is not None else 0 for m in ms],
+               [m["high"] - m["mean"] if m.get("high") is not None else 0 for m in ms]]
+        ax.errorbar([r["level"] * shift for r in mine], [m["mean"] for m in ms], yerr=err, fmt="o-", capsize=4,
+                    color=f"C{j}", lw=2, label=report + (f": {variant}" if several_variants else ""))
+    unit = series[0][2]
+    _finish_answer(ax, levels, "batch size (concurrent requests)" if unit == "batch" else "arrival rate, req/s",
+                   "Speedup over the baseline, report by report (95% intervals)")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def compare(folders: list[Path], out: Path, allow_different: bool = False) -> tuple[dict[str, Path], str]:
+    """Write compare.md, compare.html and compare-speedup.png for the reports in `folders` under
+    `out`; return the files and the terminal's text. Raises `Incomparable` (what differs) unless
+    `allow_different`, ValueError for a folder that is no sweep report."""
+    if len(folders) < 2:
+        raise ValueError("give two or more reports to compare side by side (one: make compare REPORT=...)")
+    runs = []
+    for folder in folders:
+        name = folder.name if folder.is_dir() else folder.parent.name
+        if any(name == n for n, _ in runs):
+            name = str(folder)
+        runs.append((name, load(folder)))
+    refusing, said = differences(runs)
+    if refusing and not allow_different:
+        raise Incomparable("the reports measured different work, so their speedups are not comparable: "
+                           + "; ".join(refusing) + ". Compare them anyway with --allow-different "
+                           "(make compare ... ALLOW_DIFFERENT=1)")
+    table = rows(runs)
+    out.mkdir(parents=True, exist_ok=True)
+    picture = plot(table, out / "compare-speedup.png")
+    sources = embedded([picture]) if picture else {}
+    first = _page(runs, table, refusing, said, picture, folders)
+    files = {"markdown": write_atomic(out / "compare.md", page.markdown(first)),
+             "html": write_atomic(out / "compare.html", page.html(first, sources))}
+    if picture:
+        files["plot"] = picture
+    text = "\n".join([*(f"DIFFERS (allowed): {d}" for d in refusing), *(f"differs: {d}" for d in said),
+                      *([""] if refusing or said else []), table_text(table)])
+    return files, text
+
+
+def _page(runs: list[tuple[str, dict[str, Any]]], table: list[dict[str, Any]], refusing: list[str], said: list[str],
+          picture: Path | None, folders: list[Path]) -> Page:
+    lines = []
+    for r in table:
+        level = f"{r['level']:g} req/s" if r["unit"] == "req/s" else f"batch {r['level']}"
+        word = r["verdict"].split(" (")[0]
+        tone = {"pays": "good", "does not pay": "bad", "breaks even": "even"}.get(word, "none")
+        figures = [_speed(r["speedup"])] + ([f"acceptance {r['acceptance']:.0%}"] if r["acceptance"] is not None else [])
+        lines.append(Line(f"{level}, {r['report']}", f"speculation {word}" if tone != "none" else word,
+                          " · ".join([*figures, f"{r['runs']} run{'s' if r['runs'] != 1 else ''}"]), tone))
+    first = runs[0][1]
+    setup = (f"**Setup.** {len(runs)} reports: " + ", ".join(f"`{f}`" for f in folders) + f". Workload "
+             f"`{_value(first, 'workload')}`, {_value(first, 'max_tokens')} output tokens, temperature "
+             f"{_value(first, 'temperature')}" + (" in every report" if not refusing else " in the first") + ". "
+             + ("Differs: " + "; ".join(said) + "." if said else "Machine, vLLM, commit and config: the same."))
+    badges = [Badge("DIFFERENT WORK", d, "differences") for d in refusing]
+    header = ["level", "variant", "report", "speedup (95%)", "verdict", "acceptance", "runs"]
+    body = [[f"{r['level']:g} {r['unit']}", r["variant"], r["report"], _speed(r["speedup"]), r["verdict"],
+             "-" if r["acceptance"] is None else f"{r['acceptance']:.0%}", str(r["runs"])] for r in table]
+    sections = [Section("table", "Side by side", _md_table(header, body)),
+                Section("differences", "What differs", "\n".join(f"- {d}" for d in refusing + said) or "Nothing recorded.")]
+    for name, results in runs:
+        sections.append(Section(f"report-{len(sections)}", f"{name}: status {results.get('status')}",
+                                f"Config `{results.get('config')}`, created {results.get('created')}, machine "
+                                f"{_describe(results, 'machine')}, vLLM {_describe(results, 'vLLM')}, commit "
+                                f"{_describe(results, 'commit')}."))
+    return Page(title="Reports side by side", lines=lines, setup=setup, lead=(
+        "Different work measured (allowed by --allow-different): " + "; ".join(refusing) if refusing else ""),
+        picture=picture.name if picture else None, picture_alt="Speedup by report", badges=badges, sections=sections)
+
+
+def default_out() -> Path:
+    return Path("reports") / f"compare-{time.strftime('%Y%m%d-%H%M%S')}"

@@ -1,0 +1,284 @@
+"""What a sweep's report says first: a lead line where the run is not a complete measurement, one
+verdict line per batch size (or arrival rate) and variant, short badges for what to check, the
+setup in a paragraph; and the exit status that matches those words (`exit_code`).
+
+Headlines come only from what was measured: a level without its baseline gets no verdict, an
+interrupted or failed sweep says so before anything else, and a sweep of one run per level says
+up front that it cannot give an interval.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from loadtest import content, stats, vllm_bench
+from loadtest.page import Badge, Line
+
+# ---------------------------------------------------------------------------------- exit status
+OK = 0
+"""Every level was measured; flags (clients disagreeing, a load generator that lagged, output that
+is no text) are in the report and its badges, not in the exit status."""
+USAGE = 2
+"""Bad input, or nothing could be measured at all (no server started)."""
+INCOMPLETE = 3
+"""A measurement could not be made: a level or a variant failed (a server did not start or died, a
+run broke off), so some verdict is missing."""
+UNTRUSTED = 4
+"""Every level ran, but a run's client token count disagrees with the server's own counter beyond
+the tolerance: by the kit's rule its figures cannot be trusted."""
+INTERRUPTED = 130
+"""Ctrl-C (or SIGTERM/SIGHUP): servers stopped, what was measured kept and reported."""
+
+EXIT_CODES = {OK: "every level measured (flags, if any, in the report)", USAGE: "bad input or nothing measured",
+              INCOMPLETE: "a level or variant could not be measured", UNTRUSTED:
+              "a run's token count disagrees with the server's counter (not to be trusted)",
+              INTERRUPTED: "interrupted (partial report written)"}
+
+
+def _all_levels(results: dict[str, Any]) -> Iterator[tuple[dict[str, Any], dict[str, Any]]]:
+    for variant in results.get("variants") or []:
+        for level in variant.get("levels") or []:
+            yield variant, level
+
+
+def exit_code(results: dict[str, Any]) -> int:
+    """The exit status of `python -m loadtest run` for these results (see the constants above)."""
+    if results.get("status") == "interrupted":
+        return INTERRUPTED
+    variants = results.get("variants") or []
+    if not variants:
+        return USAGE
+    if any(v.get("status") in ("failed", "skipped") for v in variants) or any(
+            lv.get("status") in ("failed", "skipped") for _, lv in _all_levels(results)):
+        return INCOMPLETE
+    if any((lv.get("consistency") or {}).get("ok") is False for _, lv in _all_levels(results)):
+        return UNTRUSTED
+    return OK
+
+
+# ---------------------------------------------------------------------------------- the lead
+def lead(results: dict[str, Any]) -> str:
+    """One sentence when the run is not a complete measurement (or cannot give intervals); empty otherwise."""
+    variants = results.get("variants") or []
+    measured = [(v, lv) for v, lv in _all_levels(results) if (lv.get("client") or {}).get("ok")]
+    planned = (results.get("plan") or {}).get("planned_runs")
+    names = (results.get("plan") or {}).get("variants") or [v["name"] for v in variants]
+    ran = {v["name"] for v, _ in measured}
+    missing = [n for n in names if n not in ran]
+    counted = f"{len(measured)} of {planned} runs measured" if planned else f"{len(measured)} runs measured"
+    parts = []
+    if results.get("status") == "interrupted":
+        parts.append(f"Interrupted after {counted}")
+    elif any(v.get("status") in ("failed", "skipped") for v in variants) or any(
+            lv.get("status") in ("failed", "skipped") for _, lv in _all_levels(results)):
+        failed = sorted({v["name"] for v, lv in _all_levels(results) if lv.get("status") in ("failed", "skipped")}
+                        | {v["name"] for v in variants if v.get("status") == "failed"})
+        parts.append(f"Incomplete: {counted}; failed: {', '.join(failed)}")
+        missing = [n for n in missing if n not in failed]
+    if parts:
+        if missing:
+            parts.append(f"not measured: {', '.join(missing)}")
+        if "baseline" not in ran or not (ran - {"baseline"}):
+            parts.append("no comparison")
+        return "; ".join(parts) + "."
+    repeat = (results.get("settings") or {}).get("repeat", 1)
+    if measured and repeat == 1:
+        return ("One run per level: no 95% interval can be given, each verdict rests on a single pair of runs "
+                "(--repeat 3 gives intervals).")
+    return ""
+
+
+# ---------------------------------------------------------------------------------- verdict lines
+def _interval(m: dict[str, Any]) -> str:
+    if m.get("low") is None:
+        return f"{m['mean']:.2f}x"
+    return f"{m['mean']:.2f}x (95% {m['low']:.2f}-{m['high']:.2f})"
+
+
+def _content_word(summary: dict[str, Any] | None) -> str:
+    if not summary or not summary.get("checked"):
+        return "content not checked"
+    if summary.get("degenerate"):
+        return f"content: {summary['degenerate']} of {summary['checked']} degenerate"
+    if summary.get("like_reference") is False:
+        return "content: unlike the reference text"
+    return "content: text"
+
+
+TONE = {"pays": "good", "does not pay": "bad", "breaks even": "even"}
+
+
+def _tone_of(verdict: str) -> tuple[str, str]:
+    """(short verdict, tone) of `report.verdict`'s text."""
+    head = verdict.split(";")[0].split(" (")[0].strip()
+    return (f"speculation {head}" if head in TONE else head), TONE.get(head, "none")
+
+
+def verdict_lines(results: dict[str, Any]) -> list[Line]:
+    """Closed loop: per batch size and speculative variant; open loop: per rate and variant."""
+    from loadtest.report import rate_levels, summarize_speedups
+
+    entries = sorted(summarize_speedups(results), key=lambda e: (e["concurrency"], e["variant"]))
+    several = len({e["variant"] for e in entries}) > 1
+    lines = []
+    for e in entries:
+        level = f"batch {e['concurrency']}" + (f", {e['variant']}" if several else "")
+        accept = (e.get("acceptance_rate") or {}).get("mean")
+        figures = [] if accept is None else [f"acceptance {accept:.0%}"]
+        figures.append(_content_word(e.get("content")))
+        speed = e.get("speedup") or {}
+        if speed.get("mean") is None:
+            lines.append(Line(level, "no comparison",
+                              " · ".join([f"the baseline was not measured at batch {e['concurrency']}", *figures])))
+            continue
+        word, tone = _tone_of(e["verdict"])
+        runs = f"{e['runs']} run{'s' if e['runs'] != 1 else ''}"
+        lines.append(Line(level, word, " · ".join([f"{_interval(speed)} output tok/s", *figures, runs]), tone))
+    if any(True for _ in rate_levels(results)):
+        lines += _rate_lines(results)
+    return lines
+
+
+def _rate_lines(results: dict[str, Any]) -> list[Line]:
+    from loadtest.report import derive_rates, rate_levels
+
+    rows = [r for r in derive_rates(results) if r["variant"] != "baseline"]
+    several = len({r["variant"] for r in rows}) > 1
+    contents: dict[tuple[str, float], list[Any]] = {}
+    for variant, level in rate_levels(results):
+        contents.setdefault((variant["name"], level["rate"]), []).append((level.get("client") or {}).get("content"))
+    groups: dict[tuple[str, float], list[dict[str, Any]]] = {}
+    for r in rows:
+        groups.setdefault((r["variant"], r["rate"]), []).append(r)
+    lines = []
+    for (variant, rate), group in sorted(groups.items(), key=lambda g: (g[0][1], g[0][0])):
+        level = f"{rate:g} req/s" + (f", {variant}" if several else "")
+        served = sum(r["outcomes"].get("served", 0) for r in group)
+        total = sum(sum(r["outcomes"].values()) for r in group)
+        accepts = [r["acceptance"] for r in group if r.get("acceptance") is not None]
+        figures = [f"acceptance {sum(accepts) / len(accepts):.0%}"] if accepts else []
+        figures += [_content_word(content.merge(contents.get((variant, rate), []))), f"{served}/{total} served"]
+        per_token = stats.mean_interval([r["tpot_p50_speedup"] for r in group if r.get("tpot_p50_speedup")])
+        if per_token["mean"] is None:
+            lines.append(Line(level, "no comparison", " · ".join(["the baseline was not measured at this rate", *figures])))
+            continue
+        e2e = stats.mean_interval([r["e2e_mean_speedup"] for r in group if r.get("e2e_mean_speedup")])
+        word, tone = _tone_of(verdict_rule(per_token))
+        speeds = [f"{_interval(per_token)} per token"] + ([f"{e2e['mean']:.2f}x end to end"] if e2e["mean"] else [])
+        runs = f"{len(group)} run{'s' if len(group) != 1 else ''}"
+        lines.append(Line(level, word, " · ".join([*speeds, *figures, runs]), tone))
+    return lines
+
+
+def verdict_rule(m: dict[str, Any]) -> str:
+    """The verdict rule of `report.verdict` on one interval (`stats.mean_interval`): pays, does not pay,
+    breaks even."""
+    if m.get("low") is not None and m["low"] > 1:
+        return "pays"
+    if m.get("high") is not None and m["high"] < 1:
+        return "does not pay"
+    if m.get("low") is None:
+        return "pays" if m["mean"] > 1 else "does not pay"
+    return "breaks even"
+
+
+def notes(results: dict[str, Any]) -> list[str]:
+    """Findings that are not verdicts: where the service targets were met."""
+    from loadtest.report import slo_lines
+
+    return slo_lines(results)
+
+
+# ---------------------------------------------------------------------------------- badges
+def _short(text: str, width: int = 90) -> str:
+    return text if len(text) <= width else text[:width - 1].rstrip() + "…"
+
+
+def _where(variant: dict[str, Any], level: dict[str, Any]) -> str:
+    at = f"{level['rate']:g} req/s" if "rate" in level else f"batch {level.get('concurrency')}"
+    return f"{at} {variant['name']} run {level.get('repeat', 1)}"
+
+
+AGREEMENT_NAMES = dict(vllm_bench.JUDGED_NAMES)
+
+
+def badges(results: dict[str, Any]) -> list[Badge]:
+    """Each warning in a few words, grouped where the same one concerns several runs."""
+    from loadtest.report import content_warnings, summarize_speedups
+
+    out: list[Badge] = []
+    grouped: dict[tuple[str, str, str], list[str]] = {}
+
+    def add(label: str, text: str, target: str, where: str) -> None:
+        grouped.setdefault((label, text, target), []).append(where)
+
+    for variant, level in _all_levels(results):
+        where = _where(variant, level)
+        if level.get("status") in ("failed", "skipped"):
+            out.append(Badge("FAILED", _short(f"{where}: " + "; ".join(level.get("problems") or [level["status"]])),
+                             "trust"))
+        agreement = level.get("vllm_bench_agreement") or {}
+        for key, name in AGREEMENT_NAMES.items():
+            a = agreement.get(key) or {}
+            if a.get("agrees") is False:
+                diff = a.get("difference_adjusted") if a.get("difference_adjusted") is not None else a.get("difference")
+                out.append(Badge("FLAG", f"{where}: vLLM bench {name} differs "
+                                 + (f"{100 * diff:+.1f}%" if diff is not None else ""), "second-opinion"))
+        if (level.get("consistency") or {}).get("ok") is False:
+            diff = level["consistency"].get("relative_error")
+            out.append(Badge("UNTRUSTED", f"{where}: client tokens vs server counter"
+                             + (f" {100 * diff:.1f}% apart" if diff is not None else ""), "trust"))
+        if (level.get("open_loop") or {}).get("behind"):
+            add("BEHIND", "load generator fell behind its schedule", "open-loop", where)
+        for note in level.get("notes") or []:
+            if "load generator" in note or "event loop" in note or "send lag" in note:
+                add("CLIENT LAG", "the load generator delayed requests or chunks", "lag", where)
+    for entry in summarize_speedups(results):
+        for line in content_warnings(entry):
+            out.append(Badge("CONTENT", _short(line.replace(": CONTENT:", ":")), "content"))
+        if "say the opposite" in entry.get("verdict", ""):
+            said = entry["verdict"].split("; but ", 1)[1].split(" say the opposite")[0]
+            out.append(Badge("DISAGREE", _short(f"batch {entry['concurrency']} {entry['variant']}: Locust's verdict "
+                                                f"contradicted by {said}"), "second-opinion"))
+    for entry in vllm_bench.systematic_by_level(results):
+        runs = max(entry[key]["runs"] for key in vllm_bench.AGREEMENT)
+        if entry["agrees"] is False and runs > 1:  # over one run: the FLAG of that run says it
+            out.append(Badge("DRIFT", f"batch {entry['concurrency']} {entry['variant']}: Locust and vLLM bench "
+                             "differ over all runs", "second-opinion"))
+    for (label, text, target), wheres in grouped.items():
+        where = wheres[0] if len(wheres) == 1 else f"{len(wheres)} runs"
+        out.append(Badge(label, f"{where}: {text}", target))
+    problems = [p for p in results.get("problems") or [] if p != "interrupted"
+                and not p.startswith("batch ")]  # a level's systematic line already has its badge
+    out += [Badge("PROBLEM", _short(p), "variants") for p in problems]
+    return out
+
+
+# ---------------------------------------------------------------------------------- setup
+def setup(results: dict[str, Any], method: str) -> str:
+    """One paragraph: model, drafter, K, workload, temperature, machine, repeats; `method` links the method."""
+    s = results.get("settings") or {}
+    m = results.get("machine") or {}
+    spec = [v for v in results.get("variants") or [] if v["name"] != "baseline" and v.get("k")]
+    served = next((v.get("served_model") for v in results.get("variants") or [] if v.get("served_model")), None)
+    drafters = []
+    for v in spec:
+        sc = v.get("speculative_config") or {}
+        what = sc.get("method") or v.get("drafter") or "speculation"
+        if sc.get("model"):
+            what += f" `{sc['model']}`"
+        drafters.append(f"{what}, K={v.get('k')}")
+    load = (f"open loop at {', '.join(f'{r:g}' for r in s['rates'])} req/s (Poisson arrivals)" if s.get("rates")
+            else f"closed loop at batch {', '.join(str(u) for u in s.get('users') or [])}")
+    order = (results.get("plan") or {}).get("order")
+    length = f"{s.get('max_tokens')} output tokens" + (" (fixed)" if s.get("fixed_length") else " at most")
+    target = f"`{served}`" if served else f"config `{results.get('config')}`"
+    commit = f", commit {m['commit']}" if m.get("commit") else ""
+    return (f"**Setup.** Target {target} ({'; '.join(drafters) or 'no speculative variant'}) against the same "
+            f"server without speculation. Workload `{s.get('workload')}`, {length}, temperature "
+            f"{s.get('temperature')}; {load}; {s.get('repeat', 1)} run(s) of each"
+            + (f", {order} order" if order else "") + f". Machine: {m.get('cpus')} CPUs"
+            + (f" ({m['platform']})" if m.get("platform") else "") + f", vLLM {m.get('vllm')}{commit}. "
+            f"Status **{results.get('status')}**. How each figure is computed: {method}.")
+
