@@ -304,7 +304,8 @@ def lead(result: dict[str, Any]) -> str:
 
 
 def badges(result: dict[str, Any]) -> list[Badge]:
-    out = [Badge("CONTENT", line.replace(": CONTENT:", ":")[:90], "levels") for line in cap.content_warnings(result)]
+    out = [Badge(label, line.replace(f": {label}:", ":")[:90], "levels") for line in cap.content_warnings(result)
+           for label in ["NOISE" if ": NOISE:" in line else "CONTENT"]]
     for v, c in cap.effective_capacity(result).items():
         if c.get("status") == "revised":
             out.append(Badge("REVISED", f"{v}: capacity {cap._rate(c['was'])} → {cap._capacity_text(c)} req/s: "

@@ -101,6 +101,8 @@ def _content_word(summary: dict[str, Any] | None) -> str:
         return "content not checked"
     if summary.get("degenerate"):
         return f"content: {summary['degenerate']} of {summary['checked']} degenerate"
+    if summary.get("noise"):
+        return f"content: {summary['noise']} of {summary['noise_checked']} noise"
     if summary.get("like_reference") is False:
         return "content: unlike the reference text"
     return "content: text"
@@ -236,7 +238,8 @@ def badges(results: dict[str, Any]) -> list[Badge]:
                 add("CLIENT LAG", "the load generator delayed requests or chunks", "lag", where)
     for entry in summarize_speedups(results):
         for line in content_warnings(entry):
-            out.append(Badge("CONTENT", _short(line.replace(": CONTENT:", ":")), "content"))
+            label = "NOISE" if ": NOISE:" in line else "CONTENT"
+            out.append(Badge(label, _short(line.replace(f": {label}:", ":")), "content"))
         if "say the opposite" in entry.get("verdict", ""):
             said = entry["verdict"].split("; but ", 1)[1].split(" say the opposite")[0]
             out.append(Badge("DISAGREE", _short(f"batch {entry['concurrency']} {entry['variant']}: Locust's verdict "
