@@ -355,6 +355,36 @@ class ResourcesConfig(Section):
     engine process imports vLLM and torch anew, so a server is slower to start."""
 
 
+class TrafficConfig(Section):
+    """The traffic this deployment's model is measured with: `make loadtest`, `capacity`, `advise` and
+    `tune` send it unless their options say otherwise (`LOADTEST_ARGS='--workload code'`, ...), and
+    their plans and reports say which traffic ran."""
+
+    workload: str = Field(default="code", min_length=1)
+    """The prompts: a built-in set (`code`: code completion; `chat`: questions as chat messages;
+    `edit`: text to copy or edit; `mixed`) or a JSONL / ShareGPT file (docs/load-tests.md). A chat
+    model is measured on chat prompts: code completion is not what it serves."""
+    api: Literal["auto", "completions", "chat"] = "auto"
+    """The API the prompts go through: `chat` (`/v1/chat/completions`, the model's chat template),
+    `completions` (`/v1/completions`, plain text), `auto` (the chat API for chat messages, the
+    completions API for plain prompts)."""
+    lengths: Literal["fixed", "natural"] = "fixed"
+    """How long outputs are. `natural`: each request ends at the model's end of text, at most
+    `max_tokens` (what users see). `fixed`: exactly `max_tokens` (vLLM's `ignore_eos`), so both
+    variants do equal work; past its answer a chat model writes text drafts predict unusually well,
+    so a fixed length can overstate speculation's speedup on chat models."""
+    max_tokens: int = Field(default=128, ge=1)
+    """Output tokens per request: the length with `lengths: fixed`, the most with `natural`."""
+    temperature: float = Field(default=1.0, ge=0)
+    """Sampling temperature of every request (1 is vLLM's default when a request sets none; 0 is
+    greedy). `speculation.temperatures` lists all the temperatures users send;
+    `LOADTEST_ARGS='--temperature 0,0.7,1'` measures each."""
+
+    @property
+    def fixed_length(self) -> bool:
+        return self.lengths == "fixed"
+
+
 class DeploymentConfig(Section):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
     """Short name of the deployment; the default served model name."""
@@ -370,6 +400,8 @@ class DeploymentConfig(Section):
     """The HTTP server."""
     resources: ResourcesConfig = Field(default_factory=ResourcesConfig)
     """Memory and device."""
+    traffic: TrafficConfig = Field(default_factory=TrafficConfig)
+    """The requests the load tests send this deployment by default."""
     engine_args: dict[str, Any] = Field(default_factory=dict)
     """Further vLLM server arguments by their Python name (`enforce_eager: true`), checked against
     vLLM's own argument list."""
@@ -407,6 +439,14 @@ class DeploymentConfig(Section):
             if name in REFUSED_ENV:
                 raise ValueError(f"'{name}' is refused: {REFUSED_ENV[name]}")
         return env
+
+    @model_validator(mode="after")
+    def _check_traffic(self) -> DeploymentConfig:
+        limit = self.target.max_model_len
+        if limit is not None and self.traffic.max_tokens >= limit:
+            raise ValueError(f"traffic.max_tokens {self.traffic.max_tokens} leaves no room for a prompt within "
+                             f"target.max_model_len {limit}; lower it")
+        return self
 
     @property
     def served_name(self) -> str:

@@ -209,8 +209,9 @@ def _overload_rows(result: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
 def report_markdown(result: dict[str, Any], plots: list[Path], sources: Mapping[str, str] | None = None) -> str:
     sources = sources or {}
     s = result.get("settings") or {}
-    lines = cap.headline(result)
-    bold = len(cap.content_warnings(result))  # the warnings, then the capacity line
+    said = result.get("traffic") or []  # which traffic ran, first
+    lines = [*said, *cap.headline(result)]
+    bold = len(said) + len(cap.content_warnings(result))  # the warnings, then the capacity line
     parts = [f"# Capacity at a service target: {result.get('config', '')}\n",
              "\n\n".join(f"**{line}**" if n <= bold else line for n, line in enumerate(lines)) + "\n"]
     problems = result.get("problems") or []

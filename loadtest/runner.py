@@ -51,7 +51,7 @@ from tqdm import tqdm
 from deploy import ConfigError, Server, ServerStartError, free_port, load_config, plan_from_config
 from deploy.embedded_pair import is_built, is_pair_folder
 from deploy.preflight import GIB, Machine, ResolvedDeployment, choose_device
-from loadtest import prom, slo, stats, vllm_bench
+from loadtest import prom, slo, stats, traffic, vllm_bench
 from loadtest.arrivals import poisson_arrivals
 from loadtest.client import RequestRecord, auth_headers
 from loadtest.endpoint import EndpointError, RemoteServer, discover
@@ -96,6 +96,8 @@ class SweepSettings:
     """Warm-up requests per user before each run (not measured; open loop: per warm-up user)."""
     request: RequestSettings = field(default_factory=RequestSettings)
     """What each request looks like (workload, length, temperature, ...) and how users start."""
+    traffic_source: str = ""
+    """Where `request`'s traffic came from (`loadtest.traffic.origin`), for the plan and the report."""
     workers: int = 0
     """Locust worker processes (0: one local process)."""
     vllm_bench: bool = True
@@ -371,7 +373,7 @@ class Sweep:
                       {} if s.duration_s else {c: requests_for(c, s.requests) for c in s.users}),
             duration_s=s.duration_s, warmup=s.warmup, max_tokens=s.request.max_tokens,
             temperatures=[s.request.temperature], vllm_bench=s.vllm_bench, timings=self.timings,
-            skipped=skipped or [], notes=notes or [])
+            skipped=skipped or [], notes=notes or [], traffic=traffic.describe(s.request, s.traffic_source))
         return self.sweep_plan
 
     def _setup(self) -> tuple[list[Variant], dict[str, _Running], SweepPlan]:
