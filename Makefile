@@ -10,6 +10,32 @@ STAMP   := .venv/.specdeploy-installed
 
 # CONFIG plus the shared command-line switches: SET="a.b=1 c.d=2", NO_SPEC=1.
 CONFIG_ARGS = $(CONFIG) $(foreach s,$(SET),--set $(s)) $(if $(NO_SPEC),--no-spec)
+DRY = $(if $(DRY_RUN),--dry-run)
+
+# The variables each target reads (TAKES_<target>). Another of the kit's variables given on the command
+# line is refused before anything runs: dropped in silence it would change nothing the user asked for
+# (DRY_RUN=1 on a target that ignored it would start servers). A target without a TAKES_ line is not checked.
+KIT_VARS := CONFIG SET NO_SPEC USERS RATES DRY_RUN ORDER WORKERS SLO URL BASELINE_URL NODE_RANK REPORT DATA \
+	REBUILD CHECK LOADTEST_ARGS CAPACITY_ARGS ADVISE_ARGS TUNE_ARGS DISTILL_ARGS SOAK_ARGS K8S_ARGS PYTEST_ARGS
+TAKES_serve := CONFIG SET NO_SPEC DRY_RUN NODE_RANK
+TAKES_check := CONFIG SET NO_SPEC
+TAKES_loadtest := CONFIG SET NO_SPEC USERS RATES DRY_RUN ORDER WORKERS SLO URL BASELINE_URL LOADTEST_ARGS
+TAKES_compare := REPORT
+TAKES_capacity := CONFIG SET NO_SPEC DRY_RUN WORKERS SLO URL BASELINE_URL CAPACITY_ARGS
+TAKES_advise := CONFIG SET USERS DRY_RUN ADVISE_ARGS
+TAKES_tune := CONFIG SET USERS DRY_RUN TUNE_ARGS
+TAKES_distill := CONFIG SET DATA USERS DRY_RUN DISTILL_ARGS
+TAKES_bench-drafters := DRY_RUN
+TAKES_soak := DRY_RUN SOAK_ARGS
+TAKES_observability := CONFIG SET NO_SPEC
+TAKES_k8s := CONFIG SET NO_SPEC K8S_ARGS
+TAKES_models := REBUILD
+TAKES_test := PYTEST_ARGS
+TAKES_test-full := PYTEST_ARGS
+TAKES_docs := CHECK
+$(foreach g,$(MAKECMDGOALS),$(if $(filter undefined,$(origin TAKES_$(g))),,$(foreach v,$(filter-out \
+	$(TAKES_$(g)),$(KIT_VARS)),$(if $(filter command line,$(origin $(v))),$(error make $(g) does not take $(v) \
+	(it takes: $(or $(TAKES_$(g)),no variables)); see make help)))))
 
 .PHONY: help venv models serve check observability k8s test test-full bench-drafters soak loadtest compare capacity advise tune distill docs clean
 
@@ -71,21 +97,21 @@ compare: $(STAMP)
 ##     the same against servers already running (make serve, elsewhere): URL is the server with speculation,
 ##     BASELINE_URL one without
 capacity: $(STAMP)
-	$(PY) -m loadtest capacity $(LOADTEST_SERVERS) $(if $(SLO),--slo $(SLO)) --workers $(WORKERS) $(CAPACITY_ARGS)
+	$(PY) -m loadtest capacity $(LOADTEST_SERVERS) $(if $(SLO),--slo $(SLO)) --workers $(WORKERS) $(DRY) $(CAPACITY_ARGS)
 
 # Step costs, acceptance and speedup of the config's drafter on a workload, and a verdict.
 ## make advise [CONFIG=...] [SET=...] [USERS=1,32] [ADVISE_ARGS='--workload my.jsonl --temperature 0.7']
 ##     should this draft be deployed, at which batch sizes: step costs, acceptance and speedup measured
 ##     on the engine, and a verdict; ADVISE_ARGS: further options of python -m tuning advise
 advise: $(STAMP)
-	$(PY) -m tuning advise $(CONFIG) $(foreach s,$(SET),--set $(s)) --batches $(USERS) $(ADVISE_ARGS)
+	$(PY) -m tuning advise $(CONFIG) $(foreach s,$(SET),--set $(s)) --batches $(USERS) $(DRY) $(ADVISE_ARGS)
 
 # K for each batch size, measured on the engine, written to <config>-tuned.yaml and proven by load tests.
 ## make tune [CONFIG=...] [SET=...] USERS=1,4,16,32 [TUNE_ARGS=--no-prove]
 ##     K for each batch size, measured on the engine, written to <config>-tuned.yaml beside the config
 ##     and proven by load tests; TUNE_ARGS: further options of python -m tuning tune
 tune: $(STAMP)
-	$(PY) -m tuning tune $(CONFIG) $(foreach s,$(SET),--set $(s)) --batches $(USERS) $(TUNE_ARGS)
+	$(PY) -m tuning tune $(CONFIG) $(foreach s,$(SET),--set $(s)) --batches $(USERS) $(DRY) $(TUNE_ARGS)
 
 # The draft fine-tuned on the served target's continuations of DATA (default: a domain the embedded
 # pair never saw), written with <config>-distilled.yaml; acceptance and speedup measured before/after.
@@ -94,12 +120,12 @@ tune: $(STAMP)
 ##     the embedded pair never saw), written with <config>-distilled.yaml; acceptance and speedup before
 ##     and after at the batch sizes in USERS; DISTILL_ARGS: further options of python -m distill
 distill: $(STAMP)
-	$(PY) -m distill $(CONFIG) $(foreach s,$(SET),--set $(s)) $(if $(DATA),--data $(DATA)) --batches $(USERS) $(DISTILL_ARGS)
+	$(PY) -m distill $(CONFIG) $(foreach s,$(SET),--set $(s)) $(if $(DATA),--data $(DATA)) --batches $(USERS) $(DRY) $(DISTILL_ARGS)
 
 ## make bench-drafters
 ##     each drafter against no speculation on the embedded default
 bench-drafters: $(STAMP)
-	$(PY) -m tuning bench-drafters
+	$(PY) -m tuning bench-drafters $(DRY)
 
 # Hours: not part of make test (tests/test_soak.py runs a short one on the engine).
 ## make soak [SOAK_ARGS='--requests 5000 --rate 4']
@@ -107,7 +133,7 @@ bench-drafters: $(STAMP)
 ##     memory and latency over the last 500 requests against the first 500: within 10%, or which figure
 ##     DRIFTS; report in reports/soak/; SOAK_ARGS: further options of python -m tuning soak
 soak: $(STAMP)
-	$(PY) -m tuning soak $(SOAK_ARGS)
+	$(PY) -m tuning soak $(DRY) $(SOAK_ARGS)
 
 # prometheus.yml + a Grafana dashboard for the config's speculative-decoding metrics.
 ## make observability [CONFIG=...] [SET=...] [NO_SPEC=1]

@@ -81,7 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="measure each level for S seconds instead of a request count (with --rates: the "
                           "requests arriving in S seconds)")
     run.add_argument("--warmup", type=int, default=1, help="warm-up requests per user before each level (default: 1)")
-    request_settings.add_options(run, skip=("temperature",), from_config=True)
+    request_settings.add_options(run, skip=("temperature",), from_config=traffic.TRAFFIC_FIELDS)
     run.add_argument("--temperature", type=temperature_list, default=None, metavar="T,T",
                      help="sampling temperatures (default: the config's traffic.temperature; 0: greedy); several, e.g. 0,0.7,1 (the config's "
                           "speculation.temperatures), run one sweep each and add a summary of acceptance and "

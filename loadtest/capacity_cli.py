@@ -81,7 +81,7 @@ def add_parser(sub: Any, slo_type: Any) -> None:
     level.add_argument("--duration", type=float, default=None, metavar="S",
                        help="instead: the requests arriving in S seconds at the level's rate")
     level.add_argument("--warmup", type=int, default=1, help="warm-up requests per warm-up user (default: 1)")
-    request_settings.add_options(level, skip=("arrival_gap_s",), from_config=True)
+    request_settings.add_options(level, skip=("arrival_gap_s",), from_config=traffic.TRAFFIC_FIELDS)
     level.add_argument("--workers", type=int, default=0, help="Locust worker processes (0: one local process)")
     level.add_argument("--level-timeout", type=float, default=1800, help="seconds before a level is abandoned")
     level.add_argument("--startup-timeout", type=float, default=None, help="seconds to wait for each server")

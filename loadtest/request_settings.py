@@ -72,18 +72,18 @@ class RequestSettings:
 
 def add_options(parser: Any, only: Collection[str] | None = None, skip: Collection[str] = (),
                 defaults: Mapping[str, Any] | None = None, helps: Mapping[str, str] | None = None,
-                from_config: bool = False) -> None:
+                from_config: Collection[str] = ()) -> None:
     """Register an option for each field of `RequestSettings` (or those in `only`, less `skip`) on
     an argparse-like parser (Locust's configargparse too); `defaults`/`helps` replace a field's.
-    `from_config`: the fields a config's `traffic` section sets default to None, so that
+    `from_config`: fields (of a config's `traffic` section) whose options default to None, so that
     `loadtest.traffic.chosen` takes the config's value for each option not given."""
-    from loadtest.traffic import TRAFFIC_FIELDS, add_fixed_length_flags
+    from loadtest.traffic import add_fixed_length_flags
 
     defaults, helps = defaults or {}, helps or {}
     for f in fields(RequestSettings):
         if (only is not None and f.name not in only) or f.name in skip:
             continue
-        if from_config and f.name in TRAFFIC_FIELDS:
+        if f.name in from_config:
             if f.name == "fixed_length":
                 add_fixed_length_flags(parser)
             else:
