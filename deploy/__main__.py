@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from types import FrameType
 
+from deploy import hub_access
 from deploy import ConfigError, ResolvedDeployment, ServerStartError, plan_from_config, preflight
 from deploy.config import DEFAULT_CONFIG, load_config, resolve_config_path
 from deploy.engine_args import describe_speculation, node_plans
@@ -44,8 +45,14 @@ def cmd_check(opts: argparse.Namespace) -> int:
     print(describe_speculation(resolved))
     print(plan.describe())
     _machine_warnings(resolved)
+    access = hub_access.check_config(resolved.config)
+    for entry in access:
+        print(f"{'error' if entry.problem else 'hub'}: {entry.message}")
     if resolved.machine_problems:
         print(f"config {resolved.config.name}: valid, but not on this machine ({resolved.device})")
+        return 1
+    if any(entry.problem for entry in access):
+        print(f"config {resolved.config.name}: valid, but its models cannot be downloaded here (above)")
         return 1
     print(f"config {resolved.config.name}: OK on {resolved.device}")
     return 0

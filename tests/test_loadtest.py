@@ -557,8 +557,8 @@ def test_locust_closed_loop_local_and_distributed(servers, tmp_path, workers):
 @pytest.mark.parametrize("workers", [0, 2])
 def test_users_start_one_arrival_gap_apart(servers, tmp_path, workers):
     """Not in lockstep: user n's first request is planned n gaps after user 0's, across workers
-    too, and never leaves before its time. Each request (96 tokens) outlasts the ramp, and with 2
-    users per worker each worker's share of the budget is its users' first requests."""
+    too, and never leaves before its time. The budget keeps room for every user's first request
+    (locustfile `_may_send`), so all four send theirs however fast the first ones finish."""
     server = servers.get("default")
     gap = 0.15
     job = LocustJob(host=server.base_url, users=4, records_dir=tmp_path / "rec", model=server.plan.served_name,
