@@ -95,7 +95,9 @@ class SpeculationConfig(Section):
     drafters honour themselves (vLLM gives custom proposers no schedule). The running batch size
     counts prefilling requests too, as vLLM's scheduler does."""
     draft_tensor_parallel_size: int | None = Field(default=None, ge=1)
-    """Tensor parallelism of the draft model (default: vLLM's choice)."""
+    """Tensor parallelism of the draft model (default: the target's). vLLM 0.32 takes 1 or the
+    target's `tensor_parallel_size`, and its draft-model path (`small_model`, native) only the
+    target's (`vllm/v1/spec_decode/draft_model.py`: ranks would share one compile cache)."""
     prompt_lookup_min: int | None = Field(default=None, ge=1)
     """ngram: shortest n-gram matched in the prompt."""
     prompt_lookup_max: int | None = Field(default=None, ge=1)
@@ -343,8 +345,9 @@ class ResourcesConfig(Section):
     gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
     """Fraction of each GPU's memory vLLM may use (weights + KV cache)."""
     cpu_kvcache_space_gib: float = Field(default=2, gt=0)
-    """KV cache size on CPU in GiB (vLLM's `--kv-cache-memory-bytes`; fractions allowed: 0.25 holds
-    20,000 tokens of the embedded pair)."""
+    """KV cache size on CPU in GiB, passed as vLLM's `--kv-cache-memory-bytes` (exact; vLLM's older
+    `VLLM_CPU_KVCACHE_SPACE` sets the same field in whole GiB only); fractions allowed: 0.25 holds
+    20,000 tokens of the embedded pair."""
     max_num_seqs: int | None = Field(default=None, ge=1)
     """Most requests decoded together (the largest batch)."""
     cpu_preload_iomp: bool = True
