@@ -41,7 +41,8 @@ $(foreach g,$(MAKECMDGOALS),$(if $(filter undefined,$(origin TAKES_$(g))),,$(for
 
 # `make help` prints the `## ` lines of this file: each target's usage sits beside its recipe, so the
 # two cannot drift apart, and `make docs` copies that help into the README's command table.
-## specdeploy: speculative decoding on vLLM, deployed and measured. Every target sets up .venv first.
+## specdeploy: speculative decoding on vLLM, deployed and measured. Every target sets up .venv first;
+## a variable a target does not take (below) is refused before anything runs, never ignored.
 ##
 help:
 	@sed -n 's/^## \{0,1\}//p' $(firstword $(MAKEFILE_LIST))
@@ -87,27 +88,27 @@ compare: $(STAMP)
 	$(PY) -m loadtest compare $(REPORT)
 
 # The request rate each variant sustains within the service targets (open-loop Poisson arrivals).
-## make capacity [CONFIG=...] [SET=...] [NO_SPEC=1] SLO=ttft_p95=500ms,tpot_p95=50ms [WORKERS=N] [CAPACITY_ARGS='--max-rate 8']
+## make capacity [CONFIG=...] [SET=...] [NO_SPEC=1] SLO=ttft_p95=500ms,tpot_p95=50ms [DRY_RUN=1] [WORKERS=N] [CAPACITY_ARGS='--max-rate 8']
 ##     the highest request rate (Poisson arrivals) at which every run meets the service targets SLO, with
 ##     speculation and without, and the rate above which speculation stops paying; then vLLM's benchmark
 ##     beside Locust below capacity and each variant at twice its capacity (overload); report under reports/;
 ##     WORKERS=N: Locust worker processes; CAPACITY_ARGS: further options of python -m loadtest capacity
 ##     (--start-rate, --max-rate, --repeat, --precision, --scan-steps, --overload-s)
-## make capacity URL=http://host:port [BASELINE_URL=http://host:port] [CONFIG=...] SLO=... [WORKERS=N] [CAPACITY_ARGS=...]
+## make capacity URL=http://host:port [BASELINE_URL=http://host:port] [CONFIG=...] SLO=... [DRY_RUN=1] [WORKERS=N] [CAPACITY_ARGS=...]
 ##     the same against servers already running (make serve, elsewhere): URL is the server with speculation,
 ##     BASELINE_URL one without
 capacity: $(STAMP)
 	$(PY) -m loadtest capacity $(LOADTEST_SERVERS) $(if $(SLO),--slo $(SLO)) --workers $(WORKERS) $(DRY) $(CAPACITY_ARGS)
 
 # Step costs, acceptance and speedup of the config's drafter on a workload, and a verdict.
-## make advise [CONFIG=...] [SET=...] [USERS=1,32] [ADVISE_ARGS='--workload my.jsonl --temperature 0.7']
+## make advise [CONFIG=...] [SET=...] [USERS=1,32] [DRY_RUN=1] [ADVISE_ARGS='--workload my.jsonl --temperature 0.7']
 ##     should this draft be deployed, at which batch sizes: step costs, acceptance and speedup measured
 ##     on the engine, and a verdict; ADVISE_ARGS: further options of python -m tuning advise
 advise: $(STAMP)
 	$(PY) -m tuning advise $(CONFIG) $(foreach s,$(SET),--set $(s)) --batches $(USERS) $(DRY) $(ADVISE_ARGS)
 
 # K for each batch size, measured on the engine, written to <config>-tuned.yaml and proven by load tests.
-## make tune [CONFIG=...] [SET=...] USERS=1,4,16,32 [TUNE_ARGS=--no-prove]
+## make tune [CONFIG=...] [SET=...] USERS=1,4,16,32 [DRY_RUN=1] [TUNE_ARGS=--no-prove]
 ##     K for each batch size, measured on the engine, written to <config>-tuned.yaml beside the config
 ##     and proven by load tests; TUNE_ARGS: further options of python -m tuning tune
 tune: $(STAMP)
@@ -115,20 +116,20 @@ tune: $(STAMP)
 
 # The draft fine-tuned on the served target's continuations of DATA (default: a domain the embedded
 # pair never saw), written with <config>-distilled.yaml; acceptance and speedup measured before/after.
-## make distill [CONFIG=...] [SET=...] [DATA=prompts.jsonl] [USERS=1,32] [DISTILL_ARGS='--epochs 5']
+## make distill [CONFIG=...] [SET=...] [DATA=prompts.jsonl] [USERS=1,32] [DRY_RUN=1] [DISTILL_ARGS='--epochs 5']
 ##     a draft fine-tuned on the target's own continuations of the prompts in DATA (default: a domain
 ##     the embedded pair never saw), written with <config>-distilled.yaml; acceptance and speedup before
 ##     and after at the batch sizes in USERS; DISTILL_ARGS: further options of python -m distill
 distill: $(STAMP)
 	$(PY) -m distill $(CONFIG) $(foreach s,$(SET),--set $(s)) $(if $(DATA),--data $(DATA)) --batches $(USERS) $(DRY) $(DISTILL_ARGS)
 
-## make bench-drafters
+## make bench-drafters [DRY_RUN=1]
 ##     each drafter against no speculation on the embedded default
 bench-drafters: $(STAMP)
 	$(PY) -m tuning bench-drafters $(DRY)
 
 # Hours: not part of make test (tests/test_soak.py runs a short one on the engine).
-## make soak [SOAK_ARGS='--requests 5000 --rate 4']
+## make soak [DRY_RUN=1] [SOAK_ARGS='--requests 5000 --rate 4']
 ##     each drafter serves thousands of short requests open loop at a sustained rate (hours); its server's
 ##     memory and latency over the last 500 requests against the first 500: within 10%, or which figure
 ##     DRIFTS; report in reports/soak/; SOAK_ARGS: further options of python -m tuning soak
@@ -197,3 +198,4 @@ clean:
 ##   SET='field=value ...'    override config fields: SET='speculation.num_speculative_tokens=2 server.port=8001'
 ##   NO_SPEC=1                speculation off: the config's own baseline
 ##   USERS=1,32               batch sizes: concurrent requests of a load test, running requests of a measurement
+##   DRY_RUN=1                print the plan (traffic, servers, starts, levels or steps, time) and start nothing

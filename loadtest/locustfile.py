@@ -258,8 +258,7 @@ class LLMUser(User):
                 return False
             _firsts_sent += 1
             return True
-        users_here = (share(opts.num_users, opts.worker_count, getattr(self.environment.runner, "worker_index", 0))
-                      if opts.worker_count > 0 else opts.num_users)
+        users_here = self.environment.runner.target_user_count  # this process's users, set before they spawn
         waiting = max(0, min(users_here, budget) - _firsts_sent)  # first requests still to come
         if _firsts_sent + _later_sent + waiting >= budget:
             return False

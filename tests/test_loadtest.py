@@ -742,7 +742,7 @@ def test_a_schedule_gives_the_k_of_the_batch_size_and_a_killed_server_keeps_part
     settings = SweepSettings("default", overrides=["speculation.schedule=[[1, 1, 4], [2, 64, 1]]"], baseline=False,
                              users=[1, 2, 4, 8], repeat=1, requests=6, vllm_bench=False, out=tmp_path / "report",
                              **{**FAST, "request": replace(FAST["request"], max_tokens=48)})
-    records_dir = settings.out / "records" / "tuned-c4"
+    records_dir = settings.out / "records" / "spec-schedule-c4"
 
     def kill_after_a_few_requests(server, variant) -> None:
         def killer() -> None:

@@ -41,7 +41,7 @@ from deploy.config_text import with_speculation
 from loadtest.files import bullet_sections, write_atomic, write_json, write_result
 from loadtest.report import content_warnings, summarize_speedups, write_report
 from loadtest.request_settings import RequestSettings, settings_record
-from loadtest.runner import Sweep, SweepSettings, default_out_dir
+from loadtest.runner import SCHEDULE_VARIANT, Sweep, SweepSettings, default_out_dir
 from loadtest.workloads import as_text, load_workload, uses_chat
 from tuning import step_costs
 from tuning.advise import SECTIONS
@@ -271,7 +271,7 @@ def tune(settings: TuneSettings) -> dict[str, Any]:
              output)
     if settings.prove:
         # Without a schedule the tuned config is one fixed K: the load test names it spec-k<K>.
-        tuned_name = "tuned" if result["written_schedule"] else f"spec-k{result['k']}"
+        tuned_name = SCHEDULE_VARIANT if result["written_schedule"] else f"spec-k{result['k']}"
         top = result["rows"][-1]  # the largest batch: what K=0 costs there says why no schedule may pass
         result["proof"] = prove(settings, output, k_max, out, tuned_name,
                                 k0_cost=top["options"][0]["step_ms"] / top["plain_step_ms"])
@@ -300,7 +300,7 @@ def comments(result: dict[str, Any]) -> list[str]:
     return lines
 
 
-def prove(settings: TuneSettings, tuned: Path, k_max: int, out: Path, tuned_name: str = "tuned",
+def prove(settings: TuneSettings, tuned: Path, k_max: int, out: Path, tuned_name: str = SCHEDULE_VARIANT,
           k0_cost: float | None = None) -> dict[str, Any]:
     """Load tests of the tuned config beside every fixed K and the baseline, one per temperature.
     `k0_cost`: the measured K=0 step time in plain steps at the largest batch, for the notes."""
