@@ -89,7 +89,7 @@ def describe(request: Any, source: str | None = None) -> list[str]:
     workload, api = get("workload", "code"), get("api", "auto")
     apis = _apis(workload, api)
     prompts = {"code": "code-completion prompts", "chat": "chat prompts", "edit": "copy/edit prompts",
-               "mixed": "mixed prompts (code, chat, edit)"}.get(workload, f"prompts of {workload}")
+               "mixed": "mixed prompts (code, chat, edit)"}.get(workload, f"prompts of {Path(workload).name}")
     through = " and ".join({"chat": "the chat API (/v1/chat/completions)",
                             "completions": "the completions API (/v1/completions)",
                             "auto": "the API their form picks"}[a] for a in apis)
