@@ -208,7 +208,7 @@ def test_chat_traffic_on_the_embedded_default_end_to_end(servers, tmp_path):
     findings = [line[2:] for line in (out / "report.md").read_text().splitlines() if line.startswith("- ")]
     assert findings[0] == ("traffic: chat prompts through the chat API (/v1/chat/completions), natural lengths (each "
                            "ends at the model's end of text, at most 32 tokens), temperature 1 (default.yaml's traffic "
-                           "section; from the command line: --workload, --fixed-length/--no-fixed-length, --max-tokens)")
+                           "section; from the command line: --workload, --max-tokens, --fixed-length/--no-fixed-length)")
 
 
 @pytest.mark.engine
