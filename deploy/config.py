@@ -363,7 +363,7 @@ class TrafficConfig(Section):
     `tune` send it unless their options say otherwise (`LOADTEST_ARGS='--workload code'`, ...), and
     their plans and reports say which traffic ran."""
 
-    workload: str = Field(default="code", min_length=1)
+    workload: str = Field(default="code", pattern=r"\S")
     """The prompts: a built-in set (`code`: code completion; `chat`: questions as chat messages;
     `edit`: text to copy or edit; `mixed`) or a JSONL / ShareGPT file (docs/load-tests.md). A chat
     model is measured on chat prompts: code completion is not what it serves."""
