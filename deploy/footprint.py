@@ -10,8 +10,9 @@ from deploy.preflight import DTYPE_BYTES, QUANT_BYTES, ModelInfo, ResolvedDeploy
 
 LINK_GBIT_S = (1.0, 10.0)
 """Download speeds the first start is shown at: a common office link, a data centre's."""
-LOAD_AND_COMPILE_S = 240.0
-"""A large model's start besides its download (loading, compiling, CUDA graphs), GPUs: a few minutes."""
+LOAD_S = (120.0, 1.0)
+"""A GPU start besides the download: fixed seconds (engine, compiling, CUDA graphs) plus seconds per GB
+loaded, the load-test plan's assumption (loadtest/plan.py ASSUMED_START)."""
 HEADS = ("eagle", "eagle3", "medusa", "mlp_speculator", "mtp")
 """Drafters whose checkpoint is a small head: a size in its name is its target's, not its own."""
 GPU_NEEDS = ("vLLM 0.32 on GPUs (make venv: pip install vllm==0.32.0): NVIDIA GPUs of compute capability 7.5 or "
@@ -65,13 +66,17 @@ def first_start_lines(resolved: ResolvedDeployment) -> list[str]:
         lines.append(f"weights: {'; '.join(parts)}: {'over' if unknown else 'about'} {total:.0f} GB of disk, "
                      f"{where}{have}")
         if total and len(cached) < len(hub):
-            times = ", ".join(f"{_time(total * 8 / speed)} at {speed:g} Gbit/s" for speed in LINK_GBIT_S)
+            load_s = LOAD_S[0] + LOAD_S[1] * total
+            times = ", ".join(f"{_time(total * 8 / speed)} at {speed:g} Gbit/s "
+                              f"({total * 8 / speed / (total * 8 / speed + load_s):.0%} of the start)"
+                              for speed in LINK_GBIT_S)
             timeout = resolved.config.server.startup_timeout_s
-            slow = total * 8 / LINK_GBIT_S[0] + LOAD_AND_COMPILE_S
+            slow = total * 8 / LINK_GBIT_S[0] + load_s
             advice = (f"a first start on a slow link outlasts it: download first (`huggingface-cli download <model>`, "
                       f"HF_TOKEN for gated ones) or raise it (SET='server.startup_timeout_s={round(slow * 1.5, -2):.0f}')"
                       if slow > timeout else "enough for a first start at 1 Gbit/s")
-            lines.append(f"first start: the download takes {times}, before loading and compiling; "
+            lines.append(f"first start: the download takes {times}, besides about {_time(load_s)} of "
+                         f"loading and compiling; "
                          f"server.startup_timeout_s ({timeout:g} s) counts the whole start, download included: {advice}")
     if resolved.config.resources.device == "cuda" or resolved.device == "cuda":
         lines.append(GPU_NEEDS)

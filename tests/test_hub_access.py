@@ -95,3 +95,20 @@ def test_make_check_fails_on_a_gated_model_without_a_token(hub, tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 1, done.stdout + done.stderr
     assert "error: gated/llama is gated or private and no Hugging Face token is set: export HF_TOKEN=" in done.stdout
+
+
+def test_the_first_start_of_a_hub_preset_is_planned_and_a_local_one_has_nothing_to_download():
+    from deploy import plan_from_config
+    from deploy.footprint import first_start_lines
+
+    resolved, _ = plan_from_config("llama70b-7b.yaml", [], False, True, plan_only=True)
+    weights, first, gpus, nvlink = first_start_lines(resolved)
+    assert weights.startswith("weights: meta-llama/Llama-2-70b-chat-hf about 140 GB; meta-llama/Llama-2-7b-chat-hf "
+                              "about 14 GB: about 154 GB of disk, downloaded on the first start into the Hugging Face "
+                              "cache")
+    assert "server.startup_timeout_s (900 s) counts the whole start" in first and "huggingface-cli download" in first
+    assert "R580" in gpus and "NVLink" in nvlink
+    small, _ = plan_from_config("qwen3-4b-0.6b.yaml", ["resources.device=cuda"], False, True, plan_only=True)
+    assert "enough for a first start at 1 Gbit/s" in first_start_lines(small)[1]
+    local, _ = plan_from_config("default.yaml", [], False, True, plan_only=True)
+    assert first_start_lines(local) == []
