@@ -33,9 +33,10 @@ TAKES_models := REBUILD
 TAKES_test := PYTEST_ARGS
 TAKES_test-full := PYTEST_ARGS
 TAKES_docs := CHECK
-$(foreach g,$(MAKECMDGOALS),$(if $(filter undefined,$(origin TAKES_$(g))),,$(foreach v,$(filter-out \
-	$(TAKES_$(g)),$(KIT_VARS)),$(if $(filter command line,$(origin $(v))),$(error make $(g) does not take $(v) \
-	(it takes: $(or $(TAKES_$(g)),no variables)); see make help)))))
+CHECKED_GOALS := $(foreach g,$(MAKECMDGOALS),$(if $(filter undefined,$(origin TAKES_$(g))),,$(g)))
+TAKEN := $(foreach g,$(CHECKED_GOALS),$(TAKES_$(g)))
+$(foreach v,$(if $(CHECKED_GOALS),$(filter-out $(TAKEN),$(KIT_VARS))),$(if $(filter command line,$(origin $(v))),\
+	$(error make $(CHECKED_GOALS) does not take $(v) (it takes: $(or $(sort $(TAKEN)),no variables)); see make help)))
 
 .PHONY: help venv models serve check observability k8s test test-full bench-drafters soak loadtest compare capacity advise tune distill docs clean
 
