@@ -213,7 +213,7 @@ def report_markdown(result: dict[str, Any], plots: list[Path], sources: Mapping[
     lines = [*said, *cap.headline(result)]
     bold = len(said) + len(cap.content_warnings(result))  # the warnings, then the capacity line
     parts = [f"# Capacity at a service target: {result.get('config', '')}\n",
-             "\n\n".join(f"**{line}**" if n <= bold else line for n, line in enumerate(lines)) + "\n"]
+             "\n\n".join(f"**{line}**" if len(said) <= n <= bold else line for n, line in enumerate(lines)) + "\n"]
     problems = result.get("problems") or []
     run_text = (f"Status **{result.get('status')}**. Open-loop Poisson arrivals; a rate passes when every run at it "
                 f"meets every target, with the load generator on schedule and every request served. Search from "

@@ -339,7 +339,9 @@ def test_capacity_command_on_running_servers(servers, tmp_path: Path) -> None:
         assert over["memory"]["locust_peak_mib"] > 0
     assert {(lv["variant"], lv["rate"]) for lv in result["levels"] if lv["phase"] == "search"} == \
         {(v, 4.0) for v in ("spec-k4", "baseline")}
-    first = (tmp_path / "capacity.md").read_text().splitlines()[2]
+    said, first = (tmp_path / "capacity.md").read_text().splitlines()[2:5:2]  # paragraphs: traffic, capacity
+    assert said.startswith("traffic: code-completion prompts through the completions API (/v1/completions), fixed "
+                           "lengths (16 output tokens each, ignore_eos)"), said
     assert first.startswith("**At ttft_p95 <= 60000 ms and tpot_p95 <= 10000 ms, speculation leaves capacity "
                             "unchanged: at least 4 req/s (+0%)"), first
     assert (tmp_path / "report.html").is_file() and (tmp_path / capacity_report.PARETO).is_file()
