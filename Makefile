@@ -10,12 +10,40 @@ STAMP   := .venv/.specdeploy-installed
 
 # CONFIG plus the shared command-line switches: SET="a.b=1 c.d=2", NO_SPEC=1.
 CONFIG_ARGS = $(CONFIG) $(foreach s,$(SET),--set $(s)) $(if $(NO_SPEC),--no-spec)
+DRY = $(if $(DRY_RUN),--dry-run)
+
+# The variables each target reads (TAKES_<target>). Another of the kit's variables given on the command
+# line is refused before anything runs: dropped in silence it would change nothing the user asked for
+# (DRY_RUN=1 on a target that ignored it would start servers). A target without a TAKES_ line is not checked.
+KIT_VARS := CONFIG SET NO_SPEC USERS RATES DRY_RUN ORDER WORKERS SLO URL BASELINE_URL NODE_RANK REPORT DATA \
+	REBUILD CHECK LOADTEST_ARGS CAPACITY_ARGS ADVISE_ARGS TUNE_ARGS DISTILL_ARGS SOAK_ARGS K8S_ARGS PYTEST_ARGS
+TAKES_serve := CONFIG SET NO_SPEC DRY_RUN NODE_RANK
+TAKES_check := CONFIG SET NO_SPEC
+TAKES_loadtest := CONFIG SET NO_SPEC USERS RATES DRY_RUN ORDER WORKERS SLO URL BASELINE_URL LOADTEST_ARGS
+TAKES_compare := REPORT
+TAKES_capacity := CONFIG SET NO_SPEC DRY_RUN WORKERS SLO URL BASELINE_URL CAPACITY_ARGS
+TAKES_advise := CONFIG SET USERS DRY_RUN ADVISE_ARGS
+TAKES_tune := CONFIG SET USERS DRY_RUN TUNE_ARGS
+TAKES_distill := CONFIG SET DATA USERS DRY_RUN DISTILL_ARGS
+TAKES_bench-drafters := DRY_RUN
+TAKES_soak := DRY_RUN SOAK_ARGS
+TAKES_observability := CONFIG SET NO_SPEC
+TAKES_k8s := CONFIG SET NO_SPEC K8S_ARGS
+TAKES_models := REBUILD
+TAKES_test := PYTEST_ARGS
+TAKES_test-full := PYTEST_ARGS
+TAKES_docs := CHECK
+CHECKED_GOALS := $(foreach g,$(MAKECMDGOALS),$(if $(filter undefined,$(origin TAKES_$(g))),,$(g)))
+TAKEN := $(foreach g,$(CHECKED_GOALS),$(TAKES_$(g)))
+$(foreach v,$(if $(CHECKED_GOALS),$(filter-out $(TAKEN),$(KIT_VARS))),$(if $(filter command line,$(origin $(v))),\
+	$(error make $(CHECKED_GOALS) does not take $(v) (it takes: $(or $(sort $(TAKEN)),no variables)); see make help)))
 
 .PHONY: help venv models serve check observability k8s test test-full bench-drafters soak loadtest compare capacity advise tune distill docs clean
 
 # `make help` prints the `## ` lines of this file: each target's usage sits beside its recipe, so the
 # two cannot drift apart, and `make docs` copies that help into the README's command table.
-## specdeploy: speculative decoding on vLLM, deployed and measured. Every target sets up .venv first.
+## specdeploy: speculative decoding on vLLM, deployed and measured. Every target sets up .venv first;
+## a variable a target does not take (below) is refused before anything runs, never ignored.
 ##
 help:
 	@sed -n 's/^## \{0,1\}//p' $(firstword $(MAKEFILE_LIST))
@@ -69,31 +97,31 @@ compare: $(STAMP)
 	$(PY) -m loadtest compare $(or $(REPORTS),$(REPORT)) $(if $(ALLOW_DIFFERENT),--allow-different)
 
 # The request rate each variant sustains within the service targets (open-loop Poisson arrivals).
-## make capacity [CONFIG=...] [SET=...] [NO_SPEC=1] SLO=ttft_p95=500ms,tpot_p95=50ms [WORKERS=N] [CAPACITY_ARGS='--max-rate 8']
+## make capacity [CONFIG=...] [SET=...] [NO_SPEC=1] SLO=ttft_p95=500ms,tpot_p95=50ms [DRY_RUN=1] [WORKERS=N] [CAPACITY_ARGS='--max-rate 8']
 ##     the highest request rate (Poisson arrivals) at which every run meets the service targets SLO, with
 ##     speculation and without, and the rate above which speculation stops paying; then vLLM's benchmark
 ##     beside Locust below capacity and each variant at twice its capacity (overload); report under reports/;
 ##     WORKERS=N: Locust worker processes; CAPACITY_ARGS: further options of python -m loadtest capacity
 ##     (--start-rate, --max-rate, --repeat, --precision, --scan-steps, --overload-s)
-## make capacity URL=http://host:port [BASELINE_URL=http://host:port] [CONFIG=...] SLO=... [WORKERS=N] [CAPACITY_ARGS=...]
+## make capacity URL=http://host:port [BASELINE_URL=http://host:port] [CONFIG=...] SLO=... [DRY_RUN=1] [WORKERS=N] [CAPACITY_ARGS=...]
 ##     the same against servers already running (make serve, elsewhere): URL is the server with speculation,
 ##     BASELINE_URL one without
 capacity: $(STAMP)
-	$(PY) -m loadtest capacity $(LOADTEST_SERVERS) $(if $(SLO),--slo $(SLO)) --workers $(WORKERS) $(CAPACITY_ARGS)
+	$(PY) -m loadtest capacity $(LOADTEST_SERVERS) $(if $(SLO),--slo $(SLO)) --workers $(WORKERS) $(DRY) $(CAPACITY_ARGS)
 
 # Step costs, acceptance and speedup of the config's drafter on a workload, and a verdict.
-## make advise [CONFIG=...] [SET=...] [USERS=1,32] [ADVISE_ARGS='--workload my.jsonl --temperature 0.7']
+## make advise [CONFIG=...] [SET=...] [USERS=1,32] [DRY_RUN=1] [ADVISE_ARGS='--workload my.jsonl --temperature 0.7']
 ##     should this draft be deployed, at which batch sizes: step costs, acceptance and speedup measured
 ##     on the engine, and a verdict; ADVISE_ARGS: further options of python -m tuning advise
 advise: $(STAMP)
-	$(PY) -m tuning advise $(CONFIG) $(foreach s,$(SET),--set $(s)) --batches $(USERS) $(ADVISE_ARGS)
+	$(PY) -m tuning advise $(CONFIG) $(foreach s,$(SET),--set $(s)) --batches $(USERS) $(DRY) $(ADVISE_ARGS)
 
 # K for each batch size, measured on the engine, written to <config>-tuned.yaml and proven by load tests.
-## make tune [CONFIG=...] [SET=...] USERS=1,4,16,32 [TUNE_ARGS=--no-prove]
+## make tune [CONFIG=...] [SET=...] USERS=1,4,16,32 [DRY_RUN=1] [TUNE_ARGS=--no-prove]
 ##     K for each batch size, measured on the engine, written to <config>-tuned.yaml beside the config
 ##     and proven by load tests; TUNE_ARGS: further options of python -m tuning tune
 tune: $(STAMP)
-	$(PY) -m tuning tune $(CONFIG) $(foreach s,$(SET),--set $(s)) --batches $(USERS) $(TUNE_ARGS)
+	$(PY) -m tuning tune $(CONFIG) $(foreach s,$(SET),--set $(s)) --batches $(USERS) $(DRY) $(TUNE_ARGS)
 
 # Speedup over batch size x acceptance, measured on the engine with vLLM's synthetic acceptance.
 .PHONY: paymap
@@ -111,25 +139,25 @@ paymap: $(STAMP)
 
 # The draft fine-tuned on the served target's continuations of DATA (default: a domain the embedded
 # pair never saw), written with <config>-distilled.yaml; acceptance and speedup measured before/after.
-## make distill [CONFIG=...] [SET=...] [DATA=prompts.jsonl] [USERS=1,32] [DISTILL_ARGS='--epochs 5']
+## make distill [CONFIG=...] [SET=...] [DATA=prompts.jsonl] [USERS=1,32] [DRY_RUN=1] [DISTILL_ARGS='--epochs 5']
 ##     a draft fine-tuned on the target's own continuations of the prompts in DATA (default: a domain
 ##     the embedded pair never saw), written with <config>-distilled.yaml; acceptance and speedup before
 ##     and after at the batch sizes in USERS; DISTILL_ARGS: further options of python -m distill
 distill: $(STAMP)
-	$(PY) -m distill $(CONFIG) $(foreach s,$(SET),--set $(s)) $(if $(DATA),--data $(DATA)) --batches $(USERS) $(DISTILL_ARGS)
+	$(PY) -m distill $(CONFIG) $(foreach s,$(SET),--set $(s)) $(if $(DATA),--data $(DATA)) --batches $(USERS) $(DRY) $(DISTILL_ARGS)
 
-## make bench-drafters
+## make bench-drafters [DRY_RUN=1]
 ##     each drafter against no speculation on the embedded default
 bench-drafters: $(STAMP)
-	$(PY) -m tuning bench-drafters
+	$(PY) -m tuning bench-drafters $(DRY)
 
 # Hours: not part of make test (tests/test_soak.py runs a short one on the engine).
-## make soak [SOAK_ARGS='--requests 5000 --rate 4']
+## make soak [DRY_RUN=1] [SOAK_ARGS='--requests 5000 --rate 4']
 ##     each drafter serves thousands of short requests open loop at a sustained rate (hours); its server's
 ##     memory and latency over the last 500 requests against the first 500: within 10%, or which figure
 ##     DRIFTS; report in reports/soak/; SOAK_ARGS: further options of python -m tuning soak
 soak: $(STAMP)
-	$(PY) -m tuning soak $(SOAK_ARGS)
+	$(PY) -m tuning soak $(DRY) $(SOAK_ARGS)
 
 # prometheus.yml + a Grafana dashboard for the config's speculative-decoding metrics.
 ## make observability [CONFIG=...] [SET=...] [NO_SPEC=1]
@@ -193,3 +221,4 @@ clean:
 ##   SET='field=value ...'    override config fields: SET='speculation.num_speculative_tokens=2 server.port=8001'
 ##   NO_SPEC=1                speculation off: the config's own baseline
 ##   USERS=1,32               batch sizes: concurrent requests of a load test, running requests of a measurement
+##   DRY_RUN=1                print the plan (traffic, servers, starts, levels or steps, time) and start nothing

@@ -12,6 +12,8 @@ import time
 from pathlib import Path
 from types import FrameType
 
+from deploy import hub_access
+from deploy.footprint import first_start_lines
 from deploy import ConfigError, ResolvedDeployment, ServerStartError, plan_from_config, preflight
 from deploy.config import DEFAULT_CONFIG, load_config, resolve_config_path
 from deploy.engine_args import describe_speculation, node_plans
@@ -44,8 +46,16 @@ def cmd_check(opts: argparse.Namespace) -> int:
     print(describe_speculation(resolved))
     print(plan.describe())
     _machine_warnings(resolved)
+    for line in first_start_lines(resolved):
+        print(f"note: {line}")
+    access = hub_access.check_config(resolved.config)
+    for entry in access:
+        print(f"{'error' if entry.problem else 'hub'}: {entry.message}")
     if resolved.machine_problems:
         print(f"config {resolved.config.name}: valid, but not on this machine ({resolved.device})")
+        return 1
+    if any(entry.problem for entry in access):
+        print(f"config {resolved.config.name}: valid, but its models cannot be downloaded here (above)")
         return 1
     print(f"config {resolved.config.name}: OK on {resolved.device}")
     return 0
@@ -66,6 +76,8 @@ def cmd_serve(opts: argparse.Namespace) -> int:
         print(describe_speculation(resolved))
         print(f"vLLM command:\n{_describe_nodes(resolved)}", flush=True)
         _machine_warnings(resolved)
+        for line in first_start_lines(resolved):
+            print(f"note: {line}")
         return 0
     resolved, plan = plan_from_config(opts.config, opts.overrides, opts.no_spec, not opts.skip_memory_check,
                                       node_rank=opts.node_rank)

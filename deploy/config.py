@@ -95,7 +95,9 @@ class SpeculationConfig(Section):
     drafters honour themselves (vLLM gives custom proposers no schedule). The running batch size
     counts prefilling requests too, as vLLM's scheduler does."""
     draft_tensor_parallel_size: int | None = Field(default=None, ge=1)
-    """Tensor parallelism of the draft model (default: vLLM's choice)."""
+    """Tensor parallelism of the draft model (default: the target's). vLLM 0.32 takes 1 or the
+    target's `tensor_parallel_size`, and its draft-model path (`small_model`, native) only the
+    target's (`vllm/v1/spec_decode/draft_model.py`: ranks would share one compile cache)."""
     prompt_lookup_min: int | None = Field(default=None, ge=1)
     """ngram: shortest n-gram matched in the prompt."""
     prompt_lookup_max: int | None = Field(default=None, ge=1)
@@ -343,8 +345,9 @@ class ResourcesConfig(Section):
     gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
     """Fraction of each GPU's memory vLLM may use (weights + KV cache)."""
     cpu_kvcache_space_gib: float = Field(default=2, gt=0)
-    """KV cache size on CPU in GiB (vLLM's `--kv-cache-memory-bytes`; fractions allowed: 0.25 holds
-    20,000 tokens of the embedded pair)."""
+    """KV cache size on CPU in GiB, passed as vLLM's `--kv-cache-memory-bytes` (exact; vLLM's older
+    `VLLM_CPU_KVCACHE_SPACE` sets the same field in whole GiB only); fractions allowed: 0.25 holds
+    20,000 tokens of the embedded pair."""
     max_num_seqs: int | None = Field(default=None, ge=1)
     """Most requests decoded together (the largest batch)."""
     cpu_preload_iomp: bool = True
@@ -353,6 +356,36 @@ class ResourcesConfig(Section):
     """On CPU, how vLLM starts its engine-core and worker processes. `fork`: as copies of the API
     server, as vLLM does on GPUs (plugins/cpu_start.py); `spawn`: vLLM's CPU default, where each
     engine process imports vLLM and torch anew, so a server is slower to start."""
+
+
+class TrafficConfig(Section):
+    """The traffic this deployment's model is measured with: `make loadtest`, `capacity`, `advise` and
+    `tune` send it unless their options say otherwise (`LOADTEST_ARGS='--workload code'`, ...), and
+    their plans and reports say which traffic ran."""
+
+    workload: str = Field(default="code", pattern=r"\S")
+    """The prompts: a built-in set (`code`: code completion; `chat`: questions as chat messages;
+    `edit`: text to copy or edit; `mixed`) or a JSONL / ShareGPT file (docs/load-tests.md). A chat
+    model is measured on chat prompts: code completion is not what it serves."""
+    api: Literal["auto", "completions", "chat"] = "auto"
+    """The API the prompts go through: `chat` (`/v1/chat/completions`, the model's chat template),
+    `completions` (`/v1/completions`, plain text), `auto` (the chat API for chat messages, the
+    completions API for plain prompts)."""
+    lengths: Literal["fixed", "natural"] = "fixed"
+    """How long outputs are. `natural`: each request ends at the model's end of text, at most
+    `max_tokens` (what users see). `fixed`: exactly `max_tokens` (vLLM's `ignore_eos`), so both
+    variants do equal work; past its answer a chat model writes text drafts predict unusually well,
+    so a fixed length can overstate speculation's speedup on chat models."""
+    max_tokens: int = Field(default=128, ge=1)
+    """Output tokens per request: the length with `lengths: fixed`, the most with `natural`."""
+    temperature: float = Field(default=1.0, ge=0)
+    """Sampling temperature of every request (1 is vLLM's default when a request sets none; 0 is
+    greedy). `speculation.temperatures` lists all the temperatures users send;
+    `LOADTEST_ARGS='--temperature 0,0.7,1'` measures each."""
+
+    @property
+    def fixed_length(self) -> bool:
+        return self.lengths == "fixed"
 
 
 class DeploymentConfig(Section):
@@ -370,6 +403,8 @@ class DeploymentConfig(Section):
     """The HTTP server."""
     resources: ResourcesConfig = Field(default_factory=ResourcesConfig)
     """Memory and device."""
+    traffic: TrafficConfig = Field(default_factory=TrafficConfig)
+    """The requests the load tests send this deployment by default."""
     engine_args: dict[str, Any] = Field(default_factory=dict)
     """Further vLLM server arguments by their Python name (`enforce_eager: true`), checked against
     vLLM's own argument list."""
@@ -407,6 +442,14 @@ class DeploymentConfig(Section):
             if name in REFUSED_ENV:
                 raise ValueError(f"'{name}' is refused: {REFUSED_ENV[name]}")
         return env
+
+    @model_validator(mode="after")
+    def _check_traffic(self) -> DeploymentConfig:
+        limit = self.target.max_model_len
+        if limit is not None and self.traffic.max_tokens >= limit:
+            raise ValueError(f"traffic.max_tokens {self.traffic.max_tokens} leaves no room for a prompt within "
+                             f"target.max_model_len {limit}; lower it")
+        return self
 
     @property
     def served_name(self) -> str:

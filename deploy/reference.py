@@ -26,6 +26,7 @@ from pydantic.fields import FieldInfo
 
 import deploy.config as config_module
 from deploy.config import DeploymentConfig
+from deploy.vllm_args import known_args
 from plugins.drafters import DRAFTERS
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -166,6 +167,71 @@ def _drafter_rows() -> list[str]:
     return rows
 
 
+# What vLLM calls each field the kit does not pass under vLLM's own name (engine arguments the typed
+# fields own come from config.OWNED_ENGINE_ARGS). Every field of `speculation` must be here: a reader
+# of vLLM's docs should find each of its speculative_config keys, and a new field without its vLLM
+# name fails `make docs`.
+VLLM_NAMES = {
+    "speculation.drafter": "`speculative_config.method`: `small_model` is `draft_model` (native) or `custom_class` "
+                           "(plugin), `bigram` and `probe` are `custom_class`, the others their own name; `none`: no "
+                           "`--speculative-config`",
+    "speculation.model": "`speculative_config.model` (for `custom_class`: the plugin's class; the draft then travels in "
+                         "`--additional-config`)",
+    "speculation.implementation": "chooses `speculative_config.method` for `small_model` (`draft_model` or "
+                                  "`custom_class`)",
+    "speculation.num_speculative_tokens": "`speculative_config.num_speculative_tokens`",
+    "speculation.schedule": "`speculative_config.num_speculative_tokens_per_batch_size`; for the plugin drafters "
+                            "`--additional-config` `schedule` (vLLM gives custom proposers none)",
+    "speculation.draft_tensor_parallel_size": "`speculative_config.draft_tensor_parallel_size`",
+    "speculation.prompt_lookup_min": "`speculative_config.prompt_lookup_min`",
+    "speculation.prompt_lookup_max": "`speculative_config.prompt_lookup_max`",
+    "speculation.draft_sampling": "`speculative_config.draft_sample_method` (not passed when `greedy`, vLLM's default)",
+    "speculation.temperatures": "none: the kit's own (what `make tune` averages acceptance over, what `make loadtest` "
+                                "notes as unmeasured)",
+    "speculation.draft_max_temperature": "`--additional-config` `draft_max_temperature` (the plugin reads it)",
+    "speculation.bigram": "`--additional-config` (the bigram plugin's options; `table` as an absolute path)",
+    "speculation.extra": "`speculative_config.<key>` as written",
+    "speculation.bigram.table": "`--additional-config` `table`",
+    "speculation.bigram.context_weight": "`--additional-config` `context_weight`",
+    "speculation.bigram.min_probability": "`--additional-config` `min_probability`",
+    "speculation.bigram.max_batch_size": "`--additional-config` `max_batch_size`",
+    "resources.cpu_kvcache_space_gib": "`--kv-cache-memory-bytes` (GiB x 2^30, exact); vLLM's older "
+                                       "`VLLM_CPU_KVCACHE_SPACE` sets the same field in whole GiB and is refused in `env`",
+    "resources.device": "`VLLM_TARGET_DEVICE=cpu` on a CPU",
+    "resources.cpu_preload_iomp": "`LD_PRELOAD` of Intel's OpenMP",
+    "server.api_key_env": "`VLLM_API_KEY` in the server's environment (never `--api-key` on the command line)",
+    "server.keep_alive_timeout_s": "`VLLM_HTTP_TIMEOUT_KEEP_ALIVE`",
+    "parallelism.nodes": "`--nnodes` (with `mp`), `--node-rank`, `--headless` on the other nodes",
+    "parallelism.master_addr": "`--master-addr`",
+    "parallelism.master_port": "`--master-port`",
+}
+
+
+def _speculation_fields(model: type[BaseModel] = DeploymentConfig, prefix: str = "") -> list[str]:
+    found = []
+    for name, info in model.model_fields.items():
+        path = f"{prefix}{name}"
+        if path.startswith("speculation."):
+            found.append(path)
+        if _is_section(info.annotation):
+            found += _speculation_fields(info.annotation, f"{path}.")
+    return found
+
+
+def _vllm_name_rows() -> list[str]:
+    missing = [f for f in _speculation_fields() if f not in VLLM_NAMES]
+    if missing:
+        raise DocsError(f"speculation fields without their vLLM name in deploy/reference.py VLLM_NAMES: "
+                        f"{', '.join(missing)}")
+    names = dict(VLLM_NAMES)
+    for arg, field_text in config_module.OWNED_ENGINE_ARGS.items():
+        path = field_text.split(" ")[0]
+        if path.count(".") == 1 and path not in names and arg in known_args():
+            names[path] = f"`{known_args()[arg].flag}`"
+    rows = ["| field | vLLM's name |", "|---|---|"]
+    return rows + [f"| `{path}` | {_cell(text)} |" for path, text in sorted(names.items())]
+
+
 def configuration_reference(root: Path = ROOT) -> str:
     """docs/configuration.md, from the schema as it is loaded now."""
     missing = undocumented_fields()
@@ -186,7 +252,7 @@ def configuration_reference(root: Path = ROOT) -> str:
     found = sections()
     for path, _, _ in found[1:]:
         lines.append(f"- [`{path}`](#{_anchor(path)})")
-    lines += ["- [Drafters](#drafters)", "- [Example](#example)", ""]
+    lines += ["- [Drafters](#drafters)", "- [vLLM's names](#vllms-names)", "- [Example](#example)", ""]
     for path, model, intro in found:
         lines += [f"## `{path}`" if path else "## Top level", ""]
         if intro and path:
@@ -200,6 +266,12 @@ def configuration_reference(root: Path = ROOT) -> str:
         "(`speculation.draft_sampling: probabilistic`), and the defaults specdeploy gives it: the plugin's "
         "options, and fields of vLLM's speculative_config the config does not set (plugins/drafters.py).", "",
         *_drafter_rows(), "",
+        "## vLLM's names", "",
+        "Where each field reaches vLLM 0.32 when it is not under its own name (`make serve DRY_RUN=1` prints the "
+        "whole command): a flag of `vllm serve`, a key of `--speculative-config` (speculative_config), of "
+        "`--additional-config` (read by specdeploy's plugins), or an environment variable of the server. "
+        "Fields not listed are passed as `--<field-name>`, or are the kit's own.", "",
+        *_vllm_name_rows(), "",
         "## Example", "",
         f"`{EXAMPLE.as_posix()}`, the embedded default:", "",
         "```yaml", (root / EXAMPLE).read_text().rstrip("\n"), "```", "",

@@ -12,7 +12,7 @@ from pathlib import Path
 from types import FrameType
 
 from deploy import ConfigError
-from deploy.config import DEFAULT_CONFIG
+from deploy.config import DEFAULT_CONFIG, load_config
 from distill.run import STDLIB_TESTS, DistillSettings, distill
 from distill.train import TrainSettings
 from loadtest.arg_types import int_list, positive_int, temperature_list
@@ -48,7 +48,48 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--draft-out", type=Path, default=None, help="the distilled draft's folder (default: <out>/draft)")
     p.add_argument("--output", type=Path, default=None, help="the config using it (default: <config>-distilled.yaml beside it)")
     p.add_argument("--out", type=Path, default=None, help="report folder (default: reports/distill-<config>-<time>)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print the plan (servers, steps, the measurement's load tests) and exit; starts nothing")
     return p
+
+
+def dry_run(settings: DistillSettings) -> int:
+    """Distillation's steps, its servers and the measurement's plan; starts nothing, writes nothing."""
+    from loadtest.plan import duration_text
+    from loadtest.request_settings import RequestSettings
+    from loadtest.runner import Sweep, SweepSettings
+
+    try:
+        config = load_config(settings.config, settings.overrides)
+        if config.speculation.drafter != "small_model":
+            raise ValueError(f"distillation fine-tunes a draft model, and speculation.drafter is "
+                             f"'{config.speculation.drafter}'; use a config with drafter: small_model")
+        plan = Sweep(SweepSettings(settings.config, overrides=settings.overrides, users=settings.batches,
+                                   repeat=settings.repeat, requests=settings.requests,
+                                   request=RequestSettings(max_tokens=settings.measure_max_tokens),
+                                   vllm_bench=settings.vllm_bench)).plan(dry_run=True)
+    except (ConfigError, ValueError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    temps = ", ".join(f"{t:g}" for t in settings.temperatures)
+    measured = ", ".join(f"{t:g}" for t in settings.measure_temperatures)
+    target = next(s for s in plan.servers if s.name == "baseline")
+    lines = [f"distill plan (dry run: nothing starts): {settings.config}",
+             f"  1. collect: the target served without speculation (1 server start, about "
+             f"{duration_text(plan.start_estimate(target).seconds)}); {settings.max_tokens} tokens of its continuation "
+             f"per prompt of {settings.data} at T={temps}, with its top {settings.top_logprobs} log-probabilities",
+             f"  2. train: the draft fine-tuned for {settings.train.epochs} epoch(s) on this machine; refused before "
+             f"it starts when estimated above {settings.max_minutes:g} min"]
+    if settings.measure:
+        lines += [f"  3. measure, at T={measured} (one load test each) on the held-out prompts: the original draft, "
+                  f"the distilled one (a third server like the first) and no speculation; each as planned here:",
+                  *[f"  {line}" for line in plan.describe(dry_run=True).splitlines()[1 + len(plan.traffic):]
+                    if "traffic:" not in line],
+                  f"  estimated duration of the measurement: about "
+                  f"{duration_text(1.5 * plan.total_s() * len(settings.measure_temperatures))} (two variants' plan "
+                  f"x 1.5); collection and training depend on the data"]
+    print("\n".join(lines))
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -59,6 +100,8 @@ def main(argv: list[str] | None = None) -> int:
         TrainSettings(epochs=opts.epochs, lr=opts.lr), opts.max_minutes, not opts.no_measure, sorted(set(opts.batches)),
         opts.measure_temperature, opts.repeat, opts.requests, opts.measure_max_tokens, opts.vllm_bench,
         opts.draft_out, opts.output, opts.out)
+    if opts.dry_run:
+        return dry_run(settings)
 
     def on_term(signum: int, _frame: FrameType | None) -> None:
         raise KeyboardInterrupt  # the same clean-up as Ctrl-C: servers stopped

@@ -26,7 +26,7 @@ from types import FrameType
 
 from deploy import ConfigError, load_config
 from deploy.config import DEFAULT_CONFIG
-from loadtest import capacity_cli, request_settings
+from loadtest import capacity_cli, request_settings, traffic
 from loadtest.arg_types import int_list, positive_int, rate_list, temperature_list
 from loadtest.plan import ORDERS
 from loadtest.report import compare_table, load_results, newest_report, write_report
@@ -34,6 +34,9 @@ from loadtest.request_settings import RequestSettings
 from loadtest.runner import Sweep, SweepSettings
 from loadtest.slo import parse_targets
 from loadtest.sweep_summary import exit_code
+
+
+TRAFFIC_NO_TEMPERATURE = [f for f in traffic.TRAFFIC_FIELDS if f != "temperature"]  # run's is a list
 
 
 def _slo(text: str) -> str:
@@ -80,9 +83,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="measure each level for S seconds instead of a request count (with --rates: the "
                           "requests arriving in S seconds)")
     run.add_argument("--warmup", type=int, default=1, help="warm-up requests per user before each level (default: 1)")
-    request_settings.add_options(run, skip=("temperature",))
-    run.add_argument("--temperature", type=temperature_list, default=[1.0], metavar="T,T",
-                     help="sampling temperatures (default: 1, vLLM's default; 0: greedy); several, e.g. 0,0.7,1 (the config's "
+    request_settings.add_options(run, skip=("temperature",), from_config=traffic.TRAFFIC_FIELDS)
+    run.add_argument("--temperature", type=temperature_list, default=None, metavar="T,T",
+                     help="sampling temperatures (default: the config's traffic.temperature; 0: greedy); several, e.g. 0,0.7,1 (the config's "
                           "speculation.temperatures), run one sweep each and add a summary of acceptance and "
                           "speedup against temperature (temperature.md)")
     run.add_argument("--workers", type=int, default=0, help="Locust worker processes (0: one local process)")
@@ -130,13 +133,23 @@ def cmd_run(opts: argparse.Namespace) -> int:
         print("--set, --k and --no-spec change the servers the sweep starts; with --url they run already",
               file=sys.stderr)
         return 2
+    config = opts.config or ("" if opts.url else DEFAULT_CONFIG)
+    try:
+        declared, source = traffic.declared(config, opts.overrides)
+    except (ConfigError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    given = traffic.given_options(opts)
+    opts.temperature = opts.temperature or [declared.temperature]
+    request = RequestSettings.from_options(opts, **traffic.chosen(opts, declared, TRAFFIC_NO_TEMPERATURE),
+                                           temperature=opts.temperature[0])
     settings = SweepSettings(
-        config=opts.config or ("" if opts.url else DEFAULT_CONFIG), overrides=opts.overrides, no_spec=opts.no_spec, baseline=not opts.no_baseline,
+        config=config, overrides=opts.overrides, no_spec=opts.no_spec, baseline=not opts.no_baseline,
         extra_k=opts.k, users=sorted(dict.fromkeys(opts.users or [1, 32])),
         rates=sorted(dict.fromkeys(opts.rates or [])), repeat=opts.repeat, order=opts.order,
         requests=opts.requests,
         duration_s=opts.duration, vllm_bench=not opts.no_vllm_bench,
-        warmup=opts.warmup, request=RequestSettings.from_options(opts, temperature=opts.temperature[0]),
+        warmup=opts.warmup, request=request, traffic_source=traffic.origin(source, given),
         workers=opts.workers, level_timeout_s=opts.level_timeout,
         startup_timeout_s=opts.startup_timeout, tolerance=opts.tolerance, slo=opts.slo or "", url=opts.url,
         baseline_url=opts.baseline_url, model=opts.model, tokenizer=opts.tokenizer, api_key_env=opts.api_key_env,

@@ -14,7 +14,7 @@ from typing import Any
 
 from deploy import ConfigError
 from deploy.config import DEFAULT_CONFIG
-from loadtest import request_settings
+from loadtest import request_settings, traffic
 from loadtest.arg_types import positive_int
 from loadtest.capacity import Capacity, CapacitySettings, headline
 from loadtest.endpoint import EndpointError
@@ -81,7 +81,7 @@ def add_parser(sub: Any, slo_type: Any) -> None:
     level.add_argument("--duration", type=float, default=None, metavar="S",
                        help="instead: the requests arriving in S seconds at the level's rate")
     level.add_argument("--warmup", type=int, default=1, help="warm-up requests per warm-up user (default: 1)")
-    request_settings.add_options(level, skip=("arrival_gap_s",))
+    request_settings.add_options(level, skip=("arrival_gap_s",), from_config=traffic.TRAFFIC_FIELDS)
     level.add_argument("--workers", type=int, default=0, help="Locust worker processes (0: one local process)")
     level.add_argument("--level-timeout", type=float, default=1800, help="seconds before a level is abandoned")
     level.add_argument("--startup-timeout", type=float, default=None, help="seconds to wait for each server")
@@ -94,6 +94,9 @@ def add_parser(sub: Any, slo_type: Any) -> None:
     remote.add_argument("--tokenizer", default="", help="tokenizer for vLLM's benchmark")
     remote.add_argument("--api-key-env", default=None, metavar="VAR", help="variable holding the servers' API key")
     p.add_argument("--out", type=Path, default=None, help="report folder (default: reports/<config>-capacity-<time>)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print the plan (traffic, servers, starts, the search's levels at most, estimated duration) "
+                        "and exit; starts nothing")
 
 
 def default_out(config: str) -> Path:
@@ -107,10 +110,13 @@ def sweep_settings(opts: argparse.Namespace) -> Any:
     from loadtest.runner import SweepSettings
 
     config = opts.config or ("" if opts.url else DEFAULT_CONFIG)
+    declared, source = traffic.declared(config, opts.overrides)
     return SweepSettings(
         config=config, overrides=opts.overrides, no_spec=opts.no_spec, repeat=max(opts.repeat, 2),
         requests=opts.requests, duration_s=opts.duration, vllm_bench=False, warmup=opts.warmup,
-        request=RequestSettings.from_options(opts), workers=opts.workers, level_timeout_s=opts.level_timeout,
+        request=RequestSettings.from_options(opts, **traffic.chosen(opts, declared)),
+        traffic_source=traffic.origin(source, traffic.given_options(opts)), workers=opts.workers,
+        level_timeout_s=opts.level_timeout,
         startup_timeout_s=opts.startup_timeout, tolerance=opts.tolerance, slo=opts.slo, url=opts.url,
         baseline_url=opts.baseline_url, model=opts.model, tokenizer=opts.tokenizer, api_key_env=opts.api_key_env,
         out=opts.out or default_out(config or "running-servers"))
@@ -137,17 +143,26 @@ def cmd_capacity(opts: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
 
+    if opts.dry_run:
+        return dry_run(opts, settings)
+
     def on_term(signum: int, _frame: FrameType | None) -> None:
         raise KeyboardInterrupt  # the same clean-up as Ctrl-C: servers stopped, what was measured kept
 
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGHUP, on_term)
-    sweep = Sweep(sweep_settings(opts))
+    try:
+        sweep = Sweep(sweep_settings(opts))
+    except (ConfigError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     out = sweep.out
-    context = {"config": sweep.settings.config or sweep.settings.url, "machine": machine_info(),
-               "request": {"workload": sweep.settings.request.workload,
-                           "max_tokens": sweep.settings.request.max_tokens,
-                           "temperature": sweep.settings.request.temperature}}
+    request = sweep.settings.request
+    said = traffic.describe(request, sweep.settings.traffic_source)
+    print("\n".join(said), file=sys.stderr, flush=True)
+    context = {"config": sweep.settings.config or sweep.settings.url, "machine": machine_info(), "traffic": said,
+               "request": {"workload": request.workload, "api": request.api, "max_tokens": request.max_tokens,
+                           "fixed_length": request.fixed_length, "temperature": request.temperature}}
     run: Capacity | None = None
     code = 0
     try:
@@ -171,3 +186,68 @@ def cmd_capacity(opts: argparse.Namespace) -> int:
     from loadtest.__main__ import announce
 
     return announce(capacity_report.exit_code(result))
+
+
+LEVEL_OVERHEAD_S = 30.0
+"""Per level besides its arrivals: warm-up, Locust's start, settled /metrics scrapes."""
+
+
+def most_levels(settings: CapacitySettings) -> int:
+    """Levels one variant's search, scan and second opinion can take at most: every rate the search
+    may ask for, the boundary rates' repeats, the scan's rates and the second opinion's two."""
+    return settings.max_steps + 2 * (settings.repeat - 1) + settings.scan_steps + (2 if settings.second_opinion else 0)
+
+
+def dry_run(opts: argparse.Namespace, settings: CapacitySettings) -> int:
+    """Print what `capacity` would do on the machine its config describes; start nothing."""
+    from loadtest.plan import duration_text
+    from loadtest.runner import OPEN_LOOP_SECONDS, Sweep
+
+    try:
+        sweep = Sweep(sweep_settings(opts))
+        plan = sweep.plan(dry_run=True)
+    except (ConfigError, ValueError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    s = sweep.settings
+    level_s = (s.duration_s or OPEN_LOOP_SECONDS) + LEVEL_OVERHEAD_S
+    levels = most_levels(settings)
+    starts = [] if s.url else plan.servers
+    # Servers that cannot be up together (GPUs a server fills) take turns: a start at every switch,
+    # and the search measures both variants at every rate it visits.
+    switches = 1 if plan.together or len(starts) < 2 else levels + (1 if settings.overload_s else 0)
+    start_s = switches * sum(plan.start_estimate(x).seconds for x in starts)
+    load_s = len(plan.servers) * (levels * level_s + settings.overload_s)
+    lines = [f"capacity plan (dry run: nothing starts): {s.config or s.url}",
+             *[f"  {line}" for line in plan.traffic]]
+    if plan.skipped:
+        lines.append("  planned for the machine the config describes; checks this machine fails, skipped:")
+        lines += [f"    - {p}" for p in plan.skipped]
+    lines.append("  variants, each on its own server" + (" (already running)" if s.url else ", up together"
+                                                          if plan.together else ", one at a time") + ":")
+    width = max(len(x.name) for x in plan.servers)
+    lines += [f"    {x.name:<{width}}  {x.label}; {x.url or x.models}" for x in plan.servers]
+    if starts:
+        lines.append(f"  server starts: {len(starts)} (each once, for the whole search)" if switches == 1 else
+                     f"  server starts: up to {switches * len(starts)} (the servers cannot be up together, and the "
+                     f"search measures both variants at every rate: one start at every switch; --url with two "
+                     f"running servers (make serve on two machines) takes none)")
+        lines += [f"    {x.name} starts in {plan._start_text(x)}" for x in starts]
+    else:
+        lines.append("  server starts: none (servers already running)")
+    lines.append(f"  levels: open loop (Poisson arrivals) from {settings.start_rate:g} req/s, doubled until a rate "
+                 f"fails the targets ({settings.slo}), halved while it fails, then bisected to within "
+                 f"{settings.precision:.0%}" + (f", never above {settings.max_rate:g} req/s" if settings.max_rate else "")
+                 + f"; at most {settings.max_steps} rates a variant, boundary rates {settings.repeat} times, "
+                 f"{settings.scan_steps} scan rate(s) above while speculation pays"
+                 + ("; vLLM's benchmark beside Locust at 50% and 80% of the smaller capacity" if settings.second_opinion
+                    else "")
+                 + (f"; {settings.overload_s:g} s of each variant at twice its capacity" if settings.overload_s else ""))
+    lines.append(f"  each level: the requests arriving in {s.duration_s or OPEN_LOOP_SECONDS:g} s at its rate "
+                 f"(at least 32), about {duration_text(level_s)} with its warm-up")
+    lines.append(f"  estimated duration: at most about {duration_text(start_s + load_s)} "
+                 f"({duration_text(start_s)} starting servers, {levels} levels of each variant at most); a search "
+                 f"that brackets early takes less")
+    lines += [f"  note: {n}" for n in plan.notes]
+    print("\n".join(lines))
+    return 0 if plan.servers else 2

@@ -380,7 +380,8 @@ def first_page(result: dict[str, Any], plots: list[Path], sources: Mapping[str, 
         return "\n\n" + _md_table(*t) if t[1] else "\n\n(nothing measured)"
 
     sections = [
-        Section("findings", "Every finding in full", "\n".join(f"- {line}" for line in cap.headline(result))),
+        Section("findings", "Every finding in full", "\n".join(f"- {line}" for line in [*(result.get("traffic") or []),
+                                                                                      *cap.headline(result)])),
         Section("capacity", "Capacity by variant", "The highest rate at which every run met every target, below "
                 "the lowest at which one did not." + how("capacity-at-a-service-target-make-capacity")
                 + table(_capacity_rows(result))),

@@ -54,6 +54,10 @@ from loadtest.workloads import Item, load_workload, request_for, share
 
 _request_counter = itertools.count()
 _user_counter = itertools.count()
+_firsts_sent = 0
+"""Users of this process whose first request has gone out (closed loop)."""
+_later_sent = 0
+"""Requests of this process after their user's first."""
 _workload = functools.lru_cache(maxsize=None)(load_workload)  # read a user's file once per process
 _records_file = None
 _users_done = 0
@@ -228,12 +232,12 @@ class LLMUser(User):
         if opts.rate > 0:
             self._dispatch()
             return
-        ticket = next(_request_counter)
-        if opts.requests and ticket >= _budget(self.environment):
+        if opts.requests and not self._may_send(opts):
             # The budget is shared, so no user waits on its own quota while others are idle:
             # the run ends when the last request does, as a closed loop over N requests should.
             _user_finished(self.environment)
             raise StopUser()
+        ticket = next(_request_counter)
         item = self.workload.item_for(ticket, getattr(self.environment.runner, "worker_index", 0))
         rs = self.request
         path, body = request_for(item, opts.model, rs.max_tokens, rs.temperature, rs.fixed_length, rs.api)
@@ -246,6 +250,24 @@ class LLMUser(User):
         record.user, record.planned_start, self.planned_start = self.index, self.planned_start, None
         self._report(record)
         _write_record(self.environment, record)
+
+    def _may_send(self, opts: Any) -> bool:
+        """Whether this user's next request fits the budget. Every user's first request is kept
+        room for (while the budget allows that many), whatever the users before it finished
+        meanwhile: the batch reaches its size however fast a machine answers the first requests."""
+        global _firsts_sent, _later_sent
+        budget = _budget(self.environment)
+        if self.planned_start is not None:  # its first request
+            if _firsts_sent >= budget:
+                return False
+            _firsts_sent += 1
+            return True
+        users_here = self.environment.runner.target_user_count  # this process's users, set before they spawn
+        waiting = max(0, min(users_here, budget) - _firsts_sent)  # first requests still to come
+        if _firsts_sent + _later_sent + waiting >= budget:
+            return False
+        _later_sent += 1
+        return True
 
     # ------------------------------------------------------------------ open loop
     def _dispatch(self) -> None:

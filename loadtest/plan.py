@@ -230,6 +230,8 @@ class SweepPlan:
     rates: list[float] = field(default_factory=list)
     """Open loop: the levels are these arrival rates (requests/s) instead of `users`; `requests`
     is keyed by rate."""
+    traffic: list[str] = field(default_factory=list)
+    """What every request looks like and where that came from (`loadtest.traffic.describe`)."""
 
     @property
     def levels(self) -> list[Any]:
@@ -319,6 +321,7 @@ class SweepPlan:
     def describe(self, dry_run: bool = False) -> str:
         sweeps = max(1, len(self.temperatures))
         lines = [f"load-test plan{' (dry run: nothing starts)' if dry_run else ''}: {self.config}"]
+        lines += [f"  {line}" for line in self.traffic]
         if self.skipped:
             lines.append("  planned for the machine the config describes; checks this machine fails, skipped:")
             lines += [f"    - {p}" for p in self.skipped]

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 
-from loadtest import content, slo, stats, vllm_bench
+from loadtest import content, slo, stats, traffic, vllm_bench
 from loadtest.files import write_atomic, write_json
 from loadtest.page import Page, Section
 from loadtest.results import CREATED_FORMAT
@@ -239,7 +239,9 @@ def headline(results: dict[str, Any]) -> list[str]:
     """The report's first lines: output that is no text first (`content_warnings`), then per batch
     size, whether speculation pays and by how much."""
     entries = sorted(summarize_speedups(results), key=lambda e: (e["concurrency"], e["variant"]))
-    lines = [w for e in entries for w in content_warnings(e)]
+    settings = results.get("settings") or {}
+    lines = traffic.describe(settings) if settings.get("workload") else []  # which traffic ran, first
+    lines += [w for e in entries for w in content_warnings(e)]
     # Grouped sweeps (one server start per variant) pair runs by repeat, not by time.
     grouped = ((results.get("plan") or {}).get("order") == "grouped")
     paired = "each paired with the baseline's run of the same repeat" if grouped else "each beside a baseline run"

@@ -65,18 +65,31 @@ class RequestSettings:
     def from_options(cls, opts: argparse.Namespace, only: Collection[str] | None = None,
                      **changes: Any) -> RequestSettings:
         """The settings parsed by `add_options` (or those in `only`); the others keep their defaults."""
-        known = {f.name: getattr(opts, f.name) for f in fields(cls)
-                 if hasattr(opts, f.name) and (only is None or f.name in only)}
+        known = {f.name: getattr(opts, f.name) for f in fields(cls)  # None: not given, nor defaulted
+                 if getattr(opts, f.name, None) is not None and (only is None or f.name in only)}
         return cls(**{**known, **changes})
 
 
 def add_options(parser: Any, only: Collection[str] | None = None, skip: Collection[str] = (),
-                defaults: Mapping[str, Any] | None = None, helps: Mapping[str, str] | None = None) -> None:
+                defaults: Mapping[str, Any] | None = None, helps: Mapping[str, str] | None = None,
+                from_config: Collection[str] = ()) -> None:
     """Register an option for each field of `RequestSettings` (or those in `only`, less `skip`) on
-    an argparse-like parser (Locust's configargparse too); `defaults`/`helps` replace a field's."""
+    an argparse-like parser (Locust's configargparse too); `defaults`/`helps` replace a field's.
+    `from_config`: fields (of a config's `traffic` section) whose options default to None, so that
+    `loadtest.traffic.chosen` takes the config's value for each option not given."""
+    from loadtest.traffic import add_fixed_length_flags
+
     defaults, helps = defaults or {}, helps or {}
     for f in fields(RequestSettings):
         if (only is not None and f.name not in only) or f.name in skip:
+            continue
+        if f.name in from_config:
+            if f.name == "fixed_length":
+                add_fixed_length_flags(parser)
+            else:
+                parser.add_argument(f.metadata["flag"], dest=f.name, type=type(f.default), default=None,
+                                    help=f"{helps.get(f.name, f.metadata['help'])} (default: the config's "
+                                         f"traffic.{f.name})", **f.metadata["argparse"])
             continue
         default = defaults.get(f.name, f.default)
         meta = f.metadata

@@ -52,7 +52,8 @@ from tqdm import tqdm
 from deploy import ConfigError, Server, ServerStartError, free_port, load_config, plan_from_config
 from deploy.embedded_pair import is_built, is_pair_folder
 from deploy.preflight import GIB, Machine, ResolvedDeployment, choose_device
-from loadtest import prom, slo, stats, vllm_bench
+from deploy.footprint import first_start_lines
+from loadtest import prom, slo, stats, traffic, vllm_bench
 from loadtest.arrivals import poisson_arrivals
 from loadtest.client import RequestRecord, auth_headers
 from loadtest.endpoint import EndpointError, RemoteServer, discover
@@ -97,6 +98,8 @@ class SweepSettings:
     """Warm-up requests per user before each run (not measured; open loop: per warm-up user)."""
     request: RequestSettings = field(default_factory=RequestSettings)
     """What each request looks like (workload, length, temperature, ...) and how users start."""
+    traffic_source: str = ""
+    """Where `request`'s traffic came from (`loadtest.traffic.origin`), for the plan and the report."""
     workers: int = 0
     """Locust worker processes (0: one local process)."""
     vllm_bench: bool = True
@@ -157,6 +160,11 @@ def seed_for(repeat: int) -> int:
     return repeat
 
 
+# The variants' names, in every report, compare table and doc: `spec-k<K>` speculation at one K,
+# `spec-schedule` speculation with the config's K by batch size, `baseline` speculation off.
+SCHEDULE_VARIANT = "spec-schedule"
+
+
 @dataclass(frozen=True)
 class Variant:
     name: str
@@ -178,7 +186,7 @@ def plan_variants(settings: SweepSettings) -> list[Variant]:
         # the temperature gate a tuned plugin config carries too: a fixed K drafts for every request).
         schedule = ", ".join(f"{a}-{b}: {k}" for a, b, k in spec.schedule)
         gate = "" if spec.draft_max_temperature is None else f", drafts at T <= {spec.draft_max_temperature:g}"
-        tuned = Variant("tuned", f"{spec.drafter} K by batch size ({schedule}{gate})", (), False,
+        tuned = Variant(SCHEDULE_VARIANT, f"{spec.drafter} K by batch size ({schedule}{gate})", (), False,
                         spec.num_speculative_tokens, spec.drafter)
         fixed = [Variant(f"spec-k{k}", f"{spec.drafter} K={k}", ("speculation.schedule=null",
                                                                  "speculation.draft_max_temperature=null",
@@ -376,6 +384,8 @@ class Sweep:
         skipped = list(dict.fromkeys(p for r in planned for p in r.resolved.machine_problems))
         notes = [f"{name}: {r.broken}" for name, r in running.items() if r.broken]
         notes += list(dict.fromkeys(n for r in running.values() for n in r.plan_notes))
+        # The first variant carries the most weights (the draft too): its first start's download, the GPUs it needs.
+        notes += first_start_lines(planned[0].resolved) if planned else []
         return self._make_plan(servers, servers_fit_together(servers, host_gib), skipped, notes)
 
     def _make_plan(self, servers: list[ServerInfo], together: bool, skipped: list[str] | None = None,
@@ -389,7 +399,7 @@ class Sweep:
                       {} if s.duration_s else {c: requests_for(c, s.requests) for c in s.users}),
             duration_s=s.duration_s, warmup=s.warmup, max_tokens=s.request.max_tokens,
             temperatures=[s.request.temperature], vllm_bench=s.vllm_bench, timings=self.timings,
-            skipped=skipped or [], notes=notes or [])
+            skipped=skipped or [], notes=notes or [], traffic=traffic.describe(s.request, s.traffic_source))
         return self.sweep_plan
 
     def _setup(self) -> tuple[list[Variant], dict[str, _Running], SweepPlan]:
@@ -581,9 +591,6 @@ class Sweep:
             state.broken = entry["error"]
             return state
         self._servers[variant.name] = self._server_info(variant, resolved.config, resolved)
-        if not resolved.target.local and resolved.target.hf_config is None:
-            state.plan_notes.append(f"{resolved.target.path} is not in this machine's model cache: a first start "
-                                    f"downloads it (HF_TOKEN for gated models), which the estimate leaves out")
         state.plan = plan
         state.resolved = resolved
         state.served_name = plan.served_name

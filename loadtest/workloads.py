@@ -228,11 +228,11 @@ def request_for(item: Item, model: str, max_tokens: int, temperature: float, fix
     if uses_chat(item, api):
         messages = list(item.messages) if item.messages else [{"role": "user", "content": item.prompt or ""}]
         return CHAT_PATH, {**body, "messages": messages}
-    prompt = item.prompt if item.prompt is not None else _as_text(item.messages or ())
+    prompt = item.prompt if item.prompt is not None else as_text(item.messages or ())
     return COMPLETIONS_PATH, {**body, "prompt": prompt}
 
 
-def _as_text(messages: tuple[dict[str, str], ...]) -> str:
+def as_text(messages: tuple[dict[str, str], ...]) -> str:
     """Chat messages as plain text, for base models without a chat template (`--api completions`)."""
     lines = [f"{m.get('role', 'user').capitalize()}: {m.get('content', '')}" for m in messages]
     return "\n".join(lines) + "\nAssistant:"

@@ -401,8 +401,11 @@ def test_capacity_command_on_running_servers(servers, tmp_path: Path) -> None:
         assert over["memory"]["locust_peak_mib"] > 0
     assert {(lv["variant"], lv["rate"]) for lv in result["levels"] if lv["phase"] == "search"} == \
         {(v, 4.0) for v in ("spec-k4", "baseline")}
+    md = (tmp_path / "capacity.md").read_text()
+    assert "- traffic: code-completion prompts through the completions API (/v1/completions), fixed lengths (16 " \
+           "output tokens each, ignore_eos)" in md
     assert "- At ttft_p95 <= 60000 ms and tpot_p95 <= 10000 ms, speculation leaves capacity unchanged: at least " \
-           "4 req/s (+0%)" in (tmp_path / "capacity.md").read_text()
+           "4 req/s (+0%)" in md
     assert (tmp_path / "report.html").is_file() and (tmp_path / capacity_report.PARETO).is_file()
 
 

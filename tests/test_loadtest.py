@@ -557,8 +557,8 @@ def test_locust_closed_loop_local_and_distributed(servers, tmp_path, workers):
 @pytest.mark.parametrize("workers", [0, 2])
 def test_users_start_one_arrival_gap_apart(servers, tmp_path, workers):
     """Not in lockstep: user n's first request is planned n gaps after user 0's, across workers
-    too, and never leaves before its time. Each request (96 tokens) outlasts the ramp, and with 2
-    users per worker each worker's share of the budget is its users' first requests."""
+    too, and never leaves before its time. The budget keeps room for every user's first request
+    (locustfile `_may_send`), so all four send theirs however fast the first ones finish."""
     server = servers.get("default")
     gap = 0.15
     job = LocustJob(host=server.base_url, users=4, records_dir=tmp_path / "rec", model=server.plan.served_name,
@@ -736,16 +736,23 @@ def test_server_that_fails_to_start_gives_a_failed_run(tmp_path, embedded_pair):
     assert (settings.out / "report.md").is_file()
 
 
+LEVEL_S = 15.0
+"""Seconds of each level of the killed-server test: far longer than 4 requests of 48 tokens take at
+batch 4 on the slowest CPU the kit runs on (about 2 s on a 2-core AVX2 EPYC)."""
+
+
 @pytest.mark.engine
 def test_a_schedule_gives_the_k_of_the_batch_size_and_a_killed_server_keeps_partial_results(tmp_path, embedded_pair):
     """One scheduled server started by the sweep (K=4 alone, 1 from 2 running requests), killed
     during its third level. The levels before record the schedule's K at their concurrency and
     the K the engine gave from its counters; the killed level keeps what finished; the next is
-    skipped. (One server for both checks: each engine start costs half a minute of `make test`.)"""
+    skipped. (One server for both checks: each engine start costs half a minute of `make test`.)
+    Levels run for a time, not a count of requests: a level of a few requests could end before the
+    kill on a fast machine, one of 15 s is still running when its first requests have finished."""
     settings = SweepSettings("default", overrides=["speculation.schedule=[[1, 1, 4], [2, 64, 1]]"], baseline=False,
-                             users=[1, 2, 4, 8], repeat=1, requests=6, vllm_bench=False, out=tmp_path / "report",
-                             **{**FAST, "request": replace(FAST["request"], max_tokens=48)})
-    records_dir = settings.out / "records" / "tuned-c4"
+                             users=[1, 2, 4, 8], repeat=1, duration_s=LEVEL_S, vllm_bench=False,
+                             out=tmp_path / "report", **{**FAST, "request": replace(FAST["request"], max_tokens=48)})
+    records_dir = settings.out / "records" / "spec-schedule-c4"
 
     def kill_after_a_few_requests(server, variant) -> None:
         def killer() -> None:
@@ -763,6 +770,7 @@ def test_a_schedule_gives_the_k_of_the_batch_size_and_a_killed_server_keeps_part
     results = Sweep(settings, on_server_started=kill_after_a_few_requests).run()
     write_report(results, settings.out)
     assert time.monotonic() - started < 400
+    assert not (records_dir.parent / "spec-schedule-c8").exists()  # the kill came before the last level
     assert results["plan"]["server_starts"] == 1
     assert results["status"] == "failed"
     variant = results["variants"][0]

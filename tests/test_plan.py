@@ -30,15 +30,15 @@ def plan_of(tmp_path: Path, config: str, **settings) -> SweepPlan:
 # ------------------------------------------------------------------------------------ order and starts
 def test_the_70b_preset_on_gpus_starts_each_server_once(tmp_path: Path) -> None:
     plan = plan_of(tmp_path, "llama70b-7b", users=[1, 32], repeat=3)
-    assert [s.name for s in plan.servers] == ["tuned", "baseline"]
+    assert [s.name for s in plan.servers] == ["spec-schedule", "baseline"]
     assert {s.device for s in plan.servers} == {"cuda"} and {s.gpus for s in plan.servers} == {8}
     assert plan.order_name == "grouped" and not plan.together
-    assert [s.name for s in plan.starts()] == ["tuned", "baseline"]
+    assert [s.name for s in plan.starts()] == ["spec-schedule", "baseline"]
     # Each variant's three repeats at both levels in a row.
-    assert [(r, c, s.name) for r, c, s in plan.steps][:6] == [(1, 1, "tuned"), (1, 32, "tuned"), (2, 1, "tuned"),
-                                                               (2, 32, "tuned"), (3, 1, "tuned"), (3, 32, "tuned")]
+    assert [(r, c, s.name) for r, c, s in plan.steps][:6] == [(1, 1, "spec-schedule"), (1, 32, "spec-schedule"), (2, 1, "spec-schedule"),
+                                                               (2, 32, "spec-schedule"), (3, 1, "spec-schedule"), (3, 32, "spec-schedule")]
     text = plan.describe(dry_run=True)
-    assert "server starts: 2 (tuned 1, baseline 1); --order alternate would take 4" in text
+    assert "server starts: 2 (spec-schedule 1, baseline 1); --order alternate would take 4" in text
     assert "estimated duration:" in text and "no measured start time yet" in text
     # What this machine lacks is listed, not refused: the plan is for the machine the config describes.
     assert any("NVIDIA GPU" in p or "GPUs per node" in p for p in plan.skipped) or Machine.detect().gpus >= 8
@@ -48,9 +48,9 @@ def test_alternating_on_gpus_restarts_the_servers_each_repeat(tmp_path: Path) ->
     plan = plan_of(tmp_path, "llama70b-7b", users=[1, 32], repeat=3, order="alternate")
     # Who goes first flips every repeat (A B, B A, A B): the server of the last variant of one
     # repeat serves the first of the next, so 3 repeats of 2 variants take 4 starts, not 6.
-    assert plan.order_name == "alternate" and [s.name for s in plan.starts()] == ["tuned", "baseline", "tuned",
+    assert plan.order_name == "alternate" and [s.name for s in plan.starts()] == ["spec-schedule", "baseline", "spec-schedule",
                                                                                   "baseline"]
-    assert [s.name for _, _, s in plan.steps][::2] == ["tuned", "baseline", "baseline", "tuned", "tuned", "baseline"]
+    assert [s.name for _, _, s in plan.steps][::2] == ["spec-schedule", "baseline", "baseline", "spec-schedule", "spec-schedule", "baseline"]
     assert "--order grouped would take 2" in plan.describe()
 
 
@@ -110,7 +110,7 @@ def test_several_temperatures_multiply_the_sweeps(tmp_path: Path) -> None:
     one = plan.total_s()
     plan.temperatures = [0.0, 0.7, 1.0]
     assert plan.total_s() == pytest.approx(3 * one)
-    assert "server starts: 6 (tuned 3, baseline 3; 2 per temperature)" in plan.describe()
+    assert "server starts: 6 (spec-schedule 3, baseline 3; 2 per temperature)" in plan.describe()
 
 
 def test_dry_run_prints_the_gpu_plan_and_starts_nothing(tmp_path: Path) -> None:
@@ -121,7 +121,7 @@ def test_dry_run_prints_the_gpu_plan_and_starts_nothing(tmp_path: Path) -> None:
                           "--dry-run"], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "load-test plan (dry run: nothing starts): configs/llama70b-7b.yaml" in out.stdout
-    assert "server starts: 2 (tuned 1, baseline 1)" in out.stdout
+    assert "server starts: 2 (spec-schedule 1, baseline 1)" in out.stdout
     assert "estimated duration:" in out.stdout and "estimated, no measured start time yet" in out.stdout
     assert "started vLLM" not in out.stderr
     assert (set((REPO / "reports").glob("*")) if (REPO / "reports").is_dir() else set()) == reports
@@ -172,10 +172,10 @@ def test_the_report_shows_the_configured_k_beside_the_one_that_ran() -> None:
                 "client": {"ok": 4, "requests": 4, "output_tokens_per_s": 10.0},
                 "server": {"effective_k": effective, "acceptance_rate": 0.5 if effective else None}}
 
-    results = {"variants": [{"name": "tuned", "k": 4, "levels": [level(2, 2.125)]},
+    results = {"variants": [{"name": "spec-schedule", "k": 4, "levels": [level(2, 2.125)]},
                             {"name": "baseline", "k": None, "levels": [level(None, None)]}]}
     rows = {r["variant"]: r for r in compare_rows(results)}
-    assert rows["tuned"]["k"] == "2 (2.12)" and rows["baseline"]["k"] == "-"
+    assert rows["spec-schedule"]["k"] == "2 (2.12)" and rows["baseline"]["k"] == "-"
     assert "K (effective)" in compare_table(results)
 
 

@@ -183,10 +183,40 @@ def test_a_greedy_run_that_loops_is_flagged_in_the_reports_first_lines(servers, 
     assert any("speculation's output rests mostly on degenerate output" in b for b in badges), badges
     assert any("vLLM's benchmark's output rests mostly" in b for b in badges), badges
     findings = [x[2:] for x in md.split("## Every finding in full", 1)[1].splitlines() if x.startswith("- ")]
-    assert findings[0].startswith("batch 1, spec-k4: CONTENT: speculation's output rests mostly on degenerate output")
-    assert any("vLLM's benchmark's output rests mostly" in x for x in findings[:2])
+    assert findings[0].startswith("traffic: prompts of loops.jsonl through the completions API (/v1/completions), "
+                                  "fixed lengths (64 output tokens each, ignore_eos), temperature 0"), findings[0]
+    assert findings[1].startswith("batch 1, spec-k4: CONTENT: speculation's output rests mostly on degenerate output")
+    assert any("vLLM's benchmark's output rests mostly" in x for x in findings[:3])
     sampled, _, _ = running_sweep
     assert not any("CONTENT" in line for line in headline(sampled))
+
+
+@pytest.mark.engine
+def test_chat_traffic_on_the_embedded_default_end_to_end(servers, tmp_path):
+    """`--workload chat` on the embedded default: chat prompts through the chat API (the config's
+    plain chat template), each answer ending at the model's end of text or at the maximum, Locust
+    and vLLM's benchmark alike; the report's first line says which traffic ran."""
+    spec, out = servers.get("default"), tmp_path / "chat"
+    run = subprocess.run([sys.executable, "-m", "loadtest", "run", "default.yaml", "--url", spec.base_url,
+                          "--api-key-env", KEY_ENV, "--workload", "chat", "--no-fixed-length", "--max-tokens", "32",
+                          "--users", "1", "--repeat", "1", "--requests", "3", "--warmup", "0", "--out", str(out)],
+                         cwd=REPO, capture_output=True, text=True, timeout=600)
+    results = json.loads((out / "results.json").read_text())
+    assert run.returncode == {"ok": 0, "flagged": 1}[results["status"]], run.stderr[-2000:]
+    assert "traffic: chat prompts through the chat API (/v1/chat/completions), natural lengths" in run.stderr
+    (variant,) = results["variants"]
+    level = variant["levels"][0]
+    assert level["status"] in ("ok", "flagged"), level["problems"]
+    assert level["client"]["requests"] == 3 and level["client"]["failed"] == 0
+    assert 3 <= level["client"]["output_tokens"] <= 3 * 32  # natural lengths: each at most the maximum
+    assert "error" not in level["vllm_bench"] and level["vllm_bench"]["completed"] == 3, level["vllm_bench"]
+    records = [json.loads(line) for f in sorted((out / level["locust"]["records"]).glob("*.jsonl"))
+               for line in f.read_text().splitlines()]
+    assert {r["path"] for r in records} == {"/v1/chat/completions"}
+    findings = [line[2:] for line in (out / "report.md").read_text().splitlines() if line.startswith("- ")]
+    assert findings[0] == ("traffic: chat prompts through the chat API (/v1/chat/completions), natural lengths (each "
+                           "ends at the model's end of text, at most 32 tokens), temperature 1 (default.yaml's traffic "
+                           "section; from the command line: --workload, --max-tokens, --fixed-length/--no-fixed-length)")
 
 
 @pytest.mark.engine

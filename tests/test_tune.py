@@ -112,7 +112,7 @@ def test_a_tuned_config_is_load_tested_against_each_fixed_k(tmp_path: Path) -> N
     path = tmp_path / "tuned.yaml"
     path.write_text(tuned_yaml((REPO / "configs" / "default.yaml").read_text(), 4, [[1, 8, 4], [9, 64, 1]], []))
     variants = plan_variants(SweepSettings(str(path), extra_k=[1, 2, 3, 4]))
-    assert [v.name for v in variants] == ["tuned", "spec-k1", "spec-k2", "spec-k3", "spec-k4", "baseline"]
+    assert [v.name for v in variants] == ["spec-schedule", "spec-k1", "spec-k2", "spec-k3", "spec-k4", "baseline"]
     assert "1-8: 4, 9-64: 1" in variants[0].label and variants[0].overrides == ()
     for v in variants[1:-1]:  # a fixed K is the tuned config without its schedule
         config = load_config(path, list(v.overrides))

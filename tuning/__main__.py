@@ -18,14 +18,19 @@ from pathlib import Path
 
 from deploy import ConfigError
 from deploy.config import DEFAULT_CONFIG
-from loadtest import request_settings
+from loadtest import request_settings, traffic
 from loadtest.arg_types import int_list, positive_int, temperature_list
 from loadtest.request_settings import RequestSettings
+from loadtest.traffic import TRAFFIC_FIELDS
 from loadtest.workloads import load_workload
 from tuning import bench_drafters, soak
 
 # tune's --temperature is the list acceptance is averaged over, not a request's temperature.
-TUNE_REQUEST = ("workload", "max_tokens")
+TUNE_TRAFFIC = ("workload", "api", "fixed_length")
+"""The config's traffic fields tune takes (its temperatures are lists, its proof's length its own)."""
+TUNE_MAX_TOKENS = 64
+"""Proof requests' length unless --max-tokens says otherwise (not the config's traffic.max_tokens):
+the proof runs every K beside the tuned config and the baseline, so its requests are kept short."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -40,8 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="override a config field (repeatable)")
     adv.add_argument("--batches", type=int_list, default=[1, 32], metavar="B,B",
                      help="batch sizes (closed-loop users) to advise on (default: 1,32)")
-    request_settings.add_options(adv, only=("workload", "temperature", "max_tokens"),
-                                 helps={"temperature": "the temperature your users send"})
+    request_settings.add_options(adv, only=TRAFFIC_FIELDS, helps={"temperature": "the temperature your users send"},
+                                 from_config=TRAFFIC_FIELDS)
     adv.add_argument("--requests", type=int, default=None, help="measured requests per batch size "
                                                                 "(default: max(32, 8 x batch))")
     adv.add_argument("--cost-repeats", type=positive_int, default=3, help="measurements per step cost (default: 3)")
@@ -49,6 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="load-test runs per batch size; the measured speedup is their mean (default: 1)")
     adv.add_argument("--vllm-bench", action="store_true", help="also run vLLM's serving benchmark after each run")
     adv.add_argument("--out", type=Path, default=None, help="folder for advice.md (default: reports/advise-<config>-<time>)")
+    adv.add_argument("--dry-run", action="store_true",
+                     help="print what would be measured (traffic, engines, the load test's plan) and exit; starts nothing")
     tun = sub.add_parser("tune", help="choose K for each batch size on the engine, write <config>-tuned.yaml with "
                                       "speculation.schedule, and prove it with load tests")
     tun.add_argument("config", nargs="?", default=DEFAULT_CONFIG,
@@ -58,8 +65,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="override a config field (repeatable)")
     tun.add_argument("--batches", type=int_list, default=[1, 4, 16, 32], metavar="B,B",
                      help="batch sizes to choose K for (default: 1,4,16,32)")
-    request_settings.add_options(tun, only=TUNE_REQUEST, defaults={"max_tokens": 64},
-                                 helps={"max_tokens": "output tokens per proof request"})
+    request_settings.add_options(tun, only=(*TUNE_TRAFFIC, "max_tokens"), from_config=TUNE_TRAFFIC,
+                                 defaults={"max_tokens": TUNE_MAX_TOKENS},
+                                 helps={"max_tokens": "output tokens per proof request (short: the proof runs every K)"})
     tun.add_argument("--temperature", type=temperature_list, default=None, metavar="T,T",
                      help="temperatures acceptance is averaged over (default: the config's speculation.temperatures)")
     tun.add_argument("--cost-repeats", type=positive_int, default=3, help="measurements per step time (default: 3)")
@@ -73,6 +81,8 @@ def build_parser() -> argparse.ArgumentParser:
                                                                 "(default: max(32, 8 x batch))")
     tun.add_argument("--output", type=Path, default=None, help="the tuned YAML (default: <config>-tuned.yaml beside it)")
     tun.add_argument("--out", type=Path, default=None, help="folder for tune.md (default: reports/tune-<config>-<time>)")
+    tun.add_argument("--dry-run", action="store_true",
+                     help="print what would be measured (traffic, engines, the proof's load tests) and exit; starts nothing")
     pay = sub.add_parser("paymap", help="where speculation pays: speedup over batch size and acceptance, measured on "
                                         "the engine with synthetic acceptance, the break-even acceptance per batch size")
     pay.add_argument("config", nargs="?", default=DEFAULT_CONFIG, help="config with a drafter (default: %(default)s)")
@@ -125,8 +135,20 @@ def build_parser() -> argparse.ArgumentParser:
 def cmd_advise(opts: argparse.Namespace) -> int:
     from tuning.advise import AdviceSettings, advise, describe
 
-    settings = AdviceSettings(opts.config, opts.overrides, sorted(set(opts.batches)), RequestSettings.from_options(opts),
-                              opts.requests, opts.cost_repeats, opts.repeat, opts.vllm_bench, opts.out)
+    try:
+        declared, source = traffic.declared(opts.config, opts.overrides)
+    except (ConfigError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    request = RequestSettings.from_options(opts, **traffic.chosen(opts, declared))
+    settings = AdviceSettings(opts.config, opts.overrides, sorted(set(opts.batches)), request,
+                              opts.requests, opts.cost_repeats, opts.repeat, opts.vllm_bench, opts.out,
+                              traffic_source=traffic.origin(source, traffic.given_options(opts)))
+    if opts.dry_run:
+        from tuning.advise import dry_run
+
+        return dry_run(settings)
+    print("\n".join(traffic.describe(request, settings.traffic_source)), file=sys.stderr, flush=True)
     try:
         advice = advise(settings)
     except (ConfigError, ValueError, OSError) as exc:
@@ -141,9 +163,22 @@ def cmd_advise(opts: argparse.Namespace) -> int:
 def cmd_tune(opts: argparse.Namespace) -> int:
     from tuning.tune import TuneSettings, describe, tune
 
-    settings = TuneSettings(opts.config, opts.overrides, sorted(set(opts.batches)), RequestSettings.from_options(opts, only=TUNE_REQUEST),
+    try:
+        declared, source = traffic.declared(opts.config, opts.overrides)
+    except (ConfigError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    values = traffic.chosen(opts, declared, TUNE_TRAFFIC)
+    settings = TuneSettings(opts.config, opts.overrides, sorted(set(opts.batches)),
+                            RequestSettings.from_options(opts, only=(*TUNE_TRAFFIC, "max_tokens"), **values),
                             opts.temperature, opts.cost_repeats, not opts.no_prove, opts.proof_temperature,
-                            opts.requests, opts.output, opts.out, proof_repeats=opts.proof_repeats)
+                            opts.requests, opts.output, opts.out, proof_repeats=opts.proof_repeats,
+                            traffic_source=traffic.origin(source, traffic.given_options(opts, TUNE_TRAFFIC)))
+    if opts.dry_run:
+        from tuning.tune import dry_run
+
+        return dry_run(settings)
+    print("\n".join(traffic.describe(settings.request, settings.traffic_source)), file=sys.stderr, flush=True)
     try:
         result = tune(settings)
     except (ConfigError, ValueError, OSError, RuntimeError) as exc:

@@ -21,6 +21,7 @@ measure and refuses (exit 2) without starting anything.
 from __future__ import annotations
 
 import logging
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -60,6 +61,8 @@ class AdviceSettings:
     vllm_bench: bool = False
     """Also run vLLM's serving benchmark after each run, as the load test does (slower)."""
     out: Path | None = None
+    traffic_source: str = ""
+    """Where `request` came from (`loadtest.traffic.origin`): the config's traffic section, options."""
 
 
 def would_measure(settings: AdviceSettings, k: int) -> list[str]:
@@ -68,9 +71,41 @@ def would_measure(settings: AdviceSettings, k: int) -> list[str]:
     return [f"step costs at batch {batches}: a plain target step, a verification of {k + 1} tokens, a speculative "
             f"step with the drafter ({settings.cost_repeats} measurements each, on 3 engines in turn)",
             f"a load test at batch {batches}: the speculative server and the baseline, workload "
-            f"'{settings.request.workload}', temperature {settings.request.temperature:g}, {settings.request.max_tokens} output tokens: "
+            f"'{settings.request.workload}', temperature {settings.request.temperature:g}, "
+            f"{settings.request.max_tokens} output tokens{'' if settings.request.fixed_length else ' at most'}: "
             f"per-position acceptance, tokens per step and the measured speedup",
             "the cost model's speedup (tokens per step / step cost) beside the measured one, and a verdict"]
+
+
+def dry_run(settings: AdviceSettings) -> int:
+    """Print what `advise` would measure on the machine its config describes; start nothing."""
+    from loadtest import traffic
+    from loadtest.plan import duration_text
+
+    try:
+        config = load_config(settings.config, settings.overrides)
+        if not config.speculation.enabled:
+            raise ValueError(f"config {settings.config} has no drafter (speculation.drafter: none): nothing to advise on")
+        sweep = Sweep(SweepSettings(settings.config, overrides=list(settings.overrides), users=settings.batches,
+                                    repeat=settings.repeat, requests=settings.requests, request=settings.request,
+                                    traffic_source=settings.traffic_source, vllm_bench=settings.vllm_bench))
+        plan = sweep.plan(dry_run=True)
+    except (ConfigError, ValueError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    engine = next((s for s in plan.servers if s.name != "baseline"), plan.servers[0])
+    start = plan.start_estimate(engine).seconds
+    print("\n".join([
+        f"advise plan (dry run: nothing starts): {settings.config}",
+        *[f"  {line}" for line in traffic.describe(settings.request, settings.traffic_source)],
+        *[f"  {i}. {step}" for i, step in enumerate(would_measure(settings, config.speculation.num_speculative_tokens), 1)],
+        f"  step costs: 3 engines started in turn in this process (about {duration_text(start)} each, as a server's "
+        f"start), {settings.cost_repeats} measurements per batch size",
+        "  the load test's own plan:",
+        *[f"  {line}" for line in plan.describe(dry_run=True).splitlines()[1 + len(plan.traffic):]],
+        f"  estimated duration: about {duration_text(3 * start + plan.total_s())} (the load test's estimate and "
+        f"the step costs' engine starts)"]))
+    return 0 if plan.servers else 2
 
 
 def advise(settings: AdviceSettings) -> dict[str, Any]:
@@ -112,7 +147,8 @@ def advise(settings: AdviceSettings) -> dict[str, Any]:
     sweep_out = out / "load-test"
     results = Sweep(SweepSettings(
         settings.config, overrides=list(settings.overrides), users=settings.batches, repeat=settings.repeat,
-        requests=settings.requests, request=settings.request, vllm_bench=settings.vllm_bench, out=sweep_out)).run()
+        requests=settings.requests, request=settings.request, traffic_source=settings.traffic_source,
+        vllm_bench=settings.vllm_bench, out=sweep_out)).run()
     write_report(results, sweep_out)
     advice["load_test"] = {"report": "load-test/report.md", "status": results["status"],
                            "problems": results["problems"]}

@@ -306,10 +306,33 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rounds", type=positive_int, default=3,
                         help="rounds, each serving every drafter and the baseline (%(default)s)")
     parser.add_argument("--out", type=Path, default=OUT_DIR, help="report folder (%(default)s)")
+    parser.add_argument("--dry-run", action="store_true", help="print the plan (servers, starts, estimate) and exit")
+
+
+def dry_run(opts: argparse.Namespace) -> int:
+    """The benchmark's plan: its servers, their starts and about how long it takes; starts nothing."""
+    from loadtest.plan import ASSUMED_START, assumed_tokens_per_s, duration_text
+
+    names = list(dict.fromkeys(opts.drafters))
+    start_s = ASSUMED_START["cpu"][0]
+    run_s = opts.prompts * opts.max_tokens / assumed_tokens_per_s("cpu", 1)
+    lines = [f"bench-drafters plan (dry run: nothing starts): {CONFIG}.yaml (the embedded pair), {opts.prompts} code "
+             f"prompts of {opts.prompt_chars} characters, {opts.max_tokens} tokens each, one at a time, temperature "
+             f"{opts.temperature:g}",
+             "  servers, one at a time (config overrides):",
+             *[f"    {name}: {' '.join(DRAFTERS[name]) or '(the config as it is)'}" for name in names],
+             f"  server starts: {opts.rounds * len(names)} ({opts.rounds} round(s), each serving every drafter once, "
+             f"the order rotated), about {duration_text(start_s)} each (assumed)",
+             f"  estimated duration: about {duration_text(opts.rounds * len(names) * (start_s + run_s))} (assumed "
+             f"{assumed_tokens_per_s('cpu', 1):g} tok/s at batch 1 on a CPU; the pair is built first if it is not)"]
+    print("\n".join(lines))
+    return 0
 
 
 def bench(opts: argparse.Namespace) -> int:
     """Serve and measure every drafter in `opts.drafters` for `opts.rounds` rounds; write the report."""
+    if opts.dry_run:
+        return dry_run(opts)
     prompts = code_prompts(opts.prompts, opts.prompt_chars)
     opts.out.mkdir(parents=True, exist_ok=True)
     names = list(dict.fromkeys(opts.drafters))

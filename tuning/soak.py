@@ -267,6 +267,29 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     request_settings.add_options(parser, only=("workload", "max_tokens", "temperature", "request_timeout_s"),
                                  defaults={"max_tokens": 32})
     parser.add_argument("--out", type=Path, default=OUT_DIR, help="report folder (%(default)s)")
+    parser.add_argument("--dry-run", action="store_true", help="print the plan (servers, requests, estimate) and exit")
+
+
+def dry_run(opts: argparse.Namespace) -> int:
+    """The soak's plan: a server per drafter, its requests and rate, about how long; starts nothing."""
+    from loadtest.plan import ASSUMED_START, duration_text
+
+    names = list(dict.fromkeys(opts.drafters))
+    rate = (f"{opts.rate:g} requests/s (--rate): about {duration_text(opts.requests / opts.rate)} of arrivals each"
+            if opts.rate else
+            f"{RATE_FRACTION:g} x the requests/s each completes in a closed-loop probe of {PROBE_REQUESTS} requests at "
+            f"{PROBE_USERS} users, measured first (so the duration is known only then: at 2 requests/s "
+            f"{opts.requests} requests take {duration_text(opts.requests / 2)})")
+    print("\n".join([
+        f"soak plan (dry run: nothing starts): {CONFIG}.yaml (the embedded pair), workload '{opts.workload}', "
+        f"{opts.max_tokens} output tokens a request, temperature {opts.temperature:g}",
+        "  servers, one at a time, one start each (config overrides):",
+        *[f"    {name}: {' '.join(DRAFTERS[name]) or '(the config as it is)'}" for name in names],
+        f"  each: {opts.warmup} warm-up requests, then {opts.requests} requests open loop (Poisson arrivals) at {rate}",
+        f"  judged: the last {opts.window} requests' memory and latency against the first {opts.window}'s "
+        f"(within {opts.tolerance:.0%})",
+        f"  server starts: {len(names)}, about {duration_text(ASSUMED_START['cpu'][0])} each (assumed)"]))
+    return 0
 
 
 def validate(parser: argparse.ArgumentParser, opts: argparse.Namespace) -> None:
@@ -288,6 +311,8 @@ def validate(parser: argparse.ArgumentParser, opts: argparse.Namespace) -> None:
 def soak(opts: argparse.Namespace) -> int:
     """Soak every drafter in `opts.drafters`; write the report after each. 0: every drafter
     stayed within the tolerance with no failed request; 1: otherwise."""
+    if opts.dry_run:
+        return dry_run(opts)
     names = list(dict.fromkeys(opts.drafters))
     workload = load_workload(opts.workload)
     rule = (f"{opts.rate:g} requests/s for every drafter (--rate)" if opts.rate else

@@ -373,8 +373,12 @@ def _acceptance(llm: Any, spec: dict[str, Any]) -> dict[str, Any]:
     out = {}
     for temperature in spec["temperatures"]:
         drafts0, accepted0 = _spec_counters(llm)
-        params = SamplingParams(max_tokens=spec["max_tokens"], temperature=temperature, ignore_eos=True, seed=0)
-        outputs = llm.generate(spec["prompts"], params, use_tqdm=False)
+        # A natural-length workload ends at the model's end of text: past it, drafts predict unusually well.
+        params = SamplingParams(max_tokens=spec["max_tokens"], temperature=temperature,
+                                ignore_eos=spec.get("fixed_length", True), seed=0)
+        outputs = llm.generate(spec["prompts"], params, use_tqdm=False) if spec["prompts"] else []
+        if spec.get("conversations"):  # chat prompts go through the model's chat template, as the chat API does
+            outputs += llm.chat(spec["conversations"], params, use_tqdm=False, chat_template=spec.get("chat_template"))
         drafts1, accepted1 = _spec_counters(llm)
         drafts = drafts1 - drafts0
         previous = accepted0 or [0.0] * len(accepted1)

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import logging
 import math
+import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -40,8 +41,8 @@ from deploy.config_text import with_speculation
 from loadtest.files import bullet_sections, write_atomic, write_json, write_result
 from loadtest.report import content_warnings, summarize_speedups, write_report
 from loadtest.request_settings import RequestSettings, settings_record
-from loadtest.runner import Sweep, SweepSettings, default_out_dir
-from loadtest.workloads import load_workload
+from loadtest.runner import SCHEDULE_VARIANT, Sweep, SweepSettings, default_out_dir
+from loadtest.workloads import as_text, load_workload, uses_chat
 from tuning import step_costs
 from tuning.advise import SECTIONS
 
@@ -76,11 +77,24 @@ class TuneSettings:
     """The tuned YAML (default: `<config>-tuned.yaml` beside the input)."""
     out: Path | None = None
     """The report folder."""
+    traffic_source: str = ""
+    """Where `request`'s workload, API and lengths came from (`loadtest.traffic.origin`)."""
     proof_repeats: int = 2
     """Runs of each proof level (each beside its own baseline run); the proof judges their mean.
     One run on a shared 2-core machine varies by ~5%, as much as the proof's 3% margin. Two,
     because the variants' order flips from one repeat to the next (`loadtest.plan.run_order`): with one
     run the tuned server always goes first."""
+
+
+def acceptance_prompts(request: RequestSettings) -> tuple[list[str], list[list[dict[str, str]]]]:
+    """The workload's first prompts as the engine takes them: plain text, and chat conversations
+    (through the model's chat template), each as its API would send it."""
+    items = load_workload(request.workload).items[:ACCEPTANCE_PROMPTS]
+    prompts = [item.prompt if item.prompt is not None else as_text(item.messages or ())
+               for item in items if not uses_chat(item, request.api)]  # type: ignore[arg-type]
+    conversations = [list(item.messages) if item.messages else [{"role": "user", "content": item.prompt or ""}]
+                     for item in items if uses_chat(item, request.api)]  # type: ignore[arg-type]
+    return prompts, conversations
 
 
 def would_measure(settings: TuneSettings, k: int) -> list[str]:
@@ -158,6 +172,45 @@ def deployed_k(schedule: list[list[int]]) -> tuple[int, list[list[int]] | None]:
     return max(max(ks), 1), schedule
 
 
+def dry_run(settings: TuneSettings) -> int:
+    """Print what `tune` would measure on the machine its config describes; start nothing."""
+    from loadtest import traffic
+    from loadtest.plan import duration_text
+
+    try:
+        config = load_config(settings.config, settings.overrides)
+        spec = config.speculation
+        if not spec.enabled:
+            raise ValueError(f"config {settings.config} has no drafter (speculation.drafter: none): nothing to tune")
+        k_max = spec.num_speculative_tokens
+        proof = Sweep(SweepSettings(
+            settings.config, overrides=list(settings.overrides), extra_k=list(range(1, k_max + 1)),
+            users=settings.batches, repeat=settings.proof_repeats, requests=settings.requests,
+            request=settings.request, traffic_source=settings.traffic_source, vllm_bench=False)).plan(dry_run=True)
+    except (ConfigError, ValueError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    temperatures = settings.temperatures or spec.temperatures
+    proofs = settings.proof_temperatures if settings.prove else []
+    said = {**settings_record(settings), "temperature": ", ".join(f"{t:g}" for t in proofs) + " (the proof's)"}
+    start = proof.start_estimate(proof.servers[-1]).seconds
+    per_proof = proof.total_s()
+    lines = [f"tune plan (dry run: nothing starts): {settings.config}",
+             *[f"  {line}" for line in traffic.describe(said)],
+             *[f"  {i}. {step}" for i, step in enumerate(would_measure(settings, k_max)[:2 + bool(proofs)], 1)],
+             f"  step times and acceptance (at T={', '.join(f'{t:g}' for t in temperatures)}, the config's "
+             f"speculation.temperatures unless --temperature): 2 engines started in turn in this process, about "
+             f"{duration_text(start)} each"]
+    if proofs:
+        lines.append(f"  each proof (one per temperature), as planned for the tuned config (the schedule written "
+                     f"then; K={k_max} here):")
+        lines += [f"  {line}" for line in proof.describe(dry_run=True).splitlines()[1 + len(proof.traffic):]]
+    lines.append(f"  estimated duration: about {duration_text(2 * start + per_proof * len(proofs))} (engine starts, "
+                 f"{len(proofs)} proof(s); the step-time measurements themselves not counted)")
+    print("\n".join(lines))
+    return 0 if proof.servers else 2
+
+
 def tune(settings: TuneSettings) -> dict[str, Any]:
     """Measure, choose, write the tuned YAML and prove it; the result (also tune.json / tune.md)
     has `status` (`tuned`, `proven`, `not_proven`, `cannot_measure`, `failed`)."""
@@ -181,19 +234,21 @@ def tune(settings: TuneSettings) -> dict[str, Any]:
                       would_measure=would_measure(settings, k_max))
         return _finish(result, out)
 
-    prompts = [item.prompt for item in load_workload(settings.request.workload).items if item.prompt][:ACCEPTANCE_PROMPTS]
+    prompts, conversations = acceptance_prompts(settings.request)
     log.info("tune %s: step times of plain decoding and of K=0..%d at batch %s, acceptance at T=%s",
              settings.config, k_max, settings.batches, temperatures)
     costs = step_costs.measure_steps(
         settings.config, cost_variants(k_max, max_batch), tuple(settings.batches), settings.cost_repeats,
-        tuple(settings.overrides), acceptance=("spec", {"prompts": prompts, "temperatures": temperatures,
-                                                        "max_tokens": ACCEPTANCE_TOKENS}),
+        tuple(settings.overrides), acceptance=("spec", {
+            "prompts": prompts, "conversations": conversations, "temperatures": temperatures,
+            "max_tokens": ACCEPTANCE_TOKENS, "fixed_length": settings.request.fixed_length,
+            "chat_template": config.engine_args.get("chat_template")}),
         k_sweep_variant="spec", k_sweep=k_max)
     result["costs"] = costs
     write_json(out / "costs.json", costs)  # minutes of engine time: kept whatever happens next
     by_temperature = costs.get("acceptance") or {}
-    if not prompts or not by_temperature:
-        result.update(status="failed", problems=["no acceptance measured: the workload has no text prompts"])
+    if not (prompts or conversations) or not by_temperature:
+        result.update(status="failed", problems=["no acceptance measured: the workload has no prompts"])
         return _finish(result, out)
     per_position = [sum(t["per_position"][i] for t in by_temperature.values()) / len(by_temperature)
                     for i in range(k_max)]
@@ -216,7 +271,7 @@ def tune(settings: TuneSettings) -> dict[str, Any]:
              output)
     if settings.prove:
         # Without a schedule the tuned config is one fixed K: the load test names it spec-k<K>.
-        tuned_name = "tuned" if result["written_schedule"] else f"spec-k{result['k']}"
+        tuned_name = SCHEDULE_VARIANT if result["written_schedule"] else f"spec-k{result['k']}"
         top = result["rows"][-1]  # the largest batch: what K=0 costs there says why no schedule may pass
         result["proof"] = prove(settings, output, k_max, out, tuned_name,
                                 k0_cost=top["options"][0]["step_ms"] / top["plain_step_ms"])
@@ -245,7 +300,7 @@ def comments(result: dict[str, Any]) -> list[str]:
     return lines
 
 
-def prove(settings: TuneSettings, tuned: Path, k_max: int, out: Path, tuned_name: str = "tuned",
+def prove(settings: TuneSettings, tuned: Path, k_max: int, out: Path, tuned_name: str = SCHEDULE_VARIANT,
           k0_cost: float | None = None) -> dict[str, Any]:
     """Load tests of the tuned config beside every fixed K and the baseline, one per temperature.
     `k0_cost`: the measured K=0 step time in plain steps at the largest batch, for the notes."""
@@ -259,7 +314,8 @@ def prove(settings: TuneSettings, tuned: Path, k_max: int, out: Path, tuned_name
         results = Sweep(SweepSettings(
             str(tuned), overrides=overrides, extra_k=list(range(1, k_max + 1)),
             users=settings.batches, repeat=settings.proof_repeats, requests=settings.requests,
-            request=replace(settings.request, temperature=temperature), vllm_bench=False,
+            request=replace(settings.request, temperature=temperature), traffic_source=settings.traffic_source,
+            vllm_bench=False,
             out=sweep_out)).run()
         write_report(results, sweep_out)
         reports.append({"temperature": temperature, "report": f"{sweep_out.name}/report.md",
