@@ -201,7 +201,7 @@ def tune(settings: TuneSettings) -> dict[str, Any]:
     result["rows"] = rows = choose(costs, per_position, k_max)
     result["schedule"] = schedule_from(rows, max_batch)
     result["k"], result["written_schedule"] = deployed_k(result["schedule"])
-    # Plugin drafts are greedy: requests hotter than the tuning measured keep off them (plugins.temperature_gate).
+    # A plugin drafts only at the temperatures the tuning measured; hotter requests keep off (plugins.temperature_gate).
     result["draft_max_temperature"] = max(temperatures) if spec.plugin_class else None
     text = tuned_yaml(path.read_text(), result["k"], result["written_schedule"], comments(result),
                       result["draft_max_temperature"])
