@@ -412,6 +412,8 @@ class BigramDrafter:
                                sampling.temperature[hot].astype(np.float64), sampling.top_k[hot].astype(np.int64),
                                sampling.top_p[hot].astype(np.float64), self.rng.random((hot.size, k)),
                                drafts, count, probs)
+                if not count[hot].any():
+                    self.last_draft_probs = None  # nothing drawn: nothing for the verifier
                 grown = grown.copy()
                 grown[hot] = 0  # drawn: the greedy chain below skips them (their slots rebuild if reused)
         flat = token_ids_cpu.reshape(-1)  # a view: vLLM's array is contiguous

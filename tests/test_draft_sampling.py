@@ -203,7 +203,7 @@ def test_bigram_decides_to_stop_before_drawing(bigram_table) -> None:
     tokens = np.zeros((1, 256), np.int32)
     tokens[0, 0] = 4
     drafts = drafter.propose([[1]], np.ones(1, np.int32), tokens, _sampling([1.0], table.vocab_size))
-    assert drafts == [[]] and drafter.last_draft_probs is not None and not drafter.last_draft_probs.any()
+    assert drafts == [[]] and drafter.last_draft_probs is None  # nothing drawn, nothing to verify against
 
 
 # --- the small-model drafter ---------------------------------------------------------------------
