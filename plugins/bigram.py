@@ -388,6 +388,7 @@ class BigramDrafter:
         sampled = RowSampling(np.ones(1, np.float32), np.ones(1, np.float32), np.zeros(1, np.int32), self.vocab_size)
         self.propose([[0]], np.ones(1, dtype=np.int32), np.zeros((1, 2), dtype=np.int32), sampled)
         self.last_draft_probs = None
+
     def propose(self, sampled_token_ids: list[list[int]], num_tokens_no_spec: np.ndarray,
                 token_ids_cpu: np.ndarray, sampling: RowSampling | None = None) -> list[list[int]]:
         """Drafts per row; with `sampling`, rows of sampled requests draw theirs (`last_draft_probs`)."""
