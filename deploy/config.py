@@ -103,25 +103,28 @@ class SpeculationConfig(Section):
     prompt_lookup_max: int | None = Field(default=None, ge=1)
     """ngram: longest n-gram matched in the prompt."""
     draft_sampling: Literal["greedy", "probabilistic"] = "greedy"
-    """How a draft model picks its tokens (vLLM's `draft_sample_method`); the output keeps the
-    target's distribution either way, only acceptance differs. `greedy`: the draft's argmax, which
-    at temperature > 0 survives only with the target's probability of that one token (5.1% at T=1 on
-    the embedded default). `probabilistic`: sampled from the draft's distribution at the request's
-    temperature and verified against it (62.9% at T=1 there; both measured on the earlier AVX-512
-    pair, before the content check: docs/results.md), at the cost of keeping the draft's
-    probabilities (K x vocabulary floats per request). For vLLM's draft-model drafters only
-    (small_model native, eagle, eagle3, mtp); greedy requests draft greedily either way."""
+    """How the drafter picks its tokens for sampled requests; the output keeps the target's
+    distribution either way, only acceptance differs. `greedy`: the draft's argmax, which at
+    temperature > 0 survives only with the target's probability of that one token (5.1% at T=1 on
+    the embedded default). `probabilistic`: sampled from the drafter's distribution at the
+    request's temperature, top-k and top-p, and verified against it (62.9% at T=1 there; both
+    measured on the earlier AVX-512 pair, before the content check: docs/results.md), at the cost
+    of keeping the draft's probabilities (K x vocabulary floats per request). vLLM's
+    `draft_sample_method` for its draft-model drafters (small_model native, eagle, eagle3, mtp);
+    specdeploy's plugins (small_model plugin, bigram) sample themselves and hand vLLM their
+    probabilities (docs/custom-proposer-probabilities.md). Greedy requests draft greedily either way."""
     temperatures: list[float] = Field(default_factory=lambda: [0.0], min_length=1)
     """The sampling temperatures this deployment's users send, which its drafting was chosen for;
     `make loadtest ... LOADTEST_ARGS='--temperature 0,0.7,1'` measures acceptance at each."""
     draft_max_temperature: float | None = Field(default=None, ge=0)
     """Plugin drafters only (bigram, small_model with implementation: plugin): draft just for
     requests whose temperature is at most this; the others decode as on a plain server and cost the
-    drafter nothing. The plugins draft greedily (vLLM 0.32 takes no draft probabilities from custom
-    proposers): at T=1 the small-model plugin's drafts were accepted 9-15% on the embedded pair,
-    slower than plain decoding at batch 1 (tuned schedule, K=1, K=2; docs/results.md). `make tune`
-    writes the largest of `temperatures` here, so a tuned plugin config speculates only at the
-    temperatures it was tuned for. None: every request drafts."""
+    drafter nothing. For temperatures where a drafter does not pay: with greedy drafts any T > 0
+    (at T=1 the small-model plugin's greedy drafts were accepted 9-15% on the embedded pair, slower
+    than plain decoding at batch 1; docs/results.md), with sampled drafts the temperatures above
+    those measured (docs/drafters.md). `make tune` writes the largest of `temperatures` here, so a
+    tuned plugin config speculates only at the temperatures it was tuned for. None: every request
+    drafts."""
     bigram: BigramOptions = Field(default_factory=BigramOptions)
     """Options of the bigram drafter."""
     extra: dict[str, Any] = Field(default_factory=dict)
@@ -184,10 +187,8 @@ class SpeculationConfig(Section):
         if self.draft_sampling == "probabilistic" and not self.samples_drafts:
             raise ValueError(
                 f"draft_sampling: probabilistic needs a drafter that samples from a draft distribution "
-                f"({', '.join(sorted(d.name for d in DRAFTERS.values() if d.samples_drafts))}; small_model with "
-                f"implementation: native), not "
-                f"{self.drafter}{' (plugin)' if self.implementation == 'plugin' else ''}, whose drafts are "
-                f"deterministic: remove draft_sampling")
+                f"({', '.join(sorted(d.name for d in DRAFTERS.values() if d.samples_drafts))}), not "
+                f"{self.drafter}, whose drafts are deterministic: remove draft_sampling")
         return self
 
     @field_validator("temperatures")
@@ -216,7 +217,7 @@ class SpeculationConfig(Section):
     @property
     def samples_drafts(self) -> bool:
         """Whether this drafter can draw its drafts from a distribution vLLM then verifies against."""
-        return DRAFTERS[self.drafter].samples_drafts and self.implementation == "native"
+        return DRAFTERS[self.drafter].samples_drafts
 
     @property
     def plugin_class(self) -> str | None:
@@ -237,11 +238,6 @@ class SpeculationConfig(Section):
             return (f"speculation.temperatures: {at} greedy drafts survive only with the target's probability of "
                     f"the draft's argmax (5.1% at T=1 on the earlier AVX-512 embedded pair, docs/results.md); set "
                     f"speculation.draft_sampling: probabilistic")
-        if self.drafter == "small_model":
-            return (f"speculation.temperatures: {at} the small-model plugin drafts greedily (vLLM 0.32 gives custom "
-                    f"proposers no sampling parameters, so they cannot return draft probabilities); use "
-                    f"implementation: native with draft_sampling: probabilistic, or set draft_max_temperature: 0 "
-                    f"so sampled requests decode without drafts")
         return None
 
 

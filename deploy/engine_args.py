@@ -101,7 +101,7 @@ def speculative_config(resolved: ResolvedDeployment) -> dict[str, Any] | None:
     for name in SPECULATIVE_FIELDS_AS_IS:
         if getattr(spec, name) is not None:
             result[name] = getattr(spec, name)
-    if spec.draft_sampling != "greedy":
+    if spec.draft_sampling != "greedy" and not spec.plugin_class:  # a plugin reads its own
         result["draft_sample_method"] = spec.draft_sampling
     for name, value in drafter.speculative_defaults.items():
         result.setdefault(name, value)
@@ -129,7 +129,8 @@ def describe_speculation(resolved: ResolvedDeployment) -> str:
         lines.append(f"  K by running batch size: {spec.num_speculative_tokens} at every size (no schedule)")
     gate = ("none, every request drafts" if spec.draft_max_temperature is None else
             f"requests at T <= {spec.draft_max_temperature:g} draft, hotter ones decode without drafts")
-    how = ({"probabilistic": "drafts sampled from the draft model", "greedy": "greedy drafts"}[spec.draft_sampling]
+    sampled = "drafts sampled by the plugin" if spec.plugin_class else "drafts sampled from the draft model"
+    how = ({"probabilistic": sampled, "greedy": "greedy drafts"}[spec.draft_sampling]
            if spec.samples_drafts else "deterministic drafts")
     lines.append(f"  temperature gate: {gate}; {how}; users' temperatures "
                  f"{', '.join(f'{t:g}' for t in spec.temperatures)}")
@@ -141,9 +142,10 @@ def describe_speculation(resolved: ResolvedDeployment) -> str:
 def plugin_options(resolved: ResolvedDeployment) -> dict[str, Any] | None:
     """Options for specdeploy's proposer plugin (read in the worker from additional_config)."""
     spec = resolved.config.speculation
-    # vLLM hands custom proposers no per-batch-size K and no temperatures: the plugin reads the
-    # schedule and the temperature gate and cuts its drafts itself.
+    # vLLM hands custom proposers no per-batch-size K: the plugin reads the schedule and the
+    # temperature gate and cuts its drafts itself; draft_sampling tells it whether to sample.
     common: dict[str, Any] = {"schedule": [list(r) for r in spec.schedule]} if spec.schedule else {}
+    common["draft_sampling"] = spec.draft_sampling
     if spec.draft_max_temperature is not None:
         common["draft_max_temperature"] = spec.draft_max_temperature
     if spec.drafter == "bigram":

@@ -1,16 +1,20 @@
 """specdeploy's draft-proposer plugins, loaded by vLLM through `speculative_config.method: custom_class`.
 
-- `plugins.bigram.BigramProposer`: chains the most likely successors from a bigram table of the
-  target's tokenizer (`plugins.bigram_table`) and from each request's own context.
+- `plugins.bigram.BigramProposer`: chains successors from a bigram table of the target's
+  tokenizer (`plugins.bigram_table`) and from each request's own context.
 - `plugins.small_model.SmallModelProposer`: runs a small causal model with the target's tokenizer
-  (transformers, one KV cache per request) and drafts greedily.
+  (transformers, one KV cache per request).
+
+Both draft argmax chains for greedy requests and, with `draft_sampling: probabilistic`, draw the
+drafts of sampled requests from their own distribution at the request's temperature, top-k and
+top-p; `plugins.draft_sampling` (a vLLM general plugin the proposers also install) hands them the
+rows' sampling parameters and the verifier their draft probabilities.
 
 `plugins.vllm_fixes` repairs a vLLM 0.32 CPU bug that skews sampling with speculation at
 temperature > 0 (both proposers apply it; as a vLLM general plugin it reaches native drafters).
 `plugins.k0_handoff`, another general plugin, lets a schedule's K=0 steps skip the engine's draft
-hand-off, so drafting nothing costs what a plain step costs. `plugins.temperature_gate`, a third,
-hands the proposers each step's request temperatures, so a config's `draft_max_temperature` can keep
-sampled requests (where greedy drafts are rarely accepted) from drafting.
+hand-off, so drafting nothing costs what a plain step costs. `plugins.temperature_gate` lets a
+config's `draft_max_temperature` keep requests sampled hotter than that from drafting.
 
 Configs never name these classes: `speculation.drafter: bigram` or `drafter: small_model` with
 `implementation: plugin` select them (the registry `plugins/drafters.py`), and their options reach

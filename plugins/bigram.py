@@ -9,8 +9,19 @@ times: pick the most likely successor `b` of `a`, stop before it if its probabil
 
 where c(a, b) counts `a b` in the request's context, N(a) the times `a` was followed by anything
 there, and w = `context_weight`: with no context counts this is the table; one occurrence
-with w = 4 already weighs 0.8. The chain is an argmax, never a sample, so vLLM's verification
-(draft probabilities taken as one-hot) keeps the target's output distribution exactly.
+with w = 4 already weighs 0.8. For greedy requests the chain is an argmax, verified as certain
+(one-hot draft probabilities).
+
+With `draft_sampling: probabilistic`, sampled requests draw their chain instead: at each position
+the drafter's distribution is P(. | a) over the successors it knows (the table's listed ones and
+those the context counted), raised to 1/T at the request's temperature T and cut by its top-k and
+top-p, and the draft token is drawn from it; the distribution goes to vLLM's verifier
+(`plugins.draft_sampling`), which keeps the target's output distribution for any draft
+distribution it is given. The table's add-one floor, the share of tokens never seen after `a`, is
+not drafted: spread over the whole vocabulary it would draw tokens the target almost never picks,
+and the verifier's residual max(p - q, 0) covers them. Whether a position is drafted (the most
+likely successor at least `min_probability`) is decided before its token is drawn, never after
+(dropping an unlikely draw would bias the drafts against the probabilities handed over).
 
 vLLM passes no request ids to `propose`, so context counts live in per-row slots that are
 validated by content: a slot remembers how much of its row's history it has counted and a few
@@ -33,9 +44,11 @@ from typing import Any
 
 import numba
 import numpy as np
+import torch
 
 from plugins.drafters import DRAFTERS
-from plugins import k_by_batch_size, k_for_batch, num_speculative_tokens, plugin_options, vllm_fixes
+from plugins import draft_sampling, k_by_batch_size, k_for_batch, num_speculative_tokens, plugin_options, vllm_fixes
+from plugins.draft_sampling import RowSampling
 from plugins.bigram_table import BigramTable, BigramTableError, load_table, tokenizer_fingerprint
 from plugins.temperature_gate import TemperatureGate
 
@@ -181,6 +194,85 @@ def _chain_kernel(lengths, grown, max_model_len, flat, width, unknown, k, min_pr
             break
 
 
+@numba.njit(cache=True)
+def _sample_kernel(rows, lengths, max_model_len, flat, width, k, min_probability, listed, listed_probs,
+                   table_vocab, weight, temperature, top_k, top_p, uniforms, drafts, count, probs):
+    """Each sampled row's chain of up to k tokens drawn from the mixed bigram distribution (module
+    doc), written with their distributions to `probs[row, position]`. The context's counts of the
+    current token are read from the row's history directly (one pass per position), as the full
+    distribution needs every successor, not the best one the hashed records keep."""
+    vocab = probs.shape[2]
+    mass = np.zeros(vocab, dtype=np.float64)  # w * c(a, b) + P_table(b | a), over the support
+    support = np.empty(vocab, dtype=np.int64)  # the successors with mass, in the order first seen
+    for i in range(rows.size):
+        r = rows[i]
+        length = np.int64(lengths[r])
+        off = r * width
+        current = np.int64(flat[off + length - 1])
+        for step in range(k):
+            if length + step >= max_model_len:
+                break
+            n = 0
+            token = current
+            row = min(current, table_vocab)  # ids past the table: its empty last row
+            for j in range(listed.shape[1]):
+                b = np.int64(listed[row, j])
+                if b < 0:
+                    break
+                if b < vocab and listed_probs[row, j] > 0:
+                    if mass[b] == 0:
+                        support[n] = b
+                        n += 1
+                    mass[b] += listed_probs[row, j]
+            seen = 0
+            for pos in range(off, off + length - 1):
+                if weight > 0 and flat[pos] == current:
+                    seen += 1
+                    b = np.int64(flat[pos + 1])
+                    if b < vocab:
+                        if mass[b] == 0:
+                            support[n] = b
+                            n += 1
+                        mass[b] += weight
+            best = 0.0
+            for j in range(n):
+                best = max(best, mass[support[j]])
+            stop = n == 0 or best / (weight * seen + 1) < min_probability
+            if not stop:
+                # Temperature, then top-k, then top-p, as vLLM's sampler treats the target's logits.
+                kept = support[:n][np.argsort(-mass[support[:n]], kind="mergesort")]
+                scores = np.log(mass[kept]) / temperature[i]
+                scores = np.exp(scores - scores[0])
+                if 0 < top_k[i] < kept.size:
+                    kept, scores = kept[:top_k[i]], scores[:top_k[i]]
+                if top_p[i] < 1:
+                    cumulative = np.cumsum(scores) / scores.sum()
+                    last = np.searchsorted(cumulative, top_p[i])  # the first position reaching top_p
+                    kept, scores = kept[:last + 1], scores[:last + 1]
+                q = (scores / scores.sum()).astype(np.float32)
+                # Draw from exactly the float32 distribution handed to the verifier.
+                total = 0.0
+                for j in range(q.size):
+                    total += q[j]
+                target, acc, choice = uniforms[i, step] * total, 0.0, 0
+                for j in range(q.size):
+                    if q[j] > 0:
+                        choice = j  # the last with mass, should rounding leave target past the end
+                        acc += q[j]
+                        if target < acc:
+                            break
+                for j in range(q.size):
+                    probs[r, step, kept[j]] = q[j]
+                token = kept[choice]
+                drafts[r, step] = token
+                count[r] = step + 1
+            for j in range(n):
+                mass[support[j]] = 0.0
+            if stop:
+                break
+            current = token
+
+
 class ContextCounts:
     """Bigram counts of each batch row's own history, updated incrementally (see module doc).
 
@@ -258,7 +350,7 @@ class BigramDrafter:
     def __init__(self, table: BigramTable, k: int, context_weight: float = DEFAULTS["context_weight"],
                  min_probability: float = DEFAULTS["min_probability"], max_batch_size: int = DEFAULTS["max_batch_size"],
                  max_model_len: int = 1 << 20, model_vocab_size: int | None = None,
-                 k_by_batch: list[int] | None = None):
+                 k_by_batch: list[int] | None = None, seed: int = 0):
         if k < 1:
             raise ValueError("k must be >= 1")
         self.table = table
@@ -283,15 +375,25 @@ class BigramDrafter:
         self._unknown = rows - 1
         self.context = (ContextCounts(table, context_weight, max_model_len, rows)
                         if context_weight > 0 else None)
+        self.vocab_size = int(model_vocab_size or table.vocab_size)
+        """Width of the draft probabilities handed to the verifier (the target's logits)."""
+        self.rng = np.random.default_rng(seed)  # one fixed stream: every tensor-parallel rank draws alike
+        self.last_draft_probs: np.ndarray | None = None
+        """[rows, K, vocabulary] float32 of the last `propose` that sampled a draft, else None."""
 
     def warm_up(self) -> None:
         """Compile the kernels (or load them from numba's cache) for vLLM's int32 arrays now, not on
         the first request. The slot it touches is rebuilt when a request arrives."""
         self.propose([[0]], np.ones(1, dtype=np.int32), np.zeros((1, 2), dtype=np.int32))
+        sampled = RowSampling(np.ones(1, np.float32), np.ones(1, np.float32), np.zeros(1, np.int32), self.vocab_size)
+        self.propose([[0]], np.ones(1, dtype=np.int32), np.zeros((1, 2), dtype=np.int32), sampled)
+        self.last_draft_probs = None
 
     def propose(self, sampled_token_ids: list[list[int]], num_tokens_no_spec: np.ndarray,
-                token_ids_cpu: np.ndarray) -> list[list[int]]:
+                token_ids_cpu: np.ndarray, sampling: RowSampling | None = None) -> list[list[int]]:
+        """Drafts per row; with `sampling`, rows of sampled requests draw theirs (`last_draft_probs`)."""
         batch = len(sampled_token_ids)
+        self.last_draft_probs = None
         if batch == 0:
             return []
         k = k_for_batch(self.k_by_batch, self.k, batch)
@@ -299,13 +401,27 @@ class BigramDrafter:
             return [[] for _ in range(batch)]  # empty drafts keep vLLM's speculative path running
         lengths = num_tokens_no_spec[:batch]
         grown = np.fromiter(map(len, sampled_token_ids), dtype=np.int64, count=batch)
+        drafts = np.zeros((batch, k), dtype=np.int64)
+        count = np.zeros(batch, dtype=np.int64)
+        if sampling is not None:
+            hot = np.flatnonzero(sampling.sampled[:batch] & (grown > 0))
+            if hot.size:
+                self.last_draft_probs = probs = np.zeros((batch, k, self.vocab_size), dtype=np.float32)
+                _sample_kernel(hot, lengths, self.max_model_len, token_ids_cpu.reshape(-1), token_ids_cpu.shape[1],
+                               k, self.min_probability, self.table.listed, self.table.listed_probs,
+                               self.table.vocab_size, self.context_weight,
+                               sampling.temperature[hot].astype(np.float64), sampling.top_k[hot].astype(np.int64),
+                               sampling.top_p[hot].astype(np.float64), self.rng.random((hot.size, k)),
+                               drafts, count, probs)
+                if not count[hot].any():
+                    self.last_draft_probs = None  # nothing drawn: nothing for the verifier
+                grown = grown.copy()
+                grown[hot] = 0  # drawn: the greedy chain below skips them (their slots rebuild if reused)
         flat = token_ids_cpu.reshape(-1)  # a view: vLLM's array is contiguous
         width = token_ids_cpu.shape[1]
         context = self.context
         if context is not None:
             context.sync(lengths, grown, self.max_model_len, flat, width)
-        drafts = np.zeros((batch, k), dtype=np.int64)
-        count = np.zeros(batch, dtype=np.int64)
         _chain_kernel(lengths, grown, self.max_model_len, flat, width, self._unknown, k, self.min_probability,
                       self._next, self._prob, context.tokens if context else None,
                       context.token_bits if context else 0, bool(context and context.dense),
@@ -324,7 +440,7 @@ class BigramProposer:
     Options (from `additional_config["specdeploy"]`, declared in deploy.config.BigramOptions, defaults
     in plugins/drafters.py):
     `table`, `context_weight`, `min_probability`, `max_batch_size`, and from the config's
-    speculation section `schedule` and `draft_max_temperature` (plugins.temperature_gate). K is
+    speculation section `schedule`, `draft_sampling` and `draft_max_temperature` (plugins.temperature_gate). K is
     `speculative_config.num_speculative_tokens`.
     """
 
@@ -344,6 +460,11 @@ class BigramProposer:
             raise BigramTableError(f"specdeploy bigram drafter refuses to start: {exc}") from None
         get_vocab = getattr(model_config, "get_vocab_size", None)
         self.gate = TemperatureGate(options.get("draft_max_temperature"))
+        self.probabilistic = options.get("draft_sampling") == "probabilistic"
+        """Sampled requests get sampled drafts (else argmax chains, as for greedy requests)."""
+        self.sampling: RowSampling | None = None
+        """This step's rows' sampling parameters, from the runner (plugins.draft_sampling)."""
+        draft_sampling.register()  # the rows' sampling parameters, if vLLM did not load it as a general plugin
         self.drafter = BigramDrafter(
             table, num_speculative_tokens(vllm_config), options["context_weight"],
             options["min_probability"], options["max_batch_size"], model_config.max_model_len,
@@ -351,20 +472,28 @@ class BigramProposer:
         began = time.perf_counter()
         self.drafter.warm_up()
         log.info("specdeploy bigram drafter: table %s (vocabulary %d), K=%d, context_weight=%g, "
-                 "min_probability=%g, max_batch_size=%d; compiled loops ready in %.1f s", table.path,
-                 table.vocab_size, self.drafter.k, self.drafter.context_weight, self.drafter.min_probability,
-                 self.drafter.max_batch_size, time.perf_counter() - began)
+                 "min_probability=%g, max_batch_size=%d, %s drafts for sampled requests; compiled loops ready "
+                 "in %.1f s", table.path, table.vocab_size, self.drafter.k, self.drafter.context_weight,
+                 self.drafter.min_probability, self.drafter.max_batch_size,
+                 "sampled" if self.probabilistic else "greedy", time.perf_counter() - began)
 
     def load_model(self, target_model: Any) -> None:
         """Nothing to load (the CPU runner calls it for every drafter)."""
 
-    def note_temperatures(self, temperatures: np.ndarray) -> None:
-        """This step's temperature per row (plugins.temperature_gate)."""
-        self.gate.note(temperatures)
+    def set_draft_sampling(self, sampling: RowSampling) -> None:
+        """This step's sampling parameters per row (plugins.draft_sampling)."""
+        self.sampling = sampling
+        self.gate.note(sampling.temperature)
+
+    def take_last_draft_probs(self) -> torch.Tensor | None:
+        """The distributions the last step's sampled drafts were drawn from (plugins.draft_sampling)."""
+        probs = self.drafter.last_draft_probs
+        return None if probs is None else torch.from_numpy(probs)
 
     def propose(self, sampled_token_ids: list[list[int]], num_tokens_no_spec: np.ndarray, token_ids_cpu: np.ndarray,
                 slot_mappings: Any = None) -> list[list[int]]:
-        return self.drafter.propose(self.gate.rows(sampled_token_ids), num_tokens_no_spec, token_ids_cpu)
+        return self.drafter.propose(self.gate.rows(sampled_token_ids), num_tokens_no_spec, token_ids_cpu,
+                                    self.sampling if self.probabilistic else None)
 
 
 def benchmark_propose(table: BigramTable, batch: int = 256, k: int = 8, steps: int = 80, history: int = 256,

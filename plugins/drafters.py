@@ -27,8 +27,9 @@ class Drafter:
     takes_model: bool = False
     """Needs a draft checkpoint in `speculation.model` (and takes none otherwise)."""
     samples_drafts: bool = False
-    """vLLM's drafter can draw its drafts from a distribution and hand it to the verifier
-    (`draft_sample_method: probabilistic`); the others' drafts are deterministic."""
+    """Can draw its drafts from a distribution and hand it to the verifier (`draft_sampling:
+    probabilistic`): vLLM's draft-model drafters as vLLM's `draft_sample_method`, specdeploy's
+    plugins through `plugins.draft_sampling`; the others' drafts are deterministic."""
     options: dict[str, Any] = field(default_factory=dict)
     """The plugin's options (under OPTIONS_KEY) and their defaults."""
     speculative_defaults: dict[str, Any] = field(default_factory=dict)
@@ -50,7 +51,7 @@ DRAFTERS: dict[str, Drafter] = {d.name: d for d in (
     Drafter("none"),
     Drafter("small_model", vllm_method="draft_model", plugin_class="plugins.small_model.SmallModelProposer",
             takes_model=True, samples_drafts=True, options={"max_cache_mib": 1024}),
-    Drafter("bigram", plugin_class="plugins.bigram.BigramProposer",
+    Drafter("bigram", plugin_class="plugins.bigram.BigramProposer", samples_drafts=True,
             options={"context_weight": 4.0, "min_probability": 0.15, "max_batch_size": 64}),
     Drafter("ngram", vllm_method="ngram", speculative_defaults={"prompt_lookup_min": 1, "prompt_lookup_max": 3}),
     Drafter("suffix", vllm_method="suffix"),

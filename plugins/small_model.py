@@ -7,17 +7,20 @@ that shares the target's vocabulary, with its own KV cache per request:
 - each step, for every running request, it finds the cache built for that request's history,
   rolls it back to the longest prefix the current history shares with the tokens it fed (the
   draft tokens the target rejected drop out; what was accepted stays), feeds the new tokens,
-  and drafts K tokens greedily (argmax, so vLLM's verification keeps the target's distribution);
+  and drafts K tokens: greedily (argmax) for greedy requests, and with `draft_sampling:
+  probabilistic` sampled for sampled requests from the draft's distribution at the request's
+  temperature, top-k and top-p, whose probabilities go to vLLM's verifier (`plugins.draft_sampling`),
+  as vLLM's own draft-model path does; either way the output keeps the target's distribution;
 - vLLM passes no request ids, so caches are matched to batch rows by content: a cache belongs
   to a row when the tokens it was built from are a prefix of the row's history (the cache only
   depends on those tokens, so identical histories may share it). A row's own previous cache is
   tried first; a request moved to another row (others finished) is found among the rest;
   anything else starts a new cache. Caches that no running request claims are freed.
 
-Options (`additional_config["specdeploy"]`): `draft_model`, the draft's local folder, and
+Options (`additional_config["specdeploy"]`): `draft_model`, the draft's local folder,
 `max_cache_mib` (default 1024, in `plugins/drafters.py`), the memory its per-request KV caches may
-hold: requests past it get no draft until others finish. The config's `schedule` and
-`draft_max_temperature` (plugins.temperature_gate) arrive there too. A step that fails (out of memory, a
+hold: requests past it get no draft until others finish, and `draft_sampling`. The config's
+`schedule` and `draft_max_temperature` (plugins.temperature_gate) arrive there too. A step that fails (out of memory, a
 bad token) gives that request an empty draft and a warning in the server log; the engine goes
 on. K is `speculative_config.num_speculative_tokens`; the draft runs on the worker's device in
 the target's dtype.
@@ -34,7 +37,8 @@ import numpy as np
 import torch
 
 from plugins.drafters import DRAFTERS
-from plugins import k_by_batch_size, k_for_batch, num_speculative_tokens, plugin_options, vllm_fixes
+from plugins import draft_sampling, k_by_batch_size, k_for_batch, num_speculative_tokens, plugin_options, vllm_fixes
+from plugins.draft_sampling import RowSampling, warp_logits
 from plugins.temperature_gate import TemperatureGate
 
 # Inside vLLM's worker processes: a child of vLLM's logger, so these lines reach the server log.
@@ -68,13 +72,19 @@ def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
 
 
 class SmallModelDrafter:
-    """Greedy drafting with per-request KV caches; independent of vLLM's config objects."""
+    """Drafting with per-request KV caches; independent of vLLM's config objects."""
 
     def __init__(self, model: Any, k: int, max_model_len: int, device: torch.device | str = "cpu",
                  max_cache_mib: float = DRAFTERS["small_model"].options["max_cache_mib"],
-                 k_by_batch: list[int] | None = None):
+                 k_by_batch: list[int] | None = None, vocab_size: int | None = None, seed: int = 0):
         self.model = model
         self.k = k
+        self.vocab_size = int(vocab_size or model.config.vocab_size)
+        """Width of the draft probabilities handed to the verifier (the target's logits)."""
+        # One fixed-seed stream: every tensor-parallel rank draws the same drafts.
+        self.generator = torch.Generator(device=torch.device(device)).manual_seed(seed)
+        self.last_draft_probs: torch.Tensor | None = None
+        """[rows, K, vocabulary] of the last `propose` that sampled a draft, else None."""
         self.k_by_batch = k_by_batch
         """K per running batch size (speculation.schedule), None: K at every size."""
         self.device = torch.device(device)
@@ -111,7 +121,11 @@ class SmallModelDrafter:
         return None
 
     @torch.inference_mode()
-    def _step(self, state: _RequestCache | None, history: np.ndarray, k: int) -> tuple[list[int], _RequestCache]:
+    def _step(self, state: _RequestCache | None, history: np.ndarray, k: int,
+              sampling: tuple[float, int, float] | None = None, probs: torch.Tensor | None = None,
+              ) -> tuple[list[int], _RequestCache]:
+        """K drafts for one request: argmax, or with `sampling` (temperature > 0, top-k, top-p) drawn
+        from the draft's distribution, which is written to `probs` [K, vocabulary]."""
         from transformers import DynamicCache
 
         n = len(history)
@@ -131,7 +145,13 @@ class SmallModelDrafter:
                                 use_cache=True, logits_to_keep=1).logits
             self.fed_tokens += feed.shape[1]
             position += feed.shape[1]
-            token = int(logits[0, -1].argmax())
+            if sampling is None:
+                token = int(logits[0, -1].argmax())
+            else:
+                q = warp_logits(logits[0, -1, :self.vocab_size], *sampling)
+                token = int(torch.multinomial(q, 1, generator=self.generator))
+                assert probs is not None
+                probs[len(drafts), :q.shape[0]] = q
             drafts.append(token)
             feed = torch.tensor([[token]], dtype=torch.long, device=self.device)
         # The last draft was never fed: the cache holds history + drafts[:-1].
@@ -140,8 +160,11 @@ class SmallModelDrafter:
         return drafts, state
 
     def propose(self, sampled_token_ids: list[list[int]], num_tokens_no_spec: np.ndarray,
-                token_ids_cpu: np.ndarray) -> list[list[int]]:
+                token_ids_cpu: np.ndarray, sampling: RowSampling | None = None) -> list[list[int]]:
+        """Drafts per row; with `sampling`, rows of sampled requests draw theirs (`last_draft_probs`)."""
         batch = len(sampled_token_ids)
+        self.last_draft_probs = None
+        probs: torch.Tensor | None = None
         free = {r: s for r, s in enumerate(self._rows) if s is not None}
         rows: list[_RequestCache | None] = [None] * batch
         out: list[list[int]] = [[] for _ in range(batch)]
@@ -156,13 +179,20 @@ class SmallModelDrafter:
                 self._note_over_budget()
                 continue  # its cache (if any) is dropped below: memory stays bounded
             history = token_ids_cpu[i, :n]
+            row_sampling = None
+            if sampling is not None and sampling.temperature[i] > 0:
+                row_sampling = (float(sampling.temperature[i]), int(sampling.top_k[i]), float(sampling.top_p[i]))
+                if probs is None:
+                    probs = torch.zeros(batch, self.k, self.vocab_size, device=self.device)
             try:
-                out[i], rows[i] = self._step(self._claim(i, history, free), history, k)
+                out[i], rows[i] = self._step(self._claim(i, history, free), history, k, row_sampling,
+                                             None if row_sampling is None else probs[i])
             except Exception as exc:  # noqa: BLE001 - a failed draft must never take the engine down
                 self._note_failure(exc)
                 continue
             budget -= len(rows[i].tokens)
         self._rows = rows  # unclaimed caches belonged to finished (or preempted) requests: freed
+        self.last_draft_probs = probs
         return out
 
     def _note_failure(self, exc: Exception) -> None:
@@ -195,6 +225,11 @@ class SmallModelProposer:
         self.k = num_speculative_tokens(vllm_config)
         self.k_by_batch = k_by_batch_size(vllm_config, options)
         self.gate = TemperatureGate(options.get("draft_max_temperature"))
+        self.probabilistic = options.get("draft_sampling") == "probabilistic"
+        """Sampled requests get sampled drafts (else argmax drafts, as for greedy requests)."""
+        self.sampling: RowSampling | None = None
+        """This step's rows' sampling parameters, from the runner (plugins.draft_sampling)."""
+        draft_sampling.register()  # the rows' sampling parameters, if vLLM did not load it as a general plugin
         self.model_config = vllm_config.model_config
         self.device = torch.device(str(vllm_config.device_config.device))
         self.drafter: SmallModelDrafter | None = None
@@ -213,17 +248,25 @@ class SmallModelProposer:
                              f"{draft_vocab} but the target has {target_vocab}; the draft must use the "
                              f"target's tokenizer")
         self.drafter = SmallModelDrafter(model, self.k, self.model_config.max_model_len, self.device,
-                                         max_cache_mib=self.max_cache_mib, k_by_batch=self.k_by_batch)
+                                         max_cache_mib=self.max_cache_mib, k_by_batch=self.k_by_batch,
+                                         vocab_size=target_vocab)
         params = sum(p.numel() for p in model.parameters())
-        log.info("specdeploy small-model drafter: %s (%.2fM parameters, %s) on %s, K=%d", self.path, params / 1e6,
-                 dtype, self.device, self.k)
+        log.info("specdeploy small-model drafter: %s (%.2fM parameters, %s) on %s, K=%d, %s drafts for sampled "
+                 "requests", self.path, params / 1e6, dtype, self.device, self.k,
+                 "sampled" if self.probabilistic else "greedy")
 
-    def note_temperatures(self, temperatures: np.ndarray) -> None:
-        """This step's temperature per row (plugins.temperature_gate)."""
-        self.gate.note(temperatures)
+    def set_draft_sampling(self, sampling: RowSampling) -> None:
+        """This step's sampling parameters per row (plugins.draft_sampling)."""
+        self.sampling = sampling
+        self.gate.note(sampling.temperature)
+
+    def take_last_draft_probs(self) -> torch.Tensor | None:
+        """The distributions the last step's sampled drafts were drawn from (plugins.draft_sampling)."""
+        return self.drafter.last_draft_probs if self.drafter is not None else None
 
     def propose(self, sampled_token_ids: list[list[int]], num_tokens_no_spec: np.ndarray, token_ids_cpu: np.ndarray,
                 slot_mappings: Any = None) -> list[list[int]]:
         if self.drafter is None:
             raise RuntimeError("SmallModelProposer.propose called before load_model")
-        return self.drafter.propose(self.gate.rows(sampled_token_ids), num_tokens_no_spec, token_ids_cpu)
+        return self.drafter.propose(self.gate.rows(sampled_token_ids), num_tokens_no_spec, token_ids_cpu,
+                                    self.sampling if self.probabilistic else None)

@@ -80,7 +80,8 @@ def test_drafter_consistency() -> None:
     assert "greater than or equal to 0" in problems(
         minimal(speculation={"drafter": "bigram", "draft_max_temperature": -1}))[0]
     plugin = {"drafter": "small_model", "implementation": "plugin", "model": "x/y", "temperatures": [0, 1]}
-    assert "drafts greedily" in parse_config(minimal(speculation=plugin)).speculation.sampling_advice()
+    assert "set speculation.draft_sampling: probabilistic" in \
+        parse_config(minimal(speculation=plugin)).speculation.sampling_advice()
     gated = parse_config(minimal(speculation={**plugin, "draft_max_temperature": 0.5})).speculation
     assert gated.draft_max_temperature == 0.5
     assert gated.sampling_advice() is None  # T=1 requests draft nothing: nothing to warn about
@@ -88,10 +89,14 @@ def test_drafter_consistency() -> None:
 
 def test_draft_sampling_and_the_temperatures_a_config_is_tuned_for() -> None:
     # Probabilistic drafting needs a drafter with a draft distribution; deterministic ones are refused.
-    for speculation in ({"drafter": "bigram"}, {"drafter": "ngram"},
-                        {"drafter": "small_model", "model": "x/y", "implementation": "plugin"}):
+    for speculation in ({"drafter": "ngram"}, {"drafter": "suffix"}, {"drafter": "probe"}):
         [problem] = problems(minimal(speculation={**speculation, "draft_sampling": "probabilistic"}))
         assert "draft_sampling: probabilistic needs a drafter that samples" in problem, problem
+    # specdeploy's plugins sample their own drafts (plugins/draft_sampling.py): valid for both.
+    for speculation in ({"drafter": "bigram"}, {"drafter": "small_model", "model": "x/y", "implementation": "plugin"}):
+        config = parse_config(minimal(speculation={**speculation, "draft_sampling": "probabilistic",
+                                                   "temperatures": [1]}))
+        assert config.speculation.samples_drafts and config.speculation.sampling_advice() is None
     assert "set by the typed fields" in problems(minimal(speculation={
         "drafter": "ngram", "extra": {"draft_sample_method": "probabilistic"}}))[0]
     assert ">= 0" in problems(minimal(speculation={"drafter": "ngram", "temperatures": [0, -0.5]}))[0]
@@ -102,7 +107,7 @@ def test_draft_sampling_and_the_temperatures_a_config_is_tuned_for() -> None:
     assert "set speculation.draft_sampling: probabilistic" in greedy.speculation.sampling_advice()
     plugin = parse_config(minimal(speculation={"drafter": "small_model", "model": "x/y", "implementation": "plugin",
                                                "temperatures": [0.7]}))
-    assert "plugin drafts greedily" in plugin.speculation.sampling_advice()
+    assert "set speculation.draft_sampling: probabilistic" in plugin.speculation.sampling_advice()
     for quiet in ({"drafter": "small_model", "model": "x/y", "temperatures": [0]},
                   {"drafter": "small_model", "model": "x/y", "temperatures": [1], "draft_sampling": "probabilistic"}):
         assert parse_config(minimal(speculation=quiet)).speculation.sampling_advice() is None

@@ -215,6 +215,6 @@ def test_serve_names_a_plugin_drafters_temperature_gate(embedded_pair) -> None:
     text = describe_speculation(resolved)
     assert "specdeploy's plugin plugins.bigram.BigramProposer" in text
     assert "1-4: 4, 5-64: 0 (no drafts) (the plugin reads it from --additional-config)" in text
-    assert "requests at T <= 0 draft, hotter ones decode without drafts; deterministic drafts" in text
+    assert "requests at T <= 0 draft, hotter ones decode without drafts; drafts sampled by the plugin" in text
     assert describe_speculation(plan_from_config("default", no_speculation=True, plan_only=True)[0]) == \
         "speculation: off"

@@ -206,10 +206,11 @@ def advice_rows(costs: dict[str, Any], results: dict[str, Any]) -> list[dict[str
 
 def sampled_remedy(spec: Any) -> str:
     """What this drafter can do about drafts rarely accepted at a temperature > 0."""
+    if spec.plugin_class and (spec.draft_sampling == "probabilistic" or not spec.samples_drafts):
+        # already sampling (or deterministic): a plugin can still keep these requests off its drafts
+        return "draft_max_temperature below it, so these requests decode without drafts"
     if spec.samples_drafts:
         return "draft_sampling: probabilistic"
-    if spec.plugin_class:  # greedy drafts, and vLLM takes no draft probabilities from a plugin
-        return "draft_max_temperature below it, so these requests decode without drafts"
     return ""
 
 

@@ -47,8 +47,10 @@ CONFIG = "default"
 DRAFTERS: dict[str, list[str]] = {
     "none": ["speculation.drafter=none"],
     "small_model (native)": [],
-    "small_model (plugin)": ["speculation.implementation=plugin", "speculation.draft_sampling=greedy"],
-    "bigram": ["speculation.drafter=bigram", "speculation.model=", "speculation.draft_sampling=greedy"],
+    # The plugins sample their drafts for sampled requests, as the native path does (draft_sampling:
+    # probabilistic, from default.yaml).
+    "small_model (plugin)": ["speculation.implementation=plugin"],
+    "bigram": ["speculation.drafter=bigram", "speculation.model="],
     "ngram": ["speculation.drafter=ngram", "speculation.model=", "speculation.draft_sampling=greedy"],
 }
 COUNTERS = ("num_drafts", "num_draft_tokens", "num_accepted_tokens")

@@ -15,8 +15,8 @@
 3. Write `<config>-tuned.yaml` beside the input: the input's text with `speculation.schedule`
    (vLLM's `num_speculative_tokens_per_batch_size`) inserted and the measurements that chose it
    as comments. Range boundaries sit at the geometric middle between measured batch sizes. A
-   plugin drafter (greedy drafts) also gets `draft_max_temperature`, the largest temperature
-   measured: hotter requests, whose greedy drafts would mostly be rejected, draft nothing.
+   plugin drafter also gets `draft_max_temperature`, the largest temperature measured: hotter
+   requests, whose acceptance was not measured, draft nothing.
 4. Prove it (unless `--no-prove`): a load test per temperature of the tuned config, every fixed
    K and the baseline at each batch size; the tuned config must reach 0.97x the baseline at the
    largest batch and 0.97x the best fixed K at every other.
@@ -256,7 +256,7 @@ def tune(settings: TuneSettings) -> dict[str, Any]:
     result["rows"] = rows = choose(costs, per_position, k_max)
     result["schedule"] = schedule_from(rows, max_batch)
     result["k"], result["written_schedule"] = deployed_k(result["schedule"])
-    # Plugin drafts are greedy: requests hotter than the tuning measured keep off them (plugins.temperature_gate).
+    # A plugin drafts only at the temperatures the tuning measured; hotter requests keep off (plugins.temperature_gate).
     result["draft_max_temperature"] = max(temperatures) if spec.plugin_class else None
     text = tuned_yaml(path.read_text(), result["k"], result["written_schedule"], comments(result),
                       result["draft_max_temperature"])
@@ -293,7 +293,7 @@ def comments(result: dict[str, Any]) -> list[str]:
                      + "  ".join(f"{o['rate']:>9.2f}" for o in row["options"]) + f"  K={row['k']}")
     lines.append("tok/t: tokens per plain-step time (tokens per step / the step's time in plain steps).")
     if result.get("draft_max_temperature") is not None:
-        lines.append(f"The plugin drafts greedily: requests above T={result['draft_max_temperature']:g}, where this "
+        lines.append(f"Plugin drafter: requests above T={result['draft_max_temperature']:g}, where this "
                      "was not measured, get no drafts.")
     if result["settings"]["overrides"]:
         lines.append("Measured with --set " + " ".join(result["settings"]["overrides"]) + " (not written here).")
