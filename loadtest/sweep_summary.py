@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from loadtest import content, stats, vllm_bench
+from loadtest import content, stats, traffic, vllm_bench
 from loadtest.page import Badge, Line
 
 # ---------------------------------------------------------------------------------- exit status
@@ -278,9 +278,11 @@ def setup(results: dict[str, Any], method: str) -> str:
     length = f"{s.get('max_tokens')} output tokens" + (" (fixed)" if s.get("fixed_length") else " at most")
     target = f"`{served}`" if served else f"config `{results.get('config')}`"
     commit = f", commit {m['commit']}" if m.get("commit") else ""
+    said = traffic.describe(s) if s.get("workload") else []  # which traffic ran, as the plan said it
     return (f"**Setup.** Target {target} ({'; '.join(drafters) or 'no speculative variant'}) against the same "
-            f"server without speculation. Workload `{s.get('workload')}`, {length}, temperature "
-            f"{s.get('temperature')}; {load}; {s.get('repeat', 1)} run(s) of each"
+            f"server without speculation. " + (" ".join(x[0].upper() + x[1:] + "." for x in said) + " "
+                                              if said else "")
+            + f"Workload `{s.get('workload')}`, {length}, temperature {s.get('temperature')}; {load}; {s.get('repeat', 1)} run(s) of each"
             + (f", {order} order" if order else "") + f". Machine: {m.get('cpus')} CPUs"
             + (f" ({m['platform']})" if m.get("platform") else "") + f", vLLM {m.get('vllm')}{commit}. "
             f"Status **{results.get('status')}**. How each figure is computed: {method}.")

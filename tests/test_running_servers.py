@@ -202,7 +202,7 @@ def test_chat_traffic_on_the_embedded_default_end_to_end(servers, tmp_path):
                           "--users", "1", "--repeat", "1", "--requests", "3", "--warmup", "0", "--out", str(out)],
                          cwd=REPO, capture_output=True, text=True, timeout=600)
     results = json.loads((out / "results.json").read_text())
-    assert run.returncode == {"ok": 0, "flagged": 1}[results["status"]], run.stderr[-2000:]
+    assert results["status"] in ("ok", "flagged") and run.returncode == exit_code(results) == 0, run.stderr[-2000:]
     assert "traffic: chat prompts through the chat API (/v1/chat/completions), natural lengths" in run.stderr
     (variant,) = results["variants"]
     level = variant["levels"][0]
@@ -213,7 +213,11 @@ def test_chat_traffic_on_the_embedded_default_end_to_end(servers, tmp_path):
     records = [json.loads(line) for f in sorted((out / level["locust"]["records"]).glob("*.jsonl"))
                for line in f.read_text().splitlines()]
     assert {r["path"] for r in records} == {"/v1/chat/completions"}
-    findings = [line[2:] for line in (out / "report.md").read_text().splitlines() if line.startswith("- ")]
+    # The first screen's setup says which traffic ran; the full findings begin with it.
+    md = (out / "report.md").read_text()
+    setup = next(x for x in md.splitlines() if x.startswith("**Setup.**"))
+    assert "Traffic: chat prompts through the chat API (/v1/chat/completions), natural lengths" in setup, setup
+    findings = [x[2:] for x in md.split("## Every finding in full", 1)[1].splitlines() if x.startswith("- ")]
     assert findings[0] == ("traffic: chat prompts through the chat API (/v1/chat/completions), natural lengths (each "
                            "ends at the model's end of text, at most 32 tokens), temperature 1 (default.yaml's traffic "
                            "section; from the command line: --workload, --max-tokens, --fixed-length/--no-fixed-length)")
