@@ -53,7 +53,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from deploy.cpu_dtype import native_bf16
-from deploy.pair_training import BOS, SPECIALS, llama, progress, read, stdlib, stdlib_split, token_ids
+from deploy.pair_training import BOS, SPECIALS, kl_to, llama, progress, read, stdlib, stdlib_split, token_ids
 from deploy.widen import widen_llama
 
 log = logging.getLogger("specdeploy")
@@ -444,14 +444,8 @@ def _train(recipe: Recipe, out: Path) -> dict:
     log.info("target: loss %.3f, %s tokens/s", target_train["final_loss"], f"{target_train['tokens_per_s']:,}")
     target.requires_grad_(False)
 
-    def distill_loss(b: Any) -> Any:
-        x = b[:, :-1]
-        with torch.no_grad():
-            teacher = F.log_softmax(target(input_ids=x).logits.float().flatten(0, 1), -1)
-        student = F.log_softmax(draft(input_ids=x).logits.float().flatten(0, 1), -1)
-        return F.kl_div(student, teacher, log_target=True, reduction="batchmean")  # KL(target || draft)
-
     draft = llama(recipe, recipe.draft_layers, recipe.draft_width, recipe.draft_ffn)
+    distill_loss = kl_to(target, draft)
     draft_train = _optimize(recipe, draft, recipe.draft_lr, recipe.draft_steps, distill_loss, train_stream,
                             "distill draft")
     log.info("draft: KL to target %.3f, %s tokens/s", draft_train["final_loss"], f"{draft_train['tokens_per_s']:,}")

@@ -380,6 +380,21 @@ def optimize(recipe: Recipe, model: Any, *, lr: float, steps: int, loss_fn: Call
             "heldout_bpb_curve": history["curve"]}
 
 
+def kl_to(teacher: Any, student: Any) -> Callable[[Any], Any]:
+    """The distillation loss of a batch: KL(teacher || student) over next-token distributions."""
+    import torch
+    import torch.nn.functional as F
+
+    def loss(b: Any) -> Any:
+        x = b[:, :-1]
+        with torch.no_grad():
+            target = F.log_softmax(teacher(input_ids=x).logits.float().flatten(0, 1), -1)
+        own = F.log_softmax(student(input_ids=x).logits.float().flatten(0, 1), -1)
+        return F.kl_div(own, target, log_target=True, reduction="batchmean")
+
+    return loss
+
+
 def _every(values: list[float], n: int) -> list[float]:
     return [round(sum(values[i:i + n]) / len(values[i:i + n]), 4) for i in range(0, len(values), n)]
 
@@ -515,14 +530,8 @@ def _train(recipe: Recipe, out: Path, stop_after: int | None) -> dict:
     log.info("target: loss %.3f, %s tokens/s", target_train["final_loss"], f"{target_train['tokens_per_s']:,}")
     target.requires_grad_(False)
 
-    def distill_loss(b: Any) -> Any:
-        x = b[:, :-1]
-        with torch.no_grad():
-            teacher = F.log_softmax(target(input_ids=x).logits.float().flatten(0, 1), -1)
-        student = F.log_softmax(draft(input_ids=x).logits.float().flatten(0, 1), -1)
-        return F.kl_div(student, teacher, log_target=True, reduction="batchmean")  # KL(target || draft)
-
     draft = llama(recipe, recipe.draft_layers, recipe.draft_width, recipe.draft_ffn)
+    distill_loss = kl_to(target, draft)
     draft_train = optimize(
         recipe, draft, lr=recipe.draft_lr, steps=recipe.draft_steps, loss_fn=distill_loss,
         batches=Windows(recipe, parts, weights, recipe.draft_seq_len, recipe.draft_batch_size),
