@@ -114,19 +114,9 @@ def capacity(out: Path) -> dict[str, Any]:
 
 def soak() -> dict[str, Any]:
     """Two drafters within the tolerance, one drifting, one that failed to start."""
-    from test_soak import records, samples, scrapes
+    from test_soak import SOAK_META as meta
+    from test_soak import soak_drafter as drafter
 
-    from tuning import soak_report
-
-    def drafter(name: str, ttft: Any) -> dict[str, Any]:
-        recs, rss, engine = records(200, ttft=ttft), samples(1101), scrapes(1110)
-        return {"drafter": name, "rate": 2.0, "rate_source": "--rate", "startup_s": 40.0, "run_s": 100.0,
-                "processes": 3, "verdict": soak_report.judge(recs, rss, 50, 0.1, expected=200, engine=engine),
-                "series": soak_report.series(recs, rss, engine)}
-
-    meta = {"requests": 200, "window": 50, "tolerance": 0.1, "max_tokens": 32, "workload": "code", "prompts": 12,
-            "temperature": 1.0, "seed": 0, "sample_every_s": 2.0, "rate_rule": "2 requests/s for every drafter",
-            "machine": "x86_64, 2 CPUs", "date": "2026-01-01 00:00:00"}
     return {"meta": meta, "drafters": [drafter("bigram", lambda i: 0.1),
                                        drafter("small_model (plugin)", lambda i: 0.1 + (i >= 150) * 0.05),
                                        drafter("ngram", lambda i: 0.1 + 0.0002 * i),

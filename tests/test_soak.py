@@ -211,16 +211,22 @@ def test_settings_that_cannot_be_judged_are_refused_before_any_server(capsys: py
     assert set(soak.DRAFTERS) == {"small_model (native)", "small_model (plugin)", "bigram", "ngram"}
 
 
-def test_the_report_leads_with_a_verdict_per_drafter(tmp_path: Path) -> None:
-    def drafter(name: str, ttft) -> dict:
-        recs, rss, engine = records(200, ttft=ttft), samples(1101), scrapes(1110)
-        return {"drafter": name, "rate": 2.0, "rate_source": "--rate", "startup_s": 40.0, "run_s": 100.0,
-                "processes": 3, "verdict": soak_report.judge(recs, rss, 50, 0.1, expected=200, engine=engine),
-                "series": soak_report.series(recs, rss, engine)}
+SOAK_META = {"requests": 200, "window": 50, "tolerance": 0.1, "max_tokens": 32, "workload": "code", "prompts": 12,
+             "temperature": 1.0, "seed": 0, "sample_every_s": 2.0, "rate_rule": "2 requests/s for every drafter",
+             "machine": "x86_64, 2 CPUs", "date": "2026-01-01 00:00:00"}
+"""A soak of 200 requests judged over windows of 50 (what `soak_drafter` produces)."""
 
-    meta = {"requests": 200, "window": 50, "tolerance": 0.1, "max_tokens": 32, "workload": "code", "prompts": 12,
-            "temperature": 1.0, "seed": 0, "sample_every_s": 2.0, "rate_rule": "2 requests/s for every drafter",
-            "machine": "x86_64, 2 CPUs", "date": "2026-01-01 00:00:00"}
+
+def soak_drafter(name: str, ttft) -> dict:
+    """One drafter's soak result: 200 requests whose TTFT is `ttft(i)`, steady memory and engine."""
+    recs, rss, engine = records(200, ttft=ttft), samples(1101), scrapes(1110)
+    return {"drafter": name, "rate": 2.0, "rate_source": "--rate", "startup_s": 40.0, "run_s": 100.0,
+            "processes": 3, "verdict": soak_report.judge(recs, rss, 50, 0.1, expected=200, engine=engine),
+            "series": soak_report.series(recs, rss, engine)}
+
+
+def test_the_report_leads_with_a_verdict_per_drafter(tmp_path: Path) -> None:
+    drafter, meta = soak_drafter, SOAK_META
     report = {"meta": meta, "drafters": [drafter("bigram", lambda i: 0.1),
                                          drafter("small_model (plugin)", lambda i: 0.1 + (i >= 150) * 0.05),
                                          {"drafter": "ngram", "error": "vLLM exited with code 1 during start-up"}]}
