@@ -35,6 +35,9 @@ TAKES_models := REBUILD
 TAKES_test := PYTEST_ARGS
 TAKES_test-full := PYTEST_ARGS
 TAKES_docs := CHECK
+# The tests run `make` as a user would: without this make's command-line variables (PYTEST_ARGS),
+# which MAKEFLAGS would otherwise hand down to every make they start.
+PYTEST := env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL $(PY) -m pytest
 CHECKED_GOALS := $(foreach g,$(MAKECMDGOALS),$(if $(filter undefined,$(origin TAKES_$(g))),,$(g)))
 TAKEN := $(foreach g,$(CHECKED_GOALS),$(TAKES_$(g)))
 $(foreach v,$(if $(CHECKED_GOALS),$(filter-out $(TAKEN),$(KIT_VARS))),$(if $(filter command line,$(origin $(v))),\
@@ -178,7 +181,7 @@ k8s: $(STAMP)
 # Build the embedded pair, then measure its step costs on the engine (kept beside it).
 ## make models [REBUILD=1]
 ##     build the embedded pair from the shipped weights (cached) and measure its engine step costs;
-##     REBUILD=1 retrains the weights first (about 16 min)
+##     REBUILD=1 retrains the weights first (about 80 min on 2 cores; interrupted, it resumes)
 models: $(STAMP)
 	$(PY) -m deploy models $(if $(REBUILD),--retrain)
 	$(PY) -m tuning costs default.yaml --pair
@@ -192,7 +195,7 @@ models: $(STAMP)
 ##     PYTEST_ARGS: further pytest options
 test: $(STAMP)
 	$(PY) -m deploy models
-	$(PY) -m pytest -m "not full and not slow" $(PYTEST_ARGS)
+	$(PYTEST) -m "not full and not slow" $(PYTEST_ARGS)
 
 ## make test-full [PYTEST_ARGS=...]
 ##     make test, the slow behaviour tests (tensor and pipeline parallelism, two nodes, a short soak), then
@@ -200,7 +203,7 @@ test: $(STAMP)
 ##     PYTEST_ARGS as for make test
 test-full: $(STAMP)
 	$(PY) -m deploy models
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PYTEST) $(PYTEST_ARGS)
 
 ## make docs [CHECK=1]
 ##     write docs/configuration.md from the config schema's field docs, and the README's command table
