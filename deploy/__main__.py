@@ -206,7 +206,8 @@ def main(argv: list[str] | None = None) -> int:
     models = sub.add_parser("models", help="build the embedded default model pair")
     models.add_argument("--force", action="store_true", help="rebuild the served pair even if cached")
     models.add_argument("--retrain", action="store_true",
-                        help="train the shipped weights anew with the recipe (about 16 min), then build the served pair")
+                        help="train the shipped weights anew with the recipe (about 80 min on 2 cores, resumable), "
+                             "then build the served pair")
     k8s = sub.add_parser("k8s", help="print Kubernetes manifests (Deployment + Service) for a config")
     _add_config_args(k8s)
     k8s.add_argument("--image", default="vllm/vllm-openai:v0.32.0", help="container image (default: %(default)s)")

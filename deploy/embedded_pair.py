@@ -1,29 +1,30 @@
 """The embedded default model pair: a Llama target and a distilled draft, no hub and no GPU needed.
 
-Two steps, so that a first `make serve` takes minutes, not the quarter of an hour training takes:
+Two steps, so that a first `make serve` takes minutes, not the hours training takes:
 
-1. **Training** (`make models REBUILD=1`, about 16 min on 2 cores): a byte-level BPE tokenizer, a
-   2M-parameter target and a 0.34M-parameter draft distilled from it, trained in float32 on the
-   Python standard library's own sources by `Recipe`. The result is small (about 10 MB) and is
-   shipped in the repository (`deploy/embedded_weights/`, with `training.json`: the recipe, its
-   losses and the held-out agreement it reached); a test retrains and checks that the recipe
-   still reproduces that agreement.
+1. **Training** (`make models REBUILD=1`, about 80 min on 2 cores, resumable: `deploy.pair_training`):
+   a byte-level BPE tokenizer of 4,096 tokens, a 4.5M-parameter target trained on Python code (the
+   standard library's training split and the sources of the packages installed beside the engine),
+   and a draft of half its depth that starts from the target's first and last layers and is
+   distilled to it. The result is small (about 12 MB in bf16) and is shipped in the repository
+   (`deploy/embedded_weights/`, with `training.json`: the recipe, the loss curve and the held-out
+   figures it reached); a full-tier test retraces the start of the shipped curve.
 2. **Building the served pair** (every machine, on first use, well under a minute): the shipped
    target is widened without changing its function (`deploy.widen`) into what is served, saved in
    the serving dtype, and evaluated on held-out code. Cached under `$SPECDEPLOY_CACHE` (default
    `$XDG_CACHE_HOME/specdeploy` or `~/.cache/specdeploy`) in a folder keyed by the shipped weights
    and `Serving`.
 
-Costs like a real deployment's. A 2M-parameter model costs framework overhead per step, not
+Costs like a real deployment's. A 4.5M-parameter model costs framework overhead per step, not
 weights or arithmetic, so speculation would behave unlike it does on a GPU. The served target is
-therefore the trained one widened 8 times: a dense 102M-parameter bf16 model whose decode step
-reads 204 MB of weights. At batch 1 a step is bound by memory bandwidth, so verifying K + 1 = 5
-tokens costs about one plain step; at batch 32 it is bound by arithmetic, so verifying 32 x 5
-tokens costs about 4 plain steps; the draft costs under a tenth of a target step. On a CPU without
-bf16 arithmetic (AVX2 only) the target is served in float32 and widened 4 times (28M parameters),
-which meets the same goals there. `make models` measures these ratios on the engine
-(`tuning.step_costs`) and keeps them beside the pair (`engine_costs.json`), with the goals they
-must meet (`GOALS`).
+therefore the trained one widened to a hidden size of 1,536 (6 times): a dense bf16 model of about
+115M parameters whose decode step reads about 230 MB of weights. At batch 1 a step is bound by
+memory bandwidth, so verifying K + 1 = 5 tokens costs about one plain step; at batch 32 it is bound
+by arithmetic, so verifying 32 x 5 tokens costs several plain steps; the draft, served as trained,
+costs a few percent of a target step. On a CPU without bf16 arithmetic (AVX2 only) the target is
+served in float32 at a hidden size of 768 (3 times). `make models` measures these ratios on the
+engine (`tuning.step_costs`) and keeps them beside the pair (`engine_costs.json`), with the goals
+they must meet (`GOALS`).
 
 A second, **plumbing** target is built beside it from the same weights: widened only twice (6
 heads, so tensor parallelism over 2 ranks works), same predictions, a fraction of the cost. The
@@ -43,72 +44,39 @@ import functools
 import hashlib
 import json
 import logging
-import math
 import os
 import shutil
 import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 from deploy.cpu_dtype import native_bf16
-from deploy.pair_training import BOS, SPECIALS, kl_to, llama, progress, read, stdlib, stdlib_split, token_ids
+from deploy.pair_training import (RECIPE, corpus_listing, evaluate, heldout_windows, progress,
+                                  recipe_hash, run_folder, stdlib_split, token_bytes, token_ids, train)
 from deploy.widen import widen_llama
 
 log = logging.getLogger("specdeploy")
 
-# Bump when the code changes in a way that changes its output (the hashes cover the knobs).
-TRAIN_VERSION = 1  # the training (make models REBUILD=1)
-BUILD_VERSION = 4  # the served pair built from the shipped weights
+# Bump when the code changes the served pair built from the same weights (the hash covers the knobs).
+BUILD_VERSION = 5
 WEIGHTS = Path(__file__).parent / "embedded_weights"
 """The trained pair shipped in the repository: tokenizer/, target/, draft/ and training.json."""
 PAIR_ENV = "SPECDEPLOY_PAIR"
 """Which target `embedded:target` serves: `cost` (default, the cost-faithful one) or `plumbing`."""
 
 
-@dataclass(frozen=True)
-class Recipe:
-    """Every knob of the training (`make models REBUILD=1`). Float32 on every CPU, so that one
-    set of shipped weights is what the recipe gives everywhere (up to BLAS rounding)."""
-
-    seed: int = 1234  # torch.manual_seed before each model's init and batch sampling
-    threads: int = 2  # torch intra-op threads: fixed and recorded, as BLAS reductions may depend on it
-    heldout_percent: int = 5  # files whose path hash mod 100 falls below this are held out
-    max_file_kb: int = 300  # skips pydoc_data/topics.py: 0.75 MB of English prose, not code
-    vocab_size: int = 1024  # byte-level BPE incl. 3 specials + 256 bytes; small keeps the LM head cheap
-    seq_len: int = 256  # training window; 128 made agreement fall from 62% to 44% past position 512
-    batch_size: int = 16  # windows per step (4096 tokens)
-    lr: float = 6e-3  # AdamW peak learning rate (tiny models tolerate a high one)
-    betas: tuple[float, float] = (0.9, 0.95)  # AdamW betas
-    weight_decay: float = 0.1  # AdamW decoupled weight decay on matrices (not norms)
-    warmup_steps: int = 20  # linear warm-up, then cosine decay to min_lr_ratio * lr
-    min_lr_ratio: float = 0.1  # floor of the cosine schedule
-    grad_clip: float = 1.0  # global grad-norm clip; guards the high lr early on
-    head_dim: int = 64  # attention head size (vLLM CPU attention supports 64)
-    max_position_embeddings: int = 2048  # serving uses max_model_len up to 2048
-    target_layers: int = 4  # target depth
-    target_width: int = 192  # target hidden size (3 heads of 64)
-    target_ffn: int = 512  # target SwiGLU inner size
-    target_steps: int = 600  # fixed step count (not a time budget) so builds are reproducible
-    draft_layers: int = 1  # draft depth
-    draft_width: int = 128  # draft hidden size (2 heads of 64)
-    draft_ffn: int = 384  # draft SwiGLU inner size
-    draft_steps: int = 900  # distillation steps (KL to the target's logits); 300: 65%, 600: 71%, 900: 74% agreement
-    draft_lr: float = 6e-3  # peak learning rate of the distillation (1e-2: 49% agreement, 3e-3: same)
-    eval_windows: int = 256  # held-out windows of seq_len tokens for the trained models
-
-
 SERVED_WIDTH = {"bfloat16": 1536, "float32": 768}
-"""The served target's hidden size per serving dtype, whatever the trained width: 1,536 in bf16 (the
-2M-parameter target of width 192 widened 8x: 102M parameters; 6x, 59M, broke even at batch 32), 768
-in float32 on an AVX2 CPU (8x there made a plain step 37 ms at batch 1 and 213 ms at batch 32 and
-missed the batch-1 goal, 1.58x; 4x, 28M parameters, met every cost goal: 1.27x, 3.80x, 7.0%)."""
+"""The served target's hidden size per serving dtype, whatever the trained width. Chosen on an earlier
+target of width 192: 1,536 in bf16 (102M parameters; 1,152 broke even at batch 32), 768 in float32
+on an AVX2 CPU (1,536 there made a plain step 37 ms at batch 1 and 213 ms at batch 32 and missed the
+batch-1 goal; 768, 28M parameters, met every cost goal)."""
 
 
 def _trained_width() -> int:
     config = WEIGHTS / "target" / "config.json"
-    return json.loads(config.read_text())["hidden_size"] if config.is_file() else 192
+    return json.loads(config.read_text())["hidden_size"] if config.is_file() else RECIPE.target_width
 
 
 def _copies() -> int:
@@ -131,7 +99,6 @@ class Serving:
     eval_windows: int = 64  # held-out windows for the served models: the widened target is 30x slower
 
 
-RECIPE = Recipe()
 COSTS_FILE = "engine_costs.json"
 # What makes the pair's costs behave like a real deployment's (checked by `make models`).
 GOALS = {
@@ -181,19 +148,11 @@ def pair_kind() -> str:
 # ----------------------------------------------------------------------------- corpus & cache
 
 
-def _stdlib() -> Path:
-    return stdlib()
-
-
-def _corpus(recipe: Recipe) -> dict[str, tuple[Path, ...]]:
-    return stdlib_split(recipe)  # type: ignore[arg-type]  # the same knobs: heldout_percent, max_file_kb
-
-
 def corpus_files(split: str = "train") -> list[Path]:
     """The exact stdlib files the pair is trained on (`train`) or evaluated on (`heldout`)."""
     if split not in ("train", "heldout"):
         raise ValueError(f"split must be 'train' or 'heldout', not {split!r}")
-    return list(_corpus(RECIPE)[split])
+    return list(stdlib_split(RECIPE)[split])
 
 
 @functools.lru_cache(maxsize=1)
@@ -203,24 +162,7 @@ def heldout_tokens() -> tuple[int, ...]:
     from tokenizers import Tokenizer
 
     tok = Tokenizer.from_file(str(WEIGHTS / "tokenizer" / "tokenizer.json"))
-    return tuple(token_ids(tok, _corpus(RECIPE)["heldout"]))
-
-
-def _corpus_listing(recipe: Recipe, splits: tuple[str, ...]) -> list[tuple[str, int]]:
-    root = _stdlib()
-    return [(p.relative_to(root).as_posix(), p.stat().st_size) for split in splits for p in _corpus(recipe)[split]]
-
-
-def recipe_hash(recipe: Recipe) -> str:
-    """The training recipe (`training.json` records the one its weights came from)."""
-    blob = json.dumps({"version": TRAIN_VERSION, "recipe": asdict(recipe)}, sort_keys=True)
-    return hashlib.sha256(blob.encode()).hexdigest()[:12]
-
-
-def corpus_hash(recipe: Recipe) -> str:
-    """The files the recipe reads here: this machine's stdlib (another Python 3.11 release differs a little)."""
-    blob = json.dumps(_corpus_listing(recipe, ("train", "heldout")))
-    return hashlib.sha256(blob.encode()).hexdigest()[:12]
+    return tuple(token_ids(tok, stdlib_split(RECIPE)["heldout"]))
 
 
 def _weights_digest(weights: Path) -> str:
@@ -233,7 +175,7 @@ def _weights_digest(weights: Path) -> str:
 
 def _build_hash(serving: Serving, weights: Path) -> str:
     blob = json.dumps({"version": BUILD_VERSION, "serving": asdict(serving), "weights": _weights_digest(weights),
-                       "heldout": _corpus_listing(RECIPE, ("heldout",))}, sort_keys=True)
+                       "heldout": corpus_listing(RECIPE, ("heldout",))}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
@@ -317,7 +259,7 @@ def ensure_pair(force: bool = False) -> EmbeddedPair:
     training = _shipped_training()
     if training.get("recipe_hash") != recipe_hash(RECIPE):
         log.warning("the shipped weights were trained with recipe %s, the code's recipe is %s: "
-                    "`make models REBUILD=1` retrains them (about 16 min on 2 cores)",
+                    "`make models REBUILD=1` retrains them (hours on 2 cores, resumable)",
                     training.get("recipe_hash"), recipe_hash(RECIPE))
     log.info("building the embedded model pair from %s into %s (under a minute; set SPECDEPLOY_CACHE to build "
              "elsewhere)", WEIGHTS, root)
@@ -330,156 +272,11 @@ def ensure_pair(force: bool = False) -> EmbeddedPair:
 # ----------------------------------------------------------------------------- build
 
 
-def _train_tokenizer(recipe: Recipe, files: tuple[Path, ...]) -> Any:
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=recipe.vocab_size, min_frequency=2, special_tokens=list(SPECIALS),
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    texts = (read(p) for p in progress(files, desc="tokenizer: BPE", unit="file"))
-    tok.train_from_iterator(texts, trainer=trainer, length=len(files))
-    # Prompts get a leading <s> like every training document, as Llama tokenizers do.
-    tok.post_processor = processors.TemplateProcessing(single="<s> $A", pair="<s> $A <s> $B",
-                                                       special_tokens=[("<s>", BOS)])
-    return tok
-
-
-def _encode(tok: Any, files: tuple[Path, ...], desc: str) -> Any:
-    """`_token_ids` as the int32 tensor training and evaluation read."""
-    import torch
-
-    return torch.tensor(token_ids(tok, files, desc), dtype=torch.int32)
-
-
-def _batches(recipe: Recipe, stream: Any) -> Iterator[Any]:
-    """Endless random windows of seq_len + 1 tokens, from a seeded generator of its own."""
-    import torch
-
-    gen = torch.Generator().manual_seed(recipe.seed)
-    offsets = torch.arange(recipe.seq_len + 1)
-    while True:
-        starts = torch.randint(0, len(stream) - recipe.seq_len - 1, (recipe.batch_size, 1), generator=gen)
-        yield stream[starts + offsets].long()
-
-
-def _optimize(recipe: Recipe, model: Any, lr: float, steps: int, loss_fn: Callable[[Any], Any],
-              stream: Any, desc: str) -> dict:
-    """AdamW + warm-up + cosine for a fixed number of steps; returns loss and speed figures."""
-    import torch
-
-    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
-    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": recipe.weight_decay},
-                             {"params": no_decay, "weight_decay": 0.0}], lr=lr, betas=recipe.betas)
-
-    def schedule(step: int) -> float:
-        if step < recipe.warmup_steps:
-            return (step + 1) / recipe.warmup_steps
-        progress = (step - recipe.warmup_steps) / max(1, steps - recipe.warmup_steps)
-        return recipe.min_lr_ratio + (1 - recipe.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
-
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule)
-    model.train()
-    batches, losses, start = _batches(recipe, stream), [], time.perf_counter()
-    bar = progress(range(steps), desc=desc, unit="step")
-    for step in bar:
-        loss = loss_fn(next(batches))
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), recipe.grad_clip)
-        opt.step()
-        sched.step()
-        losses.append(loss.item())
-        if step % 10 == 0 or step == steps - 1:
-            tps = (step + 1) * recipe.batch_size * recipe.seq_len / (time.perf_counter() - start)
-            bar.set_postfix(loss=f"{sum(losses[-10:]) / len(losses[-10:]):.3f}", tok_s=f"{tps:,.0f}")
-        if step == 20 and (eta := (steps - step) * recipe.batch_size * recipe.seq_len / tps) > 400:
-            log.warning("%s: only %s tokens/s, about %.0f min to go for this step alone: other processes "
-                        "are using the CPU (vLLM servers spin on their cores); the result will be the same, "
-                        "only later", desc, f"{tps:,.0f}", eta / 60)
-    seconds = time.perf_counter() - start
-    model.eval()
-    return {"steps": steps, "seconds": round(seconds, 1), "final_loss": round(sum(losses[-20:]) / 20, 4),
-            "tokens_per_s": round(steps * recipe.batch_size * recipe.seq_len / seconds)}
-
-
-def train(recipe: Recipe, out: Path) -> dict:
-    """Tokenizer -> target (next-token loss) -> draft (KL to the target) -> held-out evaluation,
-    saved in float32 into `out` (tokenizer/, target/, draft/, training.json)."""
-    import torch
-
-    caller_threads = torch.get_num_threads()
-    torch.set_num_threads(recipe.threads)
-    try:
-        return _train(recipe, out)
-    finally:
-        torch.set_num_threads(caller_threads)  # may run inside a test process
-
-
-def _train(recipe: Recipe, out: Path) -> dict:
-    import tokenizers
-    import torch
-    import torch.nn.functional as F
-    import transformers
-    from transformers import PreTrainedTokenizerFast
-
-    t0 = time.perf_counter()
-    split = _corpus(recipe)
-    log.info("corpus: %d train + %d held-out files from %s", len(split["train"]), len(split["heldout"]), _stdlib())
-    tok = _train_tokenizer(recipe, split["train"])
-    train_stream = _encode(tok, split["train"], "tokenize train")
-    heldout = _encode(tok, split["heldout"], "tokenize held-out")
-    log.info("tokenizer: %d tokens, %.2fM train / %.2fM held-out tokens (%.0f s)", tok.get_vocab_size(),
-             len(train_stream) / 1e6, len(heldout) / 1e6, time.perf_counter() - t0)
-
-    def next_token_loss(model: Any) -> Callable[[Any], Any]:
-        return lambda b: F.cross_entropy(model(input_ids=b[:, :-1]).logits.float().flatten(0, 1),
-                                         b[:, 1:].flatten())
-
-    target = llama(recipe, recipe.target_layers, recipe.target_width, recipe.target_ffn)
-    target_train = _optimize(recipe, target, recipe.lr, recipe.target_steps, next_token_loss(target), train_stream,
-                             "train target")
-    log.info("target: loss %.3f, %s tokens/s", target_train["final_loss"], f"{target_train['tokens_per_s']:,}")
-    target.requires_grad_(False)
-
-    draft = llama(recipe, recipe.draft_layers, recipe.draft_width, recipe.draft_ffn)
-    distill_loss = kl_to(target, draft)
-    draft_train = _optimize(recipe, draft, recipe.draft_lr, recipe.draft_steps, distill_loss, train_stream,
-                            "distill draft")
-    log.info("draft: KL to target %.3f, %s tokens/s", draft_train["final_loss"], f"{draft_train['tokens_per_s']:,}")
-    from deploy import pair_training
-
-    evaluation = pair_training.evaluate(target, draft, pair_training.heldout_windows(heldout, recipe.seq_len,
-                                                                                   recipe.eval_windows),
-                                        torch.tensor(pair_training.token_bytes(tok), dtype=torch.float64),
-                                        "evaluate trained")
-
-    out.mkdir(parents=True, exist_ok=True)
-    PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
-                            model_max_length=recipe.max_position_embeddings).save_pretrained(out / "tokenizer")
-    target.save_pretrained(out / "target")
-    draft.save_pretrained(out / "draft")
-    training = {
-        "recipe_hash": recipe_hash(recipe), "recipe": asdict(recipe), "corpus_hash": corpus_hash(recipe),
-        "params": {"target": sum(p.numel() for p in target.parameters()),
-                   "draft": sum(p.numel() for p in draft.parameters())},
-        "heldout": evaluation, "train": {"target": target_train, "draft": draft_train},
-        "corpus": {"stdlib": str(_stdlib()), "train_files": len(split["train"]),
-                   "heldout_files": len(split["heldout"]), "train_tokens": len(train_stream),
-                   "heldout_tokens": len(heldout)},
-        "seconds": round(time.perf_counter() - t0, 1), "threads": recipe.threads, "torch": torch.__version__,
-        "transformers": transformers.__version__, "tokenizers": tokenizers.__version__,
-        "python": sys.version.split()[0], "cpu_bf16": native_bf16(),
-    }
-    (out / "training.json").write_text(json.dumps(training, indent=2) + "\n")  # written last: marks it complete
-    return training
-
-
 def retrain() -> dict:
-    """`make models REBUILD=1`: train the recipe and replace the shipped weights (then commit them)."""
-    log.info("training the embedded pair with the recipe into %s (about 16 min on 2 cores)", WEIGHTS)
+    """`make models REBUILD=1`: train the recipe (resuming from its checkpoints) and replace the
+    shipped weights (then commit them)."""
+    log.info("training the embedded pair with recipe %s into %s (hours on 2 cores; interrupt at any time, "
+             "the same command resumes from %s)", recipe_hash(RECIPE), WEIGHTS, run_folder(RECIPE))
     _build_locked(WEIGHTS, lambda: False, lambda tmp: train(RECIPE, tmp), "the embedded weights")
     pair_dir.cache_clear()
     return _shipped_training()
@@ -504,13 +301,12 @@ def _build_served(serving: Serving, weights: Path, out: Path, build_hash: str) -
         tok.save_pretrained(out / name)  # each folder loads on its own (vLLM, AutoTokenizer)
     # Evaluated as a server on this CPU runs them: the saved weights, in float32 where the CPU has
     # no bf16 arithmetic (then the saved weights are float32 already).
-    from deploy import pair_training
-
-    heldout = _encode(tok.backend_tokenizer, _corpus(RECIPE)["heldout"], "tokenize held-out")
-    windows = pair_training.heldout_windows(heldout, training["recipe"]["seq_len"], serving.eval_windows)
-    nbytes = torch.tensor(pair_training.token_bytes(tok.backend_tokenizer), dtype=torch.float64)
-    evaluation = pair_training.evaluate(served["target"], served["draft"], windows, nbytes,
-                                        f"evaluate served ({serving.serve_dtype})")
+    heldout = torch.tensor(token_ids(tok.backend_tokenizer, stdlib_split(RECIPE)["heldout"], "tokenize held-out"),
+                           dtype=torch.int32)
+    windows = heldout_windows(heldout, training["recipe"]["seq_len"], serving.eval_windows)
+    nbytes = torch.tensor(token_bytes(tok.backend_tokenizer), dtype=torch.float64)
+    evaluation = evaluate(served["target"], served["draft"], windows, nbytes,
+                          f"evaluate served ({serving.serve_dtype})")
     report = {
         "build_hash": build_hash, "build_version": BUILD_VERSION, "serving": asdict(serving),
         "params": {"target": sum(p.numel() for p in served["target"].parameters()),
@@ -660,7 +456,8 @@ def main(argv: list[str] | None = None) -> int:
                                      description="Build (or show the cached) embedded target/draft pair.")
     parser.add_argument("--force", action="store_true", help="rebuild the served pair even if it is cached")
     parser.add_argument("--retrain", action="store_true",
-                        help=f"train the recipe anew and replace the shipped weights in {WEIGHTS} (about 16 min)")
+                        help=f"train the recipe and replace the shipped weights in {WEIGHTS} (hours on 2 cores; "
+                             "interrupted, the same command resumes from its last checkpoint)")
     parser.add_argument("--json", action="store_true", help="print report.json instead of a table")
     opts = parser.parse_args(argv)
     if not logging.getLogger().handlers:

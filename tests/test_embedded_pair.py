@@ -8,7 +8,8 @@ import json
 import pytest
 import torch
 
-from deploy.embedded_pair import GOALS, RECIPE, WEIGHTS, Serving, recipe_hash, train
+from deploy.embedded_pair import GOALS, WEIGHTS, Serving
+from deploy.pair_training import RECIPE, recipe_hash, train
 
 
 def _logits(folder, ids: torch.Tensor) -> torch.Tensor:
@@ -43,13 +44,15 @@ def test_both_served_targets_predict_what_the_shipped_one_does(embedded_pair) ->
 
 
 @pytest.mark.full
-def test_the_recipe_reproduces_the_shipped_weights(tmp_path, measurement) -> None:
-    """`make models REBUILD=1` on this machine: training anew reaches what the shipped weights
-    reached (same recipe; BLAS rounding on another CPU may move the last digits, not the quality)."""
+def test_the_recipe_retraces_the_start_of_the_shipped_curve(tmp_path, measurement) -> None:
+    """`make models REBUILD=1` on this machine, its first 400 steps (about 16 min on 2 cores): the
+    held-out curve of a run anew follows the shipped one (same recipe, same batches; bf16 and BLAS
+    rounding on another CPU move the last digits, not the curve)."""
     shipped = json.loads((WEIGHTS / "training.json").read_text())
-    again = train(RECIPE, tmp_path / "weights")
+    again = train(RECIPE, tmp_path / "weights", stop_after=400)
     assert again["recipe_hash"] == shipped["recipe_hash"]
-    assert again["heldout"]["greedy_agreement"] == pytest.approx(shipped["heldout"]["greedy_agreement"], abs=0.02)
-    assert again["heldout"]["target_ppl"] == pytest.approx(shipped["heldout"]["target_ppl"], rel=0.03)
-    assert again["heldout"]["draft_ppl"] == pytest.approx(shipped["heldout"]["draft_ppl"], rel=0.03)
-    assert {p.name for p in (tmp_path / "weights").iterdir()} == {"tokenizer", "target", "draft", "training.json"}
+    ours = dict(map(tuple, again["train"]["target"]["heldout_bpb_curve"]))
+    theirs = dict(map(tuple, shipped["train"]["target"]["heldout_bpb_curve"]))
+    assert sorted(ours) == [200, 400]
+    for step, bpb in ours.items():
+        assert bpb == pytest.approx(theirs[step], rel=0.03), f"step {step}: {bpb} against the shipped {theirs[step]}"

@@ -51,6 +51,8 @@ DRAFTERS: dict[str, list[str]] = {
     # probabilistic, from default.yaml).
     "small_model (plugin)": ["speculation.implementation=plugin"],
     "bigram": ["speculation.drafter=bigram", "speculation.model="],
+    # The same table drafting its argmax only, as the plugins did before they sampled: what sampling gains.
+    "bigram (greedy drafts)": ["speculation.drafter=bigram", "speculation.model=", "speculation.draft_sampling=greedy"],
     "ngram": ["speculation.drafter=ngram", "speculation.model=", "speculation.draft_sampling=greedy"],
 }
 COUNTERS = ("num_drafts", "num_draft_tokens", "num_accepted_tokens")
