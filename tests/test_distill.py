@@ -100,7 +100,9 @@ def test_distill_collects_from_the_served_target_and_writes_a_better_draft(tmp_p
     """The whole run but the load test: a real target server collects its continuations, the draft
     is fine-tuned on them, and the draft folder and the config that serves it are written."""
     data = stdlib_test_prompts(tmp_path / "tests.jsonl", count=40)
-    settings = DistillSettings("default.yaml", data=str(data), max_tokens=32, train=TrainSettings(epochs=4, lr=5e-4),
+    # A short, gentle fine-tune: the shipped draft starts close to the target, and 4 epochs at 5e-4
+    # on these 64 sequences took it further away on the held-out prompts.
+    settings = DistillSettings("default.yaml", data=str(data), max_tokens=32, train=TrainSettings(epochs=2, lr=1e-4),
                                measure=False, output=tmp_path / "default-distilled.yaml", out=tmp_path / "out")
     result = distill(settings)
     assert result["status"] == "distilled", result

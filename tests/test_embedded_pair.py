@@ -26,9 +26,15 @@ def test_both_served_targets_predict_what_the_shipped_one_does(embedded_pair) ->
     tok = AutoTokenizer.from_pretrained(embedded_pair.target)
     ids = torch.tensor([tok("import os\nimport sys\n\n\ndef main(argv):\n    for name in argv:\n").input_ids])
     trained = _logits(WEIGHTS / "target", ids)
-    tolerance = 2e-2 if Serving().serve_dtype == "bfloat16" else 1e-4  # bf16 weights round
+    # bf16: widening divides input columns by the copies (6 is not a power of two), and bf16 rounds
+    # the quotients: logits (up to ~17) move by a few hundredths, the distributions by KL ~1e-5.
+    tolerance = 0.1 if Serving().serve_dtype == "bfloat16" else 1e-4
     for folder in (embedded_pair.target, embedded_pair.plumbing_target):
-        assert torch.allclose(_logits(folder, ids), trained, atol=tolerance, rtol=tolerance), folder
+        served = _logits(folder, ids)
+        assert torch.allclose(served, trained, atol=tolerance, rtol=tolerance), folder
+        kl = torch.nn.functional.kl_div(served.log_softmax(-1), trained.log_softmax(-1), log_target=True,
+                                        reduction="sum") / ids.shape[1]
+        assert kl < 1e-3, (folder, kl)
     report = embedded_pair.report
     serving = Serving()
     assert report["serving"]["target_copies"] == serving.target_copies and report["serving"]["plumbing_copies"] == 2

@@ -359,7 +359,7 @@ def test_variants_take_turns_and_who_goes_first_alternates():
 
 def test_servers_run_together_only_where_kv_weights_and_processes_fit(tmp_path, monkeypatch):
     # Real plans of the embedded default (preflight reads the built pair; no engine starts), on a
-    # machine whose memory is set: 6 servers x (KV + 2.0 GiB of processes + ~0.1 GiB of weights).
+    # machine whose memory is set: 6 servers x (KV + 2.0 GiB of processes + ~0.25 GiB of weights).
     from deploy.preflight import Machine
 
     monkeypatch.setenv("SPECDEPLOY_PAIR", "cost")  # the served weights, not the suite's plumbing target
@@ -375,9 +375,9 @@ def test_servers_run_together_only_where_kv_weights_and_processes_fit(tmp_path, 
             s.resolved = replace(s.resolved, machine=Machine(0, 0.0, host_gib))
         return sweep._plan_started({s.entry["name"]: s for s in planned}).together
 
-    assert fits(1, 24)        # ~18.6 GiB <= 19.2: the tune proof's six servers
-    assert not fits(2, 24)    # ~24.6 GiB: the KV caches count
-    assert not fits(1, 22)    # ~18.6 GiB > 17.6: the processes and weights count
+    assert fits(1, 25)        # ~19.5 GiB <= 20.0: the tune proof's six servers
+    assert not fits(2, 25)    # ~25.5 GiB: the KV caches count
+    assert not fits(1, 23)    # ~19.5 GiB > 18.4: the processes and weights count
 
 
 def test_request_settings_reach_every_command_line_unchanged():

@@ -152,13 +152,13 @@ def test_sweep_of_running_servers_with_service_targets(servers, keyed_baseline, 
 @pytest.mark.engine
 def test_a_greedy_run_that_loops_is_flagged_in_the_reports_first_lines(servers, keyed_baseline, running_sweep,
                                                                          tmp_path):
-    """The embedded target, greedy and forced to a fixed length, writes newlines to the end after
-    these prompts (after the built-in code prompts it loops too, a few dozen tokens later). The
+    """The embedded target, greedy and forced to a fixed length, repeats one import line to the end
+    after these prompts (after most built-in code prompts it loops too, later). The
     report says so before its verdict; the sampled sweep (T=1, the default) says nothing of the kind."""
     spec, out = servers.get("default"), tmp_path / "greedy"
     workload = tmp_path / "loops.jsonl"
     workload.write_text("".join(json.dumps({"prompt": p}) + "\n"
-                                for p in ("def main():\n", "import os\n", "class StreamError(Exception):\n")))
+                                for p in ("def main():\n", "from .. import fixer_base\n", "class StreamError(Exception):\n")))
     # Speculation alone (no baseline): the content check is the same code for every variant.
     run = subprocess.run([sys.executable, "-m", "loadtest", "run", "--url", spec.base_url,
                           "--api-key-env", KEY_ENV, "--temperature", "0", "--workload",
