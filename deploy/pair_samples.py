@@ -36,11 +36,12 @@ def samples(weights: Path, count: int = PROMPTS, tokens: int = TOKENS) -> list[d
 
     tok = AutoTokenizer.from_pretrained(weights / "tokenizer")
     model = LlamaForCausalLM.from_pretrained(weights / "target", torch_dtype=torch.float32).eval()
-    files = {p.read_text(encoding="utf-8", errors="replace"): p.name for p in corpus_files("heldout")}
+    files = [(p.name, p.read_text(encoding="utf-8", errors="replace")) for p in corpus_files("heldout")]
     out = []
     for index, prompt in enumerate(code_prompts(count, PROMPT_CHARS)):
+        name, source = next(((n, t) for n, t in files if prompt in t), ("?", ""))
         ids = torch.tensor([tok(prompt).input_ids])
-        row: dict[str, Any] = {"file": next((n for t, n in files.items() if prompt in t), "?"), "prompt": prompt}
+        row: dict[str, Any] = {"file": name, "prompt": prompt}
         for key, sample in (("greedy", False), ("sampled_t1", True)):
             torch.manual_seed(index)
             with torch.inference_mode():
@@ -49,7 +50,6 @@ def samples(weights: Path, count: int = PROMPTS, tokens: int = TOKENS) -> list[d
                                      top_p=1.0 if sample else None, pad_token_id=tok.pad_token_id)[0, ids.shape[1]:]
             row[key] = tok.decode(new, skip_special_tokens=True)
             row[f"{key}_check"] = _judge(row[key], new.tolist(), prompt)
-        source = next((t for t in files if prompt in t), "")
         rest = tok(source[source.find(prompt) + len(prompt):], add_special_tokens=False).input_ids[:tokens]
         row["real"] = tok.decode(rest)
         row["real_check"] = _judge(row["real"], rest, prompt)
