@@ -1018,11 +1018,14 @@ def load_generator_lag(records: list[RequestRecord], folder: Path) -> dict[str, 
         except (OSError, ValueError, KeyError):
             continue
     stalled = sum(lag for lag, _ in stalls)
+    # The wait is read over the whole sleep, so some of it can fall in the asked interval (other
+    # greenlets runnable then): only up to the stall itself explains the stall.
+    explained = sum(min(wait, lag) for lag, wait in stalls)
     return {"send_lag_ms": stats.distribution([r.send_lag_s for r in records if r.send_lag_s is not None], 1000),
             "loop_lag_ms": {**stats.distribution(lags, 1000), "max": 1000 * max(lags) if lags else None,
                             "over_50ms": sum(x > 0.05 for x in lags)},
             # How much of the stalled time the OS had Locust runnable but off the CPU (None: not known).
-            "stall_runqueue_share": sum(wait for _, wait in stalls) / stalled if stalled else None}
+            "stall_runqueue_share": explained / stalled if stalled else None}
 
 
 # Beyond these the client, not the server, may be what a latency percentile measures.
