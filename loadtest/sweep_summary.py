@@ -111,10 +111,14 @@ def _content_word(summary: dict[str, Any] | None) -> str:
 TONE = {"pays": "good", "does not pay": "bad", "breaks even": "even"}
 
 
-def _tone_of(verdict: str) -> tuple[str, str]:
-    """(short verdict, tone) of `report.verdict`'s text."""
+def _tone_of(verdict: str, summary: dict[str, Any] | None = None) -> tuple[str, str]:
+    """(short verdict, tone) of `report.verdict`'s text. On output that mostly loops the verdict is
+    uncoloured and says so: a speedup measured on loops is not one for the text people want."""
     head = verdict.split(";")[0].split(" (")[0].strip()
-    return (f"speculation {head}" if head in TONE else head), TONE.get(head, "none")
+    word, tone = (f"speculation {head}" if head in TONE else head), TONE.get(head, "none")
+    if head in TONE and (summary or {}).get("degenerate_share", 0) > 0.5:
+        return f"{word} on looping output", "none"
+    return word, tone
 
 
 def verdict_lines(results: dict[str, Any]) -> list[Line]:
@@ -134,7 +138,7 @@ def verdict_lines(results: dict[str, Any]) -> list[Line]:
             lines.append(Line(level, "no comparison",
                               " · ".join([f"the baseline was not measured at batch {e['concurrency']}", *figures])))
             continue
-        word, tone = _tone_of(e["verdict"])
+        word, tone = _tone_of(e["verdict"], e.get("content"))
         runs = f"{e['runs']} run{'s' if e['runs'] != 1 else ''}"
         lines.append(Line(level, word, " · ".join([f"{_interval(speed)} output tok/s", *figures, runs]), tone))
     if any(True for _ in rate_levels(results)):
@@ -160,13 +164,14 @@ def _rate_lines(results: dict[str, Any]) -> list[Line]:
         total = sum(sum(r["outcomes"].values()) for r in group)
         accepts = [r["acceptance"] for r in group if r.get("acceptance") is not None]
         figures = [f"acceptance {sum(accepts) / len(accepts):.0%}"] if accepts else []
-        figures += [_content_word(content.merge(contents.get((variant, rate), []))), f"{served}/{total} served"]
+        merged = content.merge(contents.get((variant, rate), []))
+        figures += [_content_word(merged), f"{served}/{total} served"]
         per_token = stats.mean_interval([r["tpot_p50_speedup"] for r in group if r.get("tpot_p50_speedup")])
         if per_token["mean"] is None:
             lines.append(Line(level, "no comparison", " · ".join(["the baseline was not measured at this rate", *figures])))
             continue
         e2e = stats.mean_interval([r["e2e_mean_speedup"] for r in group if r.get("e2e_mean_speedup")])
-        word, tone = _tone_of(verdict_rule(per_token))
+        word, tone = _tone_of(verdict_rule(per_token), merged)
         speeds = [f"{_interval(per_token)} per token"] + ([f"{e2e['mean']:.2f}x end to end"] if e2e["mean"] else [])
         runs = f"{len(group)} run{'s' if len(group) != 1 else ''}"
         lines.append(Line(level, word, " · ".join([*speeds, *figures, runs]), tone))

@@ -339,3 +339,20 @@ def test_a_verdict_resting_on_loops_says_so_first_and_free_lengths_are_given(tmp
     text_md = report_markdown(results, [])
     assert "## Content: is the output text?" in text_md and "3 (75%)" in text_md
     assert "not fixed: each ends at the model's end of text; output lengths p50 90, from 12 to 128" in text_md
+
+
+def test_a_verdict_on_output_that_mostly_loops_is_not_coloured_as_a_gain():
+    from loadtest import sweep_summary as ss
+
+    results = {"config": "default", "status": "ok", "settings": {"users": [1, 32], "tolerance": 0.05},
+               "machine": {}, "problems": [], "variants": [
+                   {"name": "spec-k4", "label": "K=4", "k": 4, "status": "ok",
+                    "levels": [_level(1, 200, 4.0, 0.8, 3.0), _level(32, 900, 30.0, 0.8, 3.0)]},
+                   {"name": "baseline", "label": "off", "k": None, "status": "ok",
+                    "levels": [_level(1, 100, 10.0), _level(32, 1000, 32.0)]}]}
+    loops = {"checked": 32, "degenerate": 29, "degenerate_share": 0.906, "distinct_4": 0.14, "loop_share": 0.86}
+    results["variants"][0]["levels"][0]["client"]["content"] = loops
+    one, thirty_two = ss.verdict_lines(results)
+    assert (one.verdict, one.tone) == ("speculation pays on looping output", "none")
+    assert "29 of 32 degenerate" in one.figures
+    assert (thirty_two.verdict, thirty_two.tone) == ("speculation does not pay", "bad")
