@@ -38,13 +38,18 @@ def _level(c: int, tps: float, tpot_ms: float, accept: float | None = None, leng
             "locust": {"html": f"locust/c{c}.html", "cpu_s": 1.0, "wall_s": 10.0}}
 
 
+def _spec_and_baseline() -> dict:
+    """spec-k4 at twice the baseline's tokens/s at batch 1 and 0.9x at batch 32."""
+    return {"config": "default", "status": "ok", "settings": {"users": [1, 32], "tolerance": 0.05},
+            "machine": {}, "problems": [], "variants": [
+                {"name": "spec-k4", "label": "K=4", "k": 4, "status": "ok",
+                 "levels": [_level(1, 200, 4.0, 0.7, 3.0), _level(32, 900, 30.0, 0.7, 3.0)]},
+                {"name": "baseline", "label": "off", "k": None, "status": "ok",
+                 "levels": [_level(1, 100, 10.0), _level(32, 1000, 32.0)]}]}
+
+
 def test_report_files_speedup_and_compare_table(tmp_path):
-    results = {"config": "default", "status": "ok", "settings": {"users": [1, 32], "tolerance": 0.05},
-               "machine": {}, "problems": [], "variants": [
-                   {"name": "spec-k4", "label": "K=4", "k": 4, "status": "ok",
-                    "levels": [_level(1, 200, 4.0, 0.7, 3.0), _level(32, 900, 30.0, 0.7, 3.0)]},
-                   {"name": "baseline", "label": "off", "k": None, "status": "ok",
-                    "levels": [_level(1, 100, 10.0), _level(32, 1000, 32.0)]}]}
+    results = _spec_and_baseline()
     files = write_report(results, tmp_path)
     for name in ("json", "markdown", "html", "throughput", "latency", "acceptance", "speedup"):
         assert files[name].is_file() and files[name].stat().st_size > 100
@@ -344,12 +349,7 @@ def test_a_verdict_resting_on_loops_says_so_first_and_free_lengths_are_given(tmp
 def test_a_verdict_on_output_that_mostly_loops_is_not_coloured_as_a_gain():
     from loadtest import sweep_summary as ss
 
-    results = {"config": "default", "status": "ok", "settings": {"users": [1, 32], "tolerance": 0.05},
-               "machine": {}, "problems": [], "variants": [
-                   {"name": "spec-k4", "label": "K=4", "k": 4, "status": "ok",
-                    "levels": [_level(1, 200, 4.0, 0.8, 3.0), _level(32, 900, 30.0, 0.8, 3.0)]},
-                   {"name": "baseline", "label": "off", "k": None, "status": "ok",
-                    "levels": [_level(1, 100, 10.0), _level(32, 1000, 32.0)]}]}
+    results = _spec_and_baseline()
     loops = {"checked": 32, "degenerate": 29, "degenerate_share": 0.906, "distinct_4": 0.14, "loop_share": 0.86}
     results["variants"][0]["levels"][0]["client"]["content"] = loops
     one, thirty_two = ss.verdict_lines(results)
