@@ -274,16 +274,26 @@ def label(summary: dict[str, Any] | None) -> str:
     return "NOISE" if (summary or {}).get("noise") else "CONTENT"
 
 
+def mostly(summary: dict[str, Any] | None) -> str | None:
+    """"noise" or "degenerate" when a verdict resting on `summary`'s requests rests mostly on that, else None."""
+    if not summary or not summary.get("checked"):
+        return None
+    if (summary.get("noise_share") or 0.0) >= MOSTLY:
+        return "noise"
+    return "degenerate" if summary["degenerate_share"] >= MOSTLY else None
+
+
 def warning(summary: dict[str, Any] | None) -> str | None:
     """What a verdict resting on `summary`'s requests must say first, or None."""
     if not summary or not summary.get("checked"):
         return None
     share = summary["degenerate_share"]
     noise = summary.get("noise_share") or 0.0
-    if noise >= MOSTLY:
+    rests_on = mostly(summary)
+    if rests_on == "noise":
         return (f"rests mostly on noise: {describe(summary)}; acceptance over the content-valid requests "
                 f"{_pct(summary.get('acceptance_valid'))}")
-    if share >= MOSTLY:
+    if rests_on == "degenerate":
         return (f"rests mostly on degenerate output: {describe(summary)}; acceptance over the content-valid "
                 f"requests {_pct(summary.get('acceptance_valid'))}, over the degenerate ones "
                 f"{_pct(summary.get('acceptance_degenerate'))}")

@@ -112,12 +112,14 @@ TONE = {"pays": "good", "does not pay": "bad", "breaks even": "even"}
 
 
 def _tone_of(verdict: str, summary: dict[str, Any] | None = None) -> tuple[str, str]:
-    """(short verdict, tone) of `report.verdict`'s text. On output that mostly loops the verdict is
-    uncoloured and says so: a speedup measured on loops is not one for the text people want."""
+    """(short verdict, tone) of `report.verdict`'s text. On output that is mostly loops or noise (as
+    `content.warning` judges it) the verdict is uncoloured and says so: a speedup measured on such
+    output is not one for the text people want."""
     head = verdict.split(";")[0].split(" (")[0].strip()
     word, tone = (f"speculation {head}" if head in TONE else head), TONE.get(head, "none")
-    if head in TONE and (summary or {}).get("degenerate_share", 0) > 0.5:
-        return f"{word} on looping output", "none"
+    rests_on = content.mostly(summary)
+    if head in TONE and rests_on:
+        return f"{word} on {'noise' if rests_on == 'noise' else 'looping output'}", "none"
     return word, tone
 
 

@@ -356,3 +356,9 @@ def test_a_verdict_on_output_that_mostly_loops_is_not_coloured_as_a_gain():
     assert (one.verdict, one.tone) == ("speculation pays on looping output", "none")
     assert "29 of 32 degenerate" in one.figures
     assert (thirty_two.verdict, thirty_two.tone) == ("speculation does not pay", "bad")
+    # Mostly noise (as the report's NOISE warning judges it) is treated alike.
+    noise = {"checked": 32, "degenerate": 0, "degenerate_share": 0.0, "noise_checked": 32, "noise": 20,
+             "noise_share": 0.625, "distinct_4": 0.99, "loop_share": 0.0, "known_words": 0.7}
+    results["variants"][0]["levels"][1]["client"]["content"] = noise
+    thirty_two = ss.verdict_lines(results)[1]
+    assert (thirty_two.verdict, thirty_two.tone) == ("speculation does not pay on noise", "none")
