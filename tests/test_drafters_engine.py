@@ -29,7 +29,8 @@ from conftest import BASELINE, CODE_PROMPTS, LOG_DIR, auth_headers, complete, gr
 from deploy import ConfigError, ServerStartError, free_port, plan_from_config, start_server
 from deploy.bigram_tables import embedded_table
 from plugins.bigram_table import build_arrays, save_table
-from plugins.small_model import SmallModelDrafter
+from plugins.llama_draft import LlamaDraft
+from plugins.small_model import SmallModelDrafter, TransformersDraft
 
 DRAFTERS = {
     "bigram": ("embedded-bigram", ()),  # draft_sampling: probabilistic, as all three presets
@@ -346,9 +347,11 @@ def test_server_refuses_a_table_for_another_tokenizer_at_start(tmp_path: Path) -
 
 # --- the small-model plugin's cache, without an engine ------------------------------------------------
 
-def test_small_model_cache_rolls_back_to_the_accepted_prefix() -> None:
+@pytest.mark.parametrize("path", ["weights", "transformers"])
+def test_small_model_cache_rolls_back_to_the_accepted_prefix(path: str) -> None:
     """Drafts from the per-request caches equal drafts recomputed from scratch, through partial
-    acceptance, rejection and requests moving between batch rows."""
+    acceptance, rejection and requests moving between batch rows: on the Llama fast path and on
+    transformers' forward (which any other architecture takes)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
@@ -357,6 +360,9 @@ def test_small_model_cache_rolls_back_to_the_accepted_prefix() -> None:
                                          max_position_embeddings=256)).eval()
     k = 4
     drafter = SmallModelDrafter(model, k, max_model_len=256)
+    assert isinstance(drafter.forward, LlamaDraft)
+    if path == "transformers":
+        drafter.forward = TransformersDraft(model)
 
     @torch.inference_mode()
     def from_scratch(history: list[int]) -> list[int]:
@@ -383,6 +389,37 @@ def test_small_model_cache_rolls_back_to_the_accepted_prefix() -> None:
         if step == 4:  # rows 0 and 2 trade places, as when vLLM condenses its batch
             tokens[[0, 2]], lengths[[0, 2]] = tokens[[2, 0]], lengths[[2, 0]]
     assert drafter.fed_tokens < fed_without_cache / 2, "the caches were not reused"
+
+
+@pytest.mark.parametrize("kv_heads", [4, 2])  # multi-head and grouped-query attention
+def test_the_llama_fast_path_computes_what_transformers_does(kv_heads: int) -> None:
+    """`LlamaDraft`'s logits equal transformers' (float32, to rounding) after a prompt, tokens fed
+    one at a time, a roll-back and several tokens fed at once; architectures it does not cover are
+    left to transformers."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(1)
+    config = LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=160, num_hidden_layers=3,
+                         num_attention_heads=4, num_key_value_heads=kv_heads, max_position_embeddings=128)
+    model = LlamaForCausalLM(config).eval()
+    fast = LlamaDraft.for_model(model, 128)
+    assert fast is not None
+    seq = torch.randint(0, 96, (40,))
+    cache = fast.new_cache()
+    fed = [fast.logits(seq[:20], 0, cache)] + [fast.logits(seq[j:j + 1], j, cache) for j in range(20, 30)]
+    other = torch.tensor([5, 6, 7])
+    fed.append(fast.logits(other, 24, cache))  # the drafts after position 24 were rejected
+    with torch.inference_mode():
+        full = model(input_ids=seq[None, :30]).logits[0]
+        branch = model(input_ids=torch.cat([seq[:24], other])[None]).logits[0, -1]
+    expected = [full[19]] + [full[j] for j in range(20, 30)] + [branch]
+    for i, (mine, theirs) in enumerate(zip(fed, expected)):
+        assert torch.allclose(mine, theirs, atol=1e-4), f"step {i}: max diff {(mine - theirs).abs().max():.2e}"
+
+    scaled = LlamaForCausalLM(LlamaConfig(**{**config.to_dict(), "rope_scaling": {"rope_type": "linear",
+                                                                                  "factor": 2.0}})).eval()
+    assert LlamaDraft.for_model(scaled, 128) is None
+    assert isinstance(SmallModelDrafter(scaled, 2, max_model_len=128).forward, TransformersDraft)
 
 
 # --- the CPU sampling fix, without an engine -------------------------------------------------------
@@ -444,7 +481,8 @@ def test_a_failing_draft_step_gives_empty_drafts_and_a_warning(caplog: pytest.Lo
     tokens = np.zeros((4, 256), np.int32)
     tokens[:3, :5] = [[1, 2, 3, 4, 5], [6, 7, 8, 9, 10], [11, 12, 13, 14, 15]]
     lengths = np.array([5, 5, 5, 0], np.int32)
-    real_forward, calls = model.forward, {"n": 0}
+    model = drafter.forward  # the draft's forward pass, whichever path runs it
+    real_forward, calls = model.logits, {"n": 0}
 
     def flaky(*args, **kwargs):
         calls["n"] += 1
@@ -452,12 +490,12 @@ def test_a_failing_draft_step_gives_empty_drafts_and_a_warning(caplog: pytest.Lo
             raise RuntimeError("out of memory (simulated)")
         return real_forward(*args, **kwargs)
 
-    model.forward = flaky
+    model.logits = flaky
     with caplog.at_level(logging.WARNING, logger="vllm.specdeploy.small_model"):
         drafts = drafter.propose([[5], [10], [15]], lengths, tokens)
     assert [len(d) for d in drafts] == [4, 0, 4] and drafter.failures == 1
     assert any("drafting failed" in r.getMessage() and "out of memory" in r.getMessage() for r in caplog.records)
-    model.forward = real_forward
+    model.logits = real_forward
     assert [len(d) for d in drafter.propose([[5], [10], [15]], lengths, tokens)] == [4, 4, 4]  # it recovers
 
 
