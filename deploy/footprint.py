@@ -6,7 +6,7 @@ same per preset.
 
 from __future__ import annotations
 
-from deploy.preflight import DTYPE_BYTES, QUANT_BYTES, ModelInfo, ResolvedDeployment, _hub_cache_folder
+from deploy.preflight import DTYPE_BYTES, QUANT_BYTES, ModelInfo, ResolvedDeployment, hub_cache_folder
 
 LINK_GBIT_S = (1.0, 10.0)
 """Download speeds the first start is shown at: a common office link, a data centre's."""
@@ -53,7 +53,7 @@ def first_start_lines(resolved: ResolvedDeployment) -> list[str]:
         parts, total, unknown, cached = [], 0.0, False, []
         for info, head in hub:
             gb = _gb(info, resolved, head)
-            if _hub_cache_folder(info.path, resolved.config.target.revision if info is resolved.target else None):
+            if hub_cache_folder(info.path, resolved.config.target.revision if info is resolved.target else None):
                 cached.append(info.path)
             if gb is None:
                 unknown = True

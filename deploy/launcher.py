@@ -36,6 +36,15 @@ _ERROR_LINE = re.compile(r"(\w+(Error|Exception)\b.*|.*\bERROR\b.*|.*error: .*)"
 _NOISE = re.compile(r"Traceback|^\s*File |^\s*\^+\s*$|raise |EngineCore failed to start|Engine core initialization failed|WorkerProc initialization failed")
 
 
+def answers_health(base_url: str, timeout_s: float = 5) -> bool:
+    """Whether the vLLM server at `base_url` answers `/health` with 200 within `timeout_s` (no API key:
+    the kit leaves `/health` open). Mid-run, a server busy with a batch can take seconds to answer."""
+    try:
+        return requests.get(f"{base_url}/health", timeout=timeout_s).status_code == 200
+    except requests.RequestException:
+        return False
+
+
 class ServerStartError(RuntimeError):
     """The server exited or never became healthy."""
 
@@ -170,10 +179,7 @@ class Server:
         return f"server process exited (code {code}) mid-run"
 
     def healthy(self) -> bool:
-        try:
-            return requests.get(f"{self.base_url}/health", timeout=2).status_code == 200
-        except requests.RequestException:
-            return False
+        return answers_health(self.base_url, timeout_s=2)  # polled every second while it starts
 
     def wait_healthy(self, timeout_s: float = 900, progress: bool = True) -> float:
         """Block until `/health` answers 200; return the seconds it took."""

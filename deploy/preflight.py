@@ -146,7 +146,7 @@ def looks_like_path(ref: str) -> bool:
 def inspect_model(ref: str, path: str, field_name: str, revision: str | None = None) -> ModelInfo:
     """Read config.json and tokenizer size of a local folder (or of a hub id's local cache)."""
     local = looks_like_path(path)
-    folder: Path | None = Path(path) if local else _hub_cache_folder(path, revision)
+    folder: Path | None = Path(path) if local else hub_cache_folder(path, revision)
     if local:
         if not Path(path).is_dir():
             raise ConfigError(field_name, [
@@ -168,7 +168,7 @@ def inspect_model(ref: str, path: str, field_name: str, revision: str | None = N
                      estimate_params(hf_config, path), tokens)
 
 
-def _hub_cache_folder(hub_id: str, revision: str | None = None) -> Path | None:
+def hub_cache_folder(hub_id: str, revision: str | None = None) -> Path | None:
     """The cached snapshot folder of a hub id at `revision` (default: the cache's `main`), from
     huggingface_hub's own cache look-up; None when its config.json is not cached. No network."""
     from huggingface_hub import try_to_load_from_cache

@@ -26,6 +26,7 @@ from distill import fit
 from distill.collect import Example, collect
 from distill.data import DistillData, load_data, stdlib_test_prompts, write_prompts
 from distill.train import TrainSettings, evaluate, fine_tune, load_draft, save_draft
+from loadtest import markdown
 from loadtest.files import bullet_sections, write_atomic, write_json, write_result
 from loadtest.report import content_warnings, summarize_speedups, write_report
 from loadtest.request_settings import RequestSettings, settings_record
@@ -246,14 +247,15 @@ def describe(result: dict[str, Any]) -> str:
         by = {(r["temperature"], r["batch"], r["draft"]): r for r in measured["rows"]}
         lines += ["", "Measured on the engine on the held-out prompts (one load test per temperature; the "
                   "original draft, the distilled one and no speculation taking turns); speedup = output tokens/s "
-                  "over no speculation's:", "",
-                  "| T | batch | acceptance before | after | tokens/step before | after | speedup before | after |",
-                  "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+                  "over no speculation's:", ""]
+        rows = []
         for t, b in sorted({(r["temperature"], r["batch"]) for r in measured["rows"]}):
             o, d = by.get((t, b, "original"), {}), by.get((t, b, "distilled"), {})
             tps = [f"{v:.2f}" if v is not None else "-" for v in (o.get("tokens_per_step"), d.get("tokens_per_step"))]
-            lines.append(f"| {t:g} | {b} | {_pct(o.get('acceptance'))} | {_pct(d.get('acceptance'))} | {tps[0]} | "
-                         f"{tps[1]} | {_x(o.get('speedup'))} | {_x(d.get('speedup'))} |")
+            rows.append([f"{t:g}", str(b), _pct(o.get("acceptance")), _pct(d.get("acceptance")), *tps,
+                         _x(o.get("speedup")), _x(d.get("speedup"))])
+        lines.append(markdown.table(["T", "batch", "acceptance before", "after", "tokens/step before", "after",
+                                     "speedup before", "after"], rows, align="r" * 8))
         lines += ["", "Reports: " + ", ".join(f"[{r['report']}]({r['report']}) ({r['status']})"
                                               for r in measured["reports"])]
         lines += bullet_sections({"content": measured.get("content_warnings") or [],

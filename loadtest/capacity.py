@@ -268,30 +268,41 @@ def search(measure: Measure, variants: Sequence[str], settings: CapacitySettings
 
 
 # ---------------------------------------------------------------------------------- the crossover
-def _tpot_p50(level: dict[str, Any]) -> float | None:
+def tpot_p50(level: dict[str, Any]) -> float | None:
+    """A level's per-token latency p50 (ms), as its client measured it."""
     return ((level.get("client") or {}).get("per_token_latency_ms") or {}).get("p50")
 
 
-def _e2e_mean(level: dict[str, Any]) -> float | None:
+def e2e_mean(level: dict[str, Any]) -> float | None:
+    """A level's mean end-to-end latency (ms), as its client measured it."""
     return ((level.get("client") or {}).get("e2e_ms") or {}).get("mean")
 
 
-def paired_speedups(levels: Sequence[dict[str, Any]], spec: str, baseline: str = BASELINE) -> list[dict[str, Any]]:
-    """Per rate: speculation against the baseline over the runs of the same (rate, repeat) (the
-    same arrival sequence). `speedup` = baseline per-token latency p50 / speculation's, `e2e_speedup`
-    = baseline mean end-to-end latency / speculation's; means over the rate's pairs."""
+SPEEDUPS = (("speedup", tpot_p50), ("e2e_speedup", e2e_mean))
+"""The speedups of a pair: the baseline's figure over speculation's (lower latency is better)."""
+
+
+def level_pairs(levels: Sequence[dict[str, Any]], spec: str,
+                baseline: str = BASELINE) -> list[tuple[float, dict[str, Any], dict[str, Any]]]:
+    """(rate, speculation's level, the baseline's) for each (rate, repeat) both measured: the same
+    arrival sequence on both servers. The overload phase and failed runs are left out."""
     by_key: dict[tuple[float, int], dict[str, dict[str, Any]]] = {}
     for lv in levels:
         if lv.get("phase") == "overload" or not (lv.get("client") or {}).get("ok"):
             continue
         by_key.setdefault((lv["rate"], lv["repeat"]), {})[lv["variant"]] = lv
+    return [(rate, pair[spec], pair[baseline]) for (rate, _), pair in sorted(by_key.items())
+            if spec in pair and baseline in pair]
+
+
+def paired_speedups(levels: Sequence[dict[str, Any]], spec: str, baseline: str = BASELINE) -> list[dict[str, Any]]:
+    """Per rate: speculation against the baseline over its pairs (`level_pairs`). `speedup` =
+    baseline per-token latency p50 / speculation's, `e2e_speedup` = baseline mean end-to-end latency
+    / speculation's; means over the rate's pairs."""
     per_rate: dict[float, dict[str, list[float]]] = {}
-    for (rate, _), pair in sorted(by_key.items()):
-        s, b = pair.get(spec), pair.get(baseline)
-        if s is None or b is None:
-            continue
+    for rate, s, b in level_pairs(levels, spec, baseline):
         entry = per_rate.setdefault(rate, {"speedup": [], "e2e_speedup": []})
-        for key, fig in (("speedup", _tpot_p50), ("e2e_speedup", _e2e_mean)):
+        for key, fig in SPEEDUPS:
             mine, theirs = fig(s), fig(b)
             if mine and theirs:
                 entry[key].append(theirs / mine)
@@ -329,15 +340,16 @@ def describe_targets(text: str) -> str:
     return parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
 
 
-def _rate(x: float | None) -> str:
+def rate_text(x: float | None) -> str:
+    """A rate in requests/s for the reports, three significant figures; "-" when there is none."""
     return "-" if x is None else f"{x:.3g}"
 
 
 def _interval(c: dict[str, Any]) -> str:
     lo, hi = c["interval"]
     if lo is None:
-        return f"none passing down to {_rate(c.get('lowest_tried'))}"
-    return f"{_rate(lo)}-{_rate(hi)}" if hi is not None else f"at least {_rate(lo)} (none failed)"
+        return f"none passing down to {rate_text(c.get('lowest_tried'))}"
+    return f"{rate_text(lo)}-{rate_text(hi)}" if hi is not None else f"at least {rate_text(lo)} (none failed)"
 
 
 def content_warnings(result: dict[str, Any]) -> list[str]:
@@ -403,8 +415,8 @@ def effective_capacity(result: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 def revision_text(variant: str, c: dict[str, Any]) -> str:
     missed = ", ".join(f"{m['rate']:g} req/s ({m['phase']})" for m in c["missed"])
-    return (f"{'the baseline' if variant == BASELINE else 'speculation'}'s capacity revised from {_rate(c['was'])} to "
-            f"{_capacity_text(c)} req/s: a run at {missed} missed the targets")
+    return (f"{'the baseline' if variant == BASELINE else 'speculation'}'s capacity revised from {rate_text(c['was'])} to "
+            f"{capacity_text(c)} req/s: a run at {missed} missed the targets")
 
 
 def headline(result: dict[str, Any]) -> list[str]:
@@ -427,7 +439,7 @@ def headline(result: dict[str, Any]) -> list[str]:
         only = mine or base
         who = "speculation" if only is mine else "the baseline"
         missing = "the baseline" if only is mine else "speculation"
-        lines.append(f"At {targets}, " + (f"{who}'s capacity is {_capacity_text(only)} req/s; {missing} was not "
+        lines.append(f"At {targets}, " + (f"{who}'s capacity is {capacity_text(only)} req/s; {missing} was not "
                                            f"measured: no comparison" if only else "nothing was measured"))
     else:
         lines.append(f"At {targets}, {_capacity_change(base, mine)}")
@@ -437,11 +449,11 @@ def headline(result: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _capacity_text(c: dict[str, Any]) -> str:
+def capacity_text(c: dict[str, Any]) -> str:
     lo, hi = c["interval"]
     if lo is None:
-        return f"none (no rate met them, down to {_rate(c.get('lowest_tried'))} req/s)"
-    return f"at least {_rate(lo)}" if hi is None else _rate(lo)
+        return f"none (no rate met them, down to {rate_text(c.get('lowest_tried'))} req/s)"
+    return f"at least {rate_text(lo)}" if hi is None else rate_text(lo)
 
 
 def _capacity_change(base: dict[str, Any], mine: dict[str, Any]) -> str:
@@ -450,12 +462,12 @@ def _capacity_change(base: dict[str, Any], mine: dict[str, Any]) -> str:
     a, b = base["capacity"], mine["capacity"]
     if a is None and b is None:
         return (f"neither variant meets them at any rate measured (down to "
-                f"{_rate(min(x for x in (base.get('lowest_tried'), mine.get('lowest_tried')) if x))} req/s)")
+                f"{rate_text(min(x for x in (base.get('lowest_tried'), mine.get('lowest_tried')) if x))} req/s)")
     if a is None:
-        return f"only speculation meets them: up to {_capacity_text(mine)} req/s; the baseline at no rate measured" \
+        return f"only speculation meets them: up to {capacity_text(mine)} req/s; the baseline at no rate measured" \
                + intervals
     if b is None:
-        return f"speculation meets them at no rate measured; the baseline up to {_capacity_text(base)} req/s" + intervals
+        return f"speculation meets them at no rate measured; the baseline up to {capacity_text(base)} req/s" + intervals
     # Within the intervals the change lies between b / a_hi - 1 and b_hi / a - 1.
     low = b / base["interval"][1] - 1 if base["interval"][1] else None
     high = mine["interval"][1] / a - 1 if mine["interval"][1] else None
@@ -463,10 +475,10 @@ def _capacity_change(base: dict[str, Any], mine: dict[str, Any]) -> str:
               f", so at least {_pct(low)}" if low is not None else f", so at most {_pct(high)}" if high is not None
               else "")
     if b == a:
-        text = f"speculation leaves capacity unchanged: {_capacity_text(base)} req/s ({_pct(0.0)})"
+        text = f"speculation leaves capacity unchanged: {capacity_text(base)} req/s ({_pct(0.0)})"
     else:
-        text = (f"speculation {'raises' if b > a else 'lowers'} capacity from {_capacity_text(base)} to "
-                f"{_capacity_text(mine)} req/s ({_pct((b - a) / a)})")
+        text = (f"speculation {'raises' if b > a else 'lowers'} capacity from {capacity_text(base)} to "
+                f"{capacity_text(mine)} req/s ({_pct((b - a) / a)})")
     return text + intervals + spread
 
 
@@ -478,19 +490,19 @@ def _crossover_text(cross: dict[str, Any], scan: dict[str, Any] | None = None) -
     kind, rng = cross.get("kind"), cross.get("range")
     if kind in (None, "no pairs"):
         return "no rate was measured on both variants: no speedup to show"
-    span = f"{_rate(rng[0])}-{_rate(rng[1])} req/s"
+    span = f"{rate_text(rng[0])}-{rate_text(rng[1])} req/s"
     lo, hi = cross["speedups"]
     seen = f"per-token latency p50 {lo:.2f}x-{hi:.2f}x the baseline's speed"
     between = cross.get("between") or [None, None]
     more = (f"; it crosses 1.0 {len(cross['crossings'])} times in all: near 1.0 the speedup is within the noise"
             if len(cross.get("crossings") or []) > 1 else "")
     if kind == "stops paying":
-        return (f"speculation stops paying above {_rate(cross['rate'])} req/s (its per-token speedup crosses 1.0 "
-                f"between {_rate(between[0])} and {_rate(between[1])} req/s; {seen} over {span}{more})")
+        return (f"speculation stops paying above {rate_text(cross['rate'])} req/s (its per-token speedup crosses 1.0 "
+                f"between {rate_text(between[0])} and {rate_text(between[1])} req/s; {seen} over {span}{more})")
     if kind == "starts paying":
-        return f"speculation pays only above {_rate(cross['rate'])} req/s (slower below it; {seen} over {span}{more})"
+        return f"speculation pays only above {rate_text(cross['rate'])} req/s (slower below it; {seen} over {span}{more})"
     if kind == "pays throughout":
-        why = ("no crossover: from " + _rate(scan["saturated_at"]) + " req/s neither variant's throughput grows "
+        why = ("no crossover: from " + rate_text(scan["saturated_at"]) + " req/s neither variant's throughput grows "
                "(both saturated: a higher rate only lengthens the queue)" if scan and scan.get("saturated_at")
                else "no crossover in the range measured")
         return f"speculation pays at every rate measured ({span}): {seen}; {why}"

@@ -232,7 +232,7 @@ def dry_run(opts: argparse.Namespace, settings: CapacitySettings) -> int:
                      f"  server starts: up to {switches * len(starts)} (the servers cannot be up together, and the "
                      f"search measures both variants at every rate: one start at every switch; --url with two "
                      f"running servers (make serve on two machines) takes none)")
-        lines += [f"    {x.name} starts in {plan._start_text(x)}" for x in starts]
+        lines += [f"    {x.name} starts in {plan.start_text(x)}" for x in starts]
     else:
         lines.append("  server starts: none (servers already running)")
     lines.append(f"  levels: open loop (Poisson arrivals) from {settings.start_rate:g} req/s, doubled until a rate "

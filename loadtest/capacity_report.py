@@ -8,10 +8,11 @@ from pathlib import Path
 from typing import Any
 
 from loadtest import capacity as cap
-from loadtest import page, slo, stats, sweep_summary
+from loadtest import content, markdown, page, plots, slo, stats, sweep_summary
 from loadtest.files import write_atomic
+from loadtest.markdown import figure
 from loadtest.page import Badge, Line, Page, Section, method_link
-from loadtest.report import _fmt, _md_table, embedded
+from loadtest.report import embedded
 
 PARETO = "pareto.png"
 SPEEDUP = "capacity-speedup.png"
@@ -33,10 +34,7 @@ def _measured(result: dict[str, Any], phases: tuple[str, ...] = ("search", "scan
 # ---------------------------------------------------------------------------------- plots
 def plot(result: dict[str, Any], out: Path) -> list[Path]:
     """The Pareto view and the speedup plot; only those with data are written."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = plots.pyplot()
 
     written = []
     levels = _measured(result)
@@ -72,13 +70,12 @@ def plot(result: dict[str, Any], out: Path) -> list[Path]:
             ax.legend(fontsize=7)
         fig.suptitle("Latency against throughput, one point per run (filled: met every target)")
         fig.tight_layout()
-        fig.savefig(out / PARETO, dpi=110)
-        plt.close(fig)
+        plots.save(fig, out / PARETO, dpi=110)
         written.append(out / PARETO)
 
     points = rate_speedups(result)
     if points:
-        fig, ax = plt.subplots(figsize=(6.4, 4.3), dpi=100)
+        fig, ax = plots.speedup_axes()
         for key, style, label in (("speedup", "o-", "per token (TPOT p50)"), ("e2e_speedup", "d--", "end to end (mean)")):
             pts = [(p["rate"], p[key]) for p in points if p[key]["mean"] is not None]
             if not pts:
@@ -87,8 +84,6 @@ def plot(result: dict[str, Any], out: Path) -> list[Path]:
                    [m["high"] - m["mean"] if m["high"] is not None else 0 for _, m in pts]]
             ax.errorbar([r for r, _ in pts], [m["mean"] for _, m in pts], yerr=err, fmt=style, capsize=4,
                         lw=2 if key == "speedup" else 1, label=label)
-        ax.axhline(1.0, color="black", lw=1.2)
-        ax.text(0.01, 1.0, "1.0x: no gain", transform=ax.get_yaxis_transform(), va="bottom", fontsize=9, color="#444")
         cross = result.get("crossover") or {}
         if cross.get("rate"):
             ax.axvline(cross["rate"], color="red", ls=":", lw=1.5,
@@ -108,11 +103,9 @@ def plot(result: dict[str, Any], out: Path) -> list[Path]:
         ax.set_title("Speedup a user sees, same arrivals " + ("(95% intervals)" if intervals else "(no repeats: no "
                                                                                                    "interval)"),
                      fontsize=12)
-        ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8)
         fig.tight_layout()
-        fig.savefig(out / SPEEDUP)
-        plt.close(fig)
+        plots.save(fig, out / SPEEDUP)
         written.append(out / SPEEDUP)
     return written
 
@@ -134,7 +127,7 @@ def _capacity_rows(result: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     for variant, c in (result.get("capacity") or {}).items():
         lo, hi = c["interval"]
         runs = "; ".join(f"{rate}: {' '.join('yes' if r else 'no' for r in v)}" for rate, v in c.get("runs", {}).items())
-        rows.append([variant, cap._capacity_text(c), cap._rate(lo), cap._rate(hi),
+        rows.append([variant, cap.capacity_text(c), cap.rate_text(lo), cap.rate_text(hi),
                      c["status"] + (f" ({c['stopped']})" if c.get("stopped") else ""), str(c.get("steps", 0)), runs])
     return header, rows
 
@@ -161,12 +154,12 @@ def _level_rows(result: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
         outcomes = ol.get("outcomes") or {}
         acceptance = (lv.get("server") or {}).get("acceptance_rate")
         rows.append([str(lv.get("sequence", "")), lv["variant"], lv["phase"], f"{lv['rate']:g}", str(lv["repeat"]),
-                     _fmt(ol.get("achieved_rate"), 3), "-" if ol.get("behind") is None else
+                     figure(ol.get("achieved_rate"), 3), "-" if ol.get("behind") is None else
                      ("YES" if ol["behind"] else "no"),
-                     " / ".join(_fmt(outcomes.get(k), 0) for k in (*cap.OUTCOMES, "unsent")),
-                     _fmt(_client(lv, "ttft_ms", "p95")), _fmt(_client(lv, "per_token_latency_ms", "p50"), 2),
-                     _fmt(_client(lv, "per_token_latency_ms", "p95"), 2), _fmt(_client(lv, "e2e_ms", "mean")),
-                     _fmt((lv.get("client") or {}).get("output_tokens_per_s")), _fmt(acceptance, pct=True),
+                     " / ".join(figure(outcomes.get(k), 0) for k in (*cap.OUTCOMES, "unsent")),
+                     figure(_client(lv, "ttft_ms", "p95")), figure(_client(lv, "per_token_latency_ms", "p50"), 2),
+                     figure(_client(lv, "per_token_latency_ms", "p95"), 2), figure(_client(lv, "e2e_ms", "mean")),
+                     figure((lv.get("client") or {}).get("output_tokens_per_s")), figure(acceptance, pct=True),
                      "yes" if lv.get("meets_targets") else "no", lv.get("why", "")])
     return LEVEL_HEADER, rows
 
@@ -186,7 +179,7 @@ def _second_opinion_rows(result: dict[str, Any]) -> tuple[list[str], list[list[s
         for key, _ in SECOND_OPINION_FIGURES:
             f = r["figures"].get(key) or {}
             diff = f" ({100 * f['difference']:+.1f}%)" if f.get("difference") is not None else ""
-            row += [f"{_fmt(f.get('locust'), 2)} / {_fmt(f.get('vllm_bench'), 2)}{diff}", _yes(f.get("agrees"))]
+            row += [f"{figure(f.get('locust'), 2)} / {figure(f.get('vllm_bench'), 2)}{diff}", _yes(f.get("agrees"))]
         row.append(_yes(r.get("agrees")) + (f": {r['error']}" if r.get("error") else ""))
         rows.append(row)
     return header, rows
@@ -206,11 +199,11 @@ def _overload_rows(result: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
             rows.append([variant, "-", "-", "-", "-", "-", "-", "-", "-", "-", "-", "-", "-", f"skipped: {o['skipped']}"])
             continue
         m = o.get("memory") or {}
-        rows.append([variant, f"{o['rate']:g}", f"{o['duration_s']:g}", _fmt(o.get("achieved_rate"), 3),
-                     _fmt(o.get("sent"), 0), *(_fmt(o["outcomes"].get(k), 0) for k in (*cap.OUTCOMES, "unsent")),
+        rows.append([variant, f"{o['rate']:g}", f"{o['duration_s']:g}", figure(o.get("achieved_rate"), 3),
+                     figure(o.get("sent"), 0), *(figure(o["outcomes"].get(k), 0) for k in (*cap.OUTCOMES, "unsent")),
                      "yes" if o.get("accounted") else "NO", "yes" if o.get("server_up_after") else "NO",
-                     f"{_fmt(m.get('self_peak_mib'), 0)} / {_fmt(m.get('locust_peak_mib'), 0)} / "
-                     f"{_fmt(m.get('locust_process_peak_mib'), 0)}",
+                     f"{figure(m.get('self_peak_mib'), 0)} / {figure(m.get('locust_peak_mib'), 0)} / "
+                     f"{figure(m.get('locust_process_peak_mib'), 0)}",
                      "; ".join(o.get("problems") or []) or "none"])
     return header, rows
 
@@ -219,27 +212,21 @@ def _overload_rows(result: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
 def rate_speedups(result: dict[str, Any]) -> list[dict[str, Any]]:
     """Per rate measured on both variants: per-token p50 and end-to-end speedups with their 95%
     intervals over the rate's pairs, speculation's acceptance, and which variants met the targets."""
-    spec = result.get("spec_variant")
-    pairs: dict[tuple[float, int], dict[str, dict[str, Any]]] = {}
-    for lv in result.get("levels") or []:
-        if lv.get("phase") != "overload" and (lv.get("client") or {}).get("ok"):
-            pairs.setdefault((lv["rate"], lv["repeat"]), {})[lv["variant"]] = lv
     by_rate: dict[float, dict[str, list[Any]]] = {}
-    for (rate, _), pair in sorted(pairs.items()):
-        s, b = pair.get(spec), pair.get(cap.BASELINE)
-        if s is None or b is None:
-            continue
-        entry = by_rate.setdefault(rate, {"speedup": [], "e2e_speedup": [], "acceptance": [], "met": []})
-        for key, fig in (("speedup", cap._tpot_p50), ("e2e_speedup", cap._e2e_mean)):
+    for rate, s, b in cap.level_pairs(result.get("levels") or [], result.get("spec_variant") or ""):
+        entry = by_rate.setdefault(rate, {"speedup": [], "e2e_speedup": [], "acceptance": [], "met": [], "content": []})
+        for key, fig in cap.SPEEDUPS:
             if fig(s) and fig(b):
                 entry[key].append(fig(b) / fig(s))
         if (s.get("server") or {}).get("acceptance_rate") is not None:
             entry["acceptance"].append(s["server"]["acceptance_rate"])
         entry["met"].append((bool(s.get("meets_targets")), bool(b.get("meets_targets"))))
+        entry["content"].append((s.get("client") or {}).get("content"))
     return [{"rate": rate, "pairs": len(v["met"]), "speedup": stats.mean_interval(v["speedup"]),
              "e2e_speedup": stats.mean_interval(v["e2e_speedup"]),
              "acceptance": sum(v["acceptance"]) / len(v["acceptance"]) if v["acceptance"] else None,
-             "spec_met": all(m[0] for m in v["met"]), "base_met": all(m[1] for m in v["met"])}
+             "spec_met": all(m[0] for m in v["met"]), "base_met": all(m[1] for m in v["met"]),
+             "content": content.merge(v["content"])}
             for rate, v in sorted(by_rate.items())]
 
 
@@ -261,22 +248,22 @@ def _lines(result: dict[str, Any]) -> list[Line]:
             word = ("raises capacity" if b > a else "lowers capacity" if b < a else "leaves capacity unchanged")
             tone = "good" if b > a else "bad" if b < a else "even"
             lines.append(Line("capacity", f"speculation {word}" + (f" {100 * change:+.0f}%" if b != a else ""),
-                              f"baseline {cap._capacity_text(base)} → speculation {cap._capacity_text(mine)} req/s "
+                              f"baseline {cap.capacity_text(base)} → speculation {cap.capacity_text(mine)} req/s "
                               f"at {cap.describe_targets(result['slo'])}"
                               + "".join(" (revised)" for c in (base, mine) if c.get("status") == "revised"), tone))
         else:
             lines.append(Line("capacity", "no capacity to compare",
-                              f"baseline {cap._capacity_text(base)}; speculation {cap._capacity_text(mine)} req/s"))
+                              f"baseline {cap.capacity_text(base)}; speculation {cap.capacity_text(mine)} req/s"))
     else:
         only = mine or base
         lines.append(Line("capacity", "no comparison", (f"{'speculation' if only is mine else 'the baseline'}: "
-                                                         f"{cap._capacity_text(only)} req/s; the other variant was "
+                                                         f"{cap.capacity_text(only)} req/s; the other variant was "
                                                          "not measured") if only else "nothing measured"))
     for row in rate_speedups(result):
         m = row["speedup"]
         if m["mean"] is None:
             continue
-        word = sweep_summary.verdict_rule(m)
+        word, tone = sweep_summary.verdict_word(sweep_summary.verdict_rule(m), row["content"])
         spread = f" (95% {m['low']:.2f}-{m['high']:.2f})" if m["low"] is not None else ""
         figures = [f"{m['mean']:.2f}x per token{spread}"]
         if row["e2e_speedup"]["mean"] is not None:
@@ -284,8 +271,7 @@ def _lines(result: dict[str, Any]) -> list[Line]:
         if row["acceptance"] is not None:
             figures.append(f"acceptance {row['acceptance']:.0%}")
         figures += [_met_words(row), f"{row['pairs']} pair{'s' if row['pairs'] != 1 else ''}"]
-        lines.append(Line(f"{row['rate']:g} req/s", f"speculation {word}", " · ".join(figures),
-                          {"pays": "good", "does not pay": "bad"}.get(word, "even")))
+        lines.append(Line(f"{row['rate']:g} req/s", word, " · ".join(figures), tone))
     return lines
 
 
@@ -308,7 +294,7 @@ def badges(result: dict[str, Any]) -> list[Badge]:
            for label in ["NOISE" if ": NOISE:" in line else "CONTENT"]]
     for v, c in cap.effective_capacity(result).items():
         if c.get("status") == "revised":
-            out.append(Badge("REVISED", f"{v}: capacity {cap._rate(c['was'])} → {cap._capacity_text(c)} req/s: "
+            out.append(Badge("REVISED", f"{v}: capacity {cap.rate_text(c['was'])} → {cap.capacity_text(c)} req/s: "
                              f"a run at {c['missed'][0]['rate']:g} req/s missed", "levels"))
     off: dict[str, list[str]] = {}  # a figure the benchmark disagrees on: where
     for r in result.get("second_opinion") or []:
@@ -377,7 +363,7 @@ def first_page(result: dict[str, Any], plots: list[Path], sources: Mapping[str, 
         return f" Method: {method_link(anchor, out)}."
 
     def table(t: tuple[list[str], list[list[str]]]) -> str:
-        return "\n\n" + _md_table(*t) if t[1] else "\n\n(nothing measured)"
+        return "\n\n" + markdown.table(*t) if t[1] else "\n\n(nothing measured)"
 
     sections = [
         Section("findings", "Every finding in full", "\n".join(f"- {line}" for line in [*(result.get("traffic") or []),

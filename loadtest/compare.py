@@ -14,11 +14,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from loadtest import page, stats
+from loadtest import markdown, page, plots, stats
 from loadtest.files import write_atomic
 from loadtest.page import Badge, Line, Page, Section
-from loadtest.report import _md_table, derive_rates, embedded, load_results, summarize_speedups
-from loadtest.sweep_summary import verdict_rule
+from loadtest.report import derive_rates, embedded, load_results, summarize_speedups
+from loadtest.sweep_summary import rate_contents, verdict_rule, verdict_word
 
 MUST_MATCH = {"workload": "workload", "temperature": "temperature", "max_tokens": "output length (max_tokens)",
               "fixed_length": "fixed output length"}
@@ -94,7 +94,9 @@ def rows(runs: list[tuple[str, dict[str, Any]]]) -> list[dict[str, Any]]:
         for e in summarize_speedups(results):
             out.append({"level": e["concurrency"], "unit": "batch", "variant": e["variant"], "report": name,
                         "speedup": e.get("speedup") or {}, "verdict": e["verdict"].split(";")[0].split(" (")[0],
-                        "acceptance": (e.get("acceptance_rate") or {}).get("mean"), "runs": e["runs"]})
+                        "acceptance": (e.get("acceptance_rate") or {}).get("mean"), "runs": e["runs"],
+                        "content": e.get("content")})
+        contents = rate_contents(results)
         groups: dict[tuple[str, float], list[dict[str, Any]]] = {}
         for r in derive_rates(results):
             if r["variant"] != "baseline" and r.get("tpot_p50_speedup"):
@@ -104,7 +106,7 @@ def rows(runs: list[tuple[str, dict[str, Any]]]) -> list[dict[str, Any]]:
             accepts = [r["acceptance"] for r in group if r.get("acceptance") is not None]
             out.append({"level": rate, "unit": "req/s", "variant": variant, "report": name, "speedup": m,
                         "verdict": verdict_rule(m), "acceptance": sum(accepts) / len(accepts) if accepts else None,
-                        "runs": len(group)})
+                        "runs": len(group), "content": contents.get((variant, rate))})
     return sorted(out, key=lambda r: (r["unit"], r["level"], r["variant"], [n for n, _ in runs].index(r["report"])))
 
 
@@ -136,14 +138,7 @@ def plot(table: list[dict[str, Any]], path: Path) -> Path | None:
     pts = [r for r in table if r["speedup"].get("mean") is not None]
     if not pts:
         return None
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from loadtest.report import _answer_axes, _finish_answer
-
-    fig, ax = _answer_axes(plt)
+    fig, ax = plots.speedup_axes()
     series = list(dict.fromkeys((r["report"], r["variant"], r["unit"]) for r in pts))
     several_variants = len({s[1] for s in series}) > 1
     levels = sorted({r["level"] for r in pts})
@@ -158,11 +153,10 @@ def plot(table: list[dict[str, Any]], path: Path) -> Path | None:
         ax.errorbar([r["level"] * shift for r in mine], [m["mean"] for m in ms], yerr=err, fmt="o-", capsize=4,
                     color=f"C{j}", lw=2, label=report + (f": {variant}" if several_variants else ""))
     unit = series[0][2]
-    _finish_answer(ax, levels, "batch size (concurrent requests)" if unit == "batch" else "arrival rate, req/s",
-                   "Speedup over the baseline, report by report (95% intervals)")
+    plots.finish_speedup_axes(ax, levels, "batch size (concurrent requests)" if unit == "batch" else "arrival rate, req/s",
+                              "Speedup over the baseline, report by report (95% intervals)")
     fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    plots.save(fig, path)
     return path
 
 
@@ -202,10 +196,9 @@ def _page(runs: list[tuple[str, dict[str, Any]]], table: list[dict[str, Any]], r
     lines = []
     for r in table:
         level = f"{r['level']:g} req/s" if r["unit"] == "req/s" else f"batch {r['level']}"
-        word = r["verdict"].split(" (")[0]
-        tone = {"pays": "good", "does not pay": "bad", "breaks even": "even"}.get(word, "none")
+        word, tone = verdict_word(r["verdict"], r.get("content"))
         figures = [_speed(r["speedup"])] + ([f"acceptance {r['acceptance']:.0%}"] if r["acceptance"] is not None else [])
-        lines.append(Line(f"{level}, {r['report']}", f"speculation {word}" if tone != "none" else word,
+        lines.append(Line(f"{level}, {r['report']}", word,
                           " · ".join([*figures, f"{r['runs']} run{'s' if r['runs'] != 1 else ''}"]), tone))
     first = runs[0][1]
     setup = (f"**Setup.** {len(runs)} reports: " + ", ".join(f"`{f}`" for f in folders) + f". Workload "
@@ -216,7 +209,7 @@ def _page(runs: list[tuple[str, dict[str, Any]]], table: list[dict[str, Any]], r
     header = ["level", "variant", "report", "speedup (95%)", "verdict", "acceptance", "runs"]
     body = [[f"{r['level']:g} {r['unit']}", r["variant"], r["report"], _speed(r["speedup"]), r["verdict"],
              "-" if r["acceptance"] is None else f"{r['acceptance']:.0%}", str(r["runs"])] for r in table]
-    sections = [Section("table", "Side by side", _md_table(header, body)),
+    sections = [Section("table", "Side by side", markdown.table(header, body)),
                 Section("differences", "What differs", "\n".join(f"- {d}" for d in refusing + said) or "Nothing recorded.")]
     for name, results in runs:
         sections.append(Section(f"report-{len(sections)}", f"{name}: status {results.get('status')}",

@@ -16,6 +16,7 @@ from urllib.parse import urlparse
 
 import requests
 
+from deploy.launcher import answers_health
 from loadtest import prom
 from loadtest.client import auth_headers
 
@@ -44,10 +45,7 @@ class RemoteServer:
         return auth_headers(self.api_key_env)
 
     def alive(self) -> bool:
-        try:
-            return requests.get(f"{self.base_url}/health", timeout=5).status_code == 200
-        except requests.RequestException:
-            return False
+        return answers_health(self.base_url)
 
     def exit_reason(self) -> str:
         return f"server at {self.base_url} stopped answering /health mid-run"

@@ -342,7 +342,7 @@ class SweepPlan:
                          + (f"; --order {other} would take {self.starts_if(other) * sweeps}"
                             if self.starts_if(other) != len(starts) and not self.together else ""))
             lines += self._per_server("    each starts in {}", "    {} starts in {}",
-                                      {s.name: self._start_text(s) for s in self.servers})
+                                      {s.name: self.start_text(s) for s in self.servers})
         temps = ", ".join(f"{t:g}" for t in self.temperatures)
         levels = (f"rates {', '.join(f'{r:g}' for r in self.rates)} requests/s (open loop: Poisson arrivals, "
                   f"nothing caps the requests in flight)" if self.rates else
@@ -387,7 +387,7 @@ class SweepPlan:
             return [all_same.format(next(iter(texts.values())))]
         return [each.format(name, text) for name, text in texts.items()]
 
-    def _start_text(self, server: ServerInfo) -> str:
+    def start_text(self, server: ServerInfo) -> str:
         e = self.start_estimate(server)
         return f"about {duration_text(e.seconds)} (" + (
             "measured here before" if e.measured else

@@ -14,12 +14,11 @@ from pathlib import Path
 from typing import Any
 
 
-from loadtest import content, slo, stats, traffic, vllm_bench
+from loadtest import content, markdown, plots, slo, stats, traffic, vllm_bench
 from loadtest.files import write_atomic, write_json
+from loadtest.markdown import figure
 from loadtest.page import Page, Section
 from loadtest.results import CREATED_FORMAT
-
-PLOTS = ("throughput.png", "latency.png", "acceptance.png", "speedup.png", "rates.png")
 
 
 # ---------------------------------------------------------------------------------- derived numbers
@@ -87,7 +86,7 @@ def rate_headline(results: dict[str, Any]) -> list[str]:
     for row in derive_rates(results):
         if row["behind"]:
             lines.append(f"rate {row['rate']:g}/s, {row['variant']} run {row['repeat']}: the load generator fell "
-                         f"behind (achieved {_fmt(row['achieved_rate'], 2)}/s): that run's offered load was lower")
+                         f"behind (achieved {figure(row['achieved_rate'], 2)}/s): that run's offered load was lower")
         if row.get("tpot_p50_speedup") is not None or row.get("e2e_mean_speedup") is not None:
             groups.setdefault((row["variant"], row["rate"]), []).append(row)
     for (variant, rate), rows in sorted(groups.items(), key=lambda g: (g[0][1], g[0][0])):
@@ -114,13 +113,13 @@ def rate_table_rows(results: dict[str, Any]) -> list[list[str]]:
     for r in derive_rates(results):
         o, b = r["outcomes"], r["bench"]
         out.append([f"{r['rate']:g}", r["variant"], str(r["repeat"]),
-                    _fmt(r["achieved_rate"], 2) + (" BEHIND" if r["behind"] else ""), _fmt(r["in_flight_max"], 0),
+                    figure(r["achieved_rate"], 2) + (" BEHIND" if r["behind"] else ""), figure(r["in_flight_max"], 0),
                     "/".join(str(o.get(k, 0)) for k in ("served", "refused", "timed_out", "failed", "unsent")),
-                    f"{_fmt(r['ttft_ms'].get('p50'))} / {_fmt(r['ttft_ms'].get('p95'))}",
-                    f"{_fmt(r['tpot_ms'].get('p50'), 2)} / {_fmt(r['tpot_ms'].get('p95'), 2)}",
-                    _fmt(r["output_tokens_per_s"]), _fmt(r["acceptance"], pct=True),
+                    f"{figure(r['ttft_ms'].get('p50'))} / {figure(r['ttft_ms'].get('p95'))}",
+                    f"{figure(r['tpot_ms'].get('p50'), 2)} / {figure(r['tpot_ms'].get('p95'), 2)}",
+                    figure(r["output_tokens_per_s"]), figure(r["acceptance"], pct=True),
                     _cell("speedup", r.get("tpot_p50_speedup")), _cell("speedup", r.get("e2e_mean_speedup")),
-                    b["error"] or f"{_fmt(b['output_tokens_per_s'])}, {_fmt(b['ttft_p50_ms'])}, {_fmt(b['tpot_p50_ms'], 2)}",
+                    b["error"] or f"{figure(b['output_tokens_per_s'])}, {figure(b['ttft_p50_ms'])}, {figure(b['tpot_p50_ms'], 2)}",
                     _cell("bench_agrees", b["agrees"]), str(r["status"])])
     return out
 
@@ -304,16 +303,6 @@ def _tpot_s(level: dict[str, Any], client_side: bool = False) -> float | None:
 
 
 # ---------------------------------------------------------------------------------- tables
-def _fmt(value: Any, digits: int = 1, pct: bool = False) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, str):
-        return value
-    if pct:
-        return f"{100 * value:.0f}%"
-    return f"{value:,.{digits}f}"
-
-
 def compare_rows(results: dict[str, Any], concurrencies: list[int] | None = None) -> list[dict[str, Any]]:
     derived = {(r["variant"], r["concurrency"], r["repeat"]): r for r in derive(results)}
     wanted = concurrencies or sorted({lv["concurrency"] for _, lv in levels(results)})
@@ -357,14 +346,14 @@ def _k_cell(configured: int | None, effective: float | None) -> str:
     """Configured K, and in brackets the K that ran (draft tokens per drafting step); `-` without speculation."""
     if configured is None and effective is None:
         return "-"
-    return f"{_fmt(configured, 0)} ({_fmt(effective, 2)})"
+    return f"{figure(configured, 0)} ({figure(effective, 2)})"
 
 
 def _with_engine(client_ms: float | None, server: dict[str, Any], hist: str, digits: int = 1) -> str:
     """Client percentile, and in brackets the engine's own mean (free of delivery delays)."""
     engine_s = ((server.get("histograms") or {}).get(hist) or {}).get("mean")
-    text = _fmt(client_ms, digits)
-    return f"{text} ({_fmt(engine_s * 1000, digits)})" if engine_s is not None else text
+    text = figure(client_ms, digits)
+    return f"{text} ({figure(engine_s * 1000, digits)})" if engine_s is not None else text
 
 
 COMPARE_COLUMNS = [
@@ -380,16 +369,16 @@ COMPARE_COLUMNS = [
 
 def _cell(key: str, value: Any) -> str:
     if key in ("acceptance", "degenerate"):
-        return _fmt(value, pct=True)
+        return figure(value, pct=True)
     if key in ("accepted_length",):
-        return _fmt(value, 2)
+        return figure(value, 2)
     if key == "speedup":
         return "-" if value is None else f"{value:.2f}x"
     if key in ("server_agrees", "bench_agrees"):
         return "-" if value is None else ("yes" if value else "NO")
     if key in ("concurrency", "repeat"):
         return str(value)
-    return _fmt(value, 1)
+    return figure(value, 1)
 
 
 def compare_table(results: dict[str, Any], concurrencies: list[int] | None = None) -> str:
@@ -437,18 +426,6 @@ def _rate_table_text(results: dict[str, Any]) -> str:
     return "\n".join(lines + (["", *[f"note: {n}" for n in notes]] if notes else []))
 
 
-def _md_cell(text: str) -> str:
-    """A table cell as Markdown: a raw `|` would end the cell and a line break the row (error
-    messages have both); a backslash is doubled so that it cannot escape what follows it."""
-    return " ".join(text.replace("\\", "\\\\").replace("|", "\\|").split())
-
-
-def _md_table(header: list[str], rows: list[list[str]]) -> str:
-    out = ["| " + " | ".join(map(_md_cell, header)) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    out += ["| " + " | ".join(map(_md_cell, r)) + " |" for r in rows]
-    return "\n".join(out)
-
-
 def _latency_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     header = ["variant", "batch", "run", "TTFT p50/p95/p99 ms", "per-token p50/p95/p99 ms", "chunk gap p50/p99 ms",
               "tokens/chunk mean", "e2e p50/p99 ms", "req/s", "peak tok/s"]
@@ -458,13 +435,13 @@ def _latency_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
 
         def trio(key: str, ps: tuple[int, ...] = (50, 95, 99)) -> str:
             d = c.get(key) or {}
-            return " / ".join(_fmt(d.get(f"p{p}")) for p in ps)
+            return " / ".join(figure(d.get(f"p{p}")) for p in ps)
 
         rows.append([variant["name"], str(level["concurrency"]), str(level.get("repeat", 1)), trio("ttft_ms"),
                      trio("per_token_latency_ms"),
-                     trio("chunk_gap_ms", (50, 99)), _fmt((c.get("tokens_per_chunk") or {}).get("mean"), 2),
-                     trio("e2e_ms", (50, 99)), _fmt(c.get("request_throughput"), 2),
-                     _fmt(c.get("peak_output_tokens_per_s"), 0)])
+                     trio("chunk_gap_ms", (50, 99)), figure((c.get("tokens_per_chunk") or {}).get("mean"), 2),
+                     trio("e2e_ms", (50, 99)), figure(c.get("request_throughput"), 2),
+                     figure(c.get("peak_output_tokens_per_s"), 0)])
     return header, rows
 
 
@@ -480,15 +457,15 @@ def _spec_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
         costed = "step_cost_ratio" in d
 
         def never(key: str) -> str:
-            return "never" if costed and d.get(key) is None else _fmt(d.get(key), 3)
+            return "never" if costed and d.get(key) is None else figure(d.get(key), 3)
 
         rows.append([d["variant"], str(d["concurrency"]), str(d["repeat"]), str(d["k"]), d.get("per_token_source", "-"),
-                     _fmt(d.get("acceptance_rate"), 3), _fmt(d.get("expected_tokens_per_step"), 2),
-                     _fmt(d.get("mean_accepted_length"), 2), _fmt(d.get("implied_per_token_acceptance"), 3),
-                     " ".join(f"{p:.2f}" for p in per_pos) or "-", _fmt(d.get("step_cost_ratio"), 2),
+                     figure(d.get("acceptance_rate"), 3), figure(d.get("expected_tokens_per_step"), 2),
+                     figure(d.get("mean_accepted_length"), 2), figure(d.get("implied_per_token_acceptance"), 3),
+                     " ".join(f"{p:.2f}" for p in per_pos) or "-", figure(d.get("step_cost_ratio"), 2),
                      never("break_even_acceptance_rate"), never("break_even_per_token_acceptance"),
                      "-" if not costed else ("yes" if d.get("pays") else "no"),
-                     _fmt(d.get("measured_speedup"), 2), _fmt(d.get("speedup"), 2)])
+                     figure(d.get("measured_speedup"), 2), figure(d.get("speedup"), 2)])
     return header, rows
 
 
@@ -504,12 +481,12 @@ def _content_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
             ref = summary.get("reference") or {}
             rows.append([variant["name"], str(level["concurrency"]), str(level.get("repeat", 1)), client,
                          str(summary["checked"]), f"{summary['degenerate']} ({summary['degenerate_share']:.0%})",
-                         _fmt(summary.get("distinct_4"), 2),
+                         figure(summary.get("distinct_4"), 2),
                          f"{ref['distinct_4']:.2f} ({ref['source']})" if ref else "none",
-                         _fmt(summary.get("loop_share"), pct=True),
-                         f"{_fmt(summary.get('acceptance_valid'), pct=True)} / "
-                         f"{_fmt(summary.get('acceptance_degenerate'), pct=True)}",
-                         f"{_fmt(summary.get('tokens_per_s_valid'), 1)} / {_fmt(summary.get('tokens_per_s_degenerate'), 1)}"])
+                         figure(summary.get("loop_share"), pct=True),
+                         f"{figure(summary.get('acceptance_valid'), pct=True)} / "
+                         f"{figure(summary.get('acceptance_degenerate'), pct=True)}",
+                         f"{figure(summary.get('tokens_per_s_valid'), 1)} / {figure(summary.get('tokens_per_s_degenerate'), 1)}"])
     return header, rows
 
 
@@ -526,13 +503,13 @@ def _trust_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
             def pair(ckey: str, skey: str) -> str:
                 mine = (c.get(ckey) or {}).get("mean")
                 theirs = (h.get(skey) or {}).get("mean")
-                return f"{_fmt(mine)} / {_fmt(theirs * 1000 if theirs is not None else None)}"
+                return f"{figure(mine)} / {figure(theirs * 1000 if theirs is not None else None)}"
 
             diff = k.get("relative_error")
             rows.append([variant["name"], level_name(level), str(level.get("repeat", 1)), level["status"],
-                         _fmt(k.get("client_output_tokens"), 0), _fmt(k.get("server_generation_tokens"), 0),
+                         figure(k.get("client_output_tokens"), 0), figure(k.get("server_generation_tokens"), 0),
                          "-" if diff is None else f"{100 * diff:.2f}%" + ("" if k.get("ok") else " FLAG"),
-                         _fmt(c.get("output_tokens_per_s")), _fmt(s.get("output_tokens_per_s")),
+                         figure(c.get("output_tokens_per_s")), figure(s.get("output_tokens_per_s")),
                          pair("ttft_ms", "ttft_s"), pair("e2e_ms", "e2e_s"),
                          pair("per_token_latency_ms", "per_token_latency_s"),
                          "; ".join((level.get("problems") or []) + (level.get("notes") or [])) or "none"])
@@ -553,10 +530,10 @@ def _slo_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
         for t in targets:
             v = r["targets"].get(t.name) or {}
             share = v.get("share_within")
-            cells.append(f"{_fmt(v.get('value_ms'))} ({'-' if share is None else f'{100 * share:.1f}%'})"
+            cells.append(f"{figure(v.get('value_ms'))} ({'-' if share is None else f'{100 * share:.1f}%'})"
                          + ("" if v.get("met") else " MISSED"))
         rows.append([variant["name"], str(level["concurrency"]), str(level.get("repeat", 1)), *cells,
-                     _fmt(r.get("goodput_tokens_per_s")), _fmt(level["client"].get("output_tokens_per_s")),
+                     figure(r.get("goodput_tokens_per_s")), figure(level["client"].get("output_tokens_per_s")),
                      "yes" if r.get("met") else "no"])
     return header, rows
 
@@ -571,9 +548,9 @@ def _lag_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
         loc = level.get("locust") or {}
         cpu = loc["cpu_s"] / loc["wall_s"] if loc.get("wall_s") else None
         rows.append([variant["name"], str(level["concurrency"]), str(level.get("repeat", 1)),
-                     f"{_fmt(send.get('p50'), 2)} / {_fmt(send.get('p99'), 2)}",
-                     f"{_fmt(loop.get('p50'), 2)} / {_fmt(loop.get('p99'), 2)} / {_fmt(loop.get('max'), 1)}",
-                     _fmt(loop.get("over_50ms"), 0), _fmt(cpu, 2)])
+                     f"{figure(send.get('p50'), 2)} / {figure(send.get('p99'), 2)}",
+                     f"{figure(loop.get('p50'), 2)} / {figure(loop.get('p99'), 2)} / {figure(loop.get('max'), 1)}",
+                     figure(loop.get("over_50ms"), 0), figure(cpu, 2)])
     return header, rows
 
 
@@ -595,15 +572,15 @@ def _bench_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
         def pair(key: str, digits: int = 1) -> str:
             v = a[key]
             diff = "" if v["difference"] is None else f" ({100 * v['difference']:+.1f}%)"
-            return f"{_fmt(v['locust'], digits)} / {_fmt(v['vllm_bench'], digits)}{diff}"
+            return f"{figure(v['locust'], digits)} / {figure(v['vllm_bench'], digits)}{diff}"
 
         def pct(field: str, keys: tuple[str, ...] = tuple(vllm_bench.AGREEMENT)) -> str:
             return ", ".join("-" if a[k].get(field) is None else f"{100 * a[k][field]:+.1f}%" for k in keys)
 
         h = (level.get("server") or {}).get("histograms") or {}
-        engine = " / ".join(_fmt((h.get(k) or {}).get("mean") and 1000 * h[k]["mean"], 2)
+        engine = " / ".join(figure((h.get(k) or {}).get("mean") and 1000 * h[k]["mean"], 2)
                             for k in ("ttft_s", "per_token_latency_s"))
-        accept = " / ".join(_fmt((w or {}).get("acceptance_rate"), pct=True)
+        accept = " / ".join(figure((w or {}).get("acceptance_rate"), pct=True)
                             for w in (level.get("server"), level.get("vllm_bench_server")))
         off = [k for k, v in a.items() if isinstance(v, dict) and v["agrees"] is False]
         rows.append([variant["name"], str(level["concurrency"]), str(level.get("repeat", 1)), pair("output_tokens_per_s"),
@@ -634,10 +611,8 @@ def _averaged(rows: list[dict[str, Any]], keys: tuple[str, ...], by: str = "conc
 
 def plot(results: dict[str, Any], out: Path) -> list[Path]:
     """PNG plots against concurrency (means over repeats); only those with data are written."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = plots.pyplot()
+    from matplotlib.ticker import FuncFormatter, NullLocator
 
     client_rows: dict[str, list[dict[str, Any]]] = {}
     for variant, level in levels(results):
@@ -660,14 +635,13 @@ def plot(results: dict[str, Any], out: Path) -> list[Path]:
         ax.set_title(title)
         ax.grid(True, alpha=0.3)
         ax.set_xticks(concurrencies)  # the levels measured, as plain integers
-        ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
-        ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.xaxis.set_minor_locator(NullLocator())
         ax.legend(fontsize=8)
 
     def save(fig: Any, name: str) -> None:
         fig.tight_layout()
-        fig.savefig(out / name, dpi=110)
-        plt.close(fig)
+        plots.save(fig, out / name, dpi=110)
         written.append(out / name)
 
     if series:
@@ -718,48 +692,20 @@ def plot(results: dict[str, Any], out: Path) -> list[Path]:
 
     speed = [e for e in summarize_speedups(results) if (e.get("speedup") or {}).get("mean") is not None]
     if speed:
-        save(speedup_figure(plt, speed, concurrencies), ANSWER)
+        save(speedup_figure(speed, concurrencies), ANSWER)
 
     rate_rows = [r for r in derive_rates(results) if r["output_tokens_per_s"] is not None]
     if rate_rows:
         save(_rates_figure(plt, rate_rows), "rates.png")
         if not speed and any(r.get("tpot_p50_speedup") for r in rate_rows):
-            save(rate_speedup_figure(plt, rate_rows), ANSWER)
+            save(rate_speedup_figure(rate_rows), ANSWER)
     return written
 
 
-def _answer_axes(plt: Any) -> tuple[Any, Any]:
-    """The first screen's picture: 600 px wide on the page, its text readable at that size."""
-    fig, ax = plt.subplots(figsize=(6.4, 4.3), dpi=100)
-    ax.axhline(1.0, color="black", lw=1.2, zorder=1)
-    ax.text(0.01, 1.0, "1.0x: no gain", transform=ax.get_yaxis_transform(), va="bottom", ha="left", fontsize=9,
-            color="#444")
-    ax.grid(True, alpha=0.3)
-    return fig, ax
-
-
-def _finish_answer(ax: Any, xs: list[float], xlabel: str, title: str) -> None:
-    from matplotlib.ticker import FuncFormatter, NullLocator
-
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(xs)
-    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
-    ax.xaxis.set_minor_locator(NullLocator())
-    ax.set_xlim(min(xs) / 1.6, max(xs) * 2.4)  # room for the label beside the last point
-    low, high = ax.get_ylim()
-    low, high = min(low, 0.8), max(high, 1.2)
-    ax.set_ylim(low, high + 0.08 * (high - low))  # headroom: the top point's label stays off the title
-    ax.set_xlabel(xlabel, fontsize=11)
-    ax.set_ylabel("speedup (x the baseline)", fontsize=11)
-    ax.set_title(title, fontsize=12)
-    ax.tick_params(labelsize=10)
-    ax.legend(fontsize=9, loc="best")
-
-
-def speedup_figure(plt: Any, speed: list[dict[str, Any]], concurrencies: list[int]) -> Any:
+def speedup_figure(speed: list[dict[str, Any]], concurrencies: list[int]) -> Any:
     """Speedup by batch size, each of the three readings with its 95% interval, and the 1.0 line;
     Locust's mean written beside its point."""
-    fig, ax = _answer_axes(plt)
+    fig, ax = plots.speedup_axes()
     styles = {"speedup": ("o-", 7), "vllm_bench_speedup": ("d--", 5), "measured_speedup": ("x:", 5)}
     names = list(dict.fromkeys(e["variant"] for e in speed))
     for j, name in enumerate(names):
@@ -780,15 +726,15 @@ def speedup_figure(plt: Any, speed: list[dict[str, Any]], concurrencies: list[in
                     ax.annotate(f"{m:.2f}x", (x, m), textcoords="offset points", xytext=(8, 6), fontsize=10,
                                 color=f"C{j}", fontweight="bold")
     intervals = any((e.get("speedup") or {}).get("low") is not None for e in speed)
-    _finish_answer(ax, concurrencies or sorted({e["concurrency"] for e in speed}), "batch size (concurrent requests)",
-                   "Speedup of speculation over the baseline " + ("(95% intervals)" if intervals else
-                                                                  "(one run: no interval)"))
+    plots.finish_speedup_axes(ax, concurrencies or sorted({e["concurrency"] for e in speed}),
+                              "batch size (concurrent requests)", "Speedup of speculation over the baseline "
+                              + ("(95% intervals)" if intervals else "(one run: no interval)"))
     return fig
 
 
-def rate_speedup_figure(plt: Any, rows: list[dict[str, Any]]) -> Any:
+def rate_speedup_figure(rows: list[dict[str, Any]]) -> Any:
     """Open loop: speedup a user sees by arrival rate (per-token p50, end-to-end mean), 95% intervals."""
-    fig, ax = _answer_axes(plt)
+    fig, ax = plots.speedup_axes()
     spec = [r for r in rows if r["variant"] != "baseline"]
     names = list(dict.fromkeys(r["variant"] for r in spec))
     intervals = False
@@ -807,8 +753,8 @@ def rate_speedup_figure(plt: Any, rows: list[dict[str, Any]]) -> Any:
                    [m["high"] - m["mean"] if m.get("high") is not None else 0 for _, m in ms]]
             ax.errorbar([r for r, _ in ms], [m["mean"] for _, m in ms], yerr=err, fmt=fmt, color=f"C{j}", capsize=4,
                         lw=2 if key == "tpot_p50_speedup" else 1, label=(f"{name}: " if len(names) > 1 else "") + label)
-    _finish_answer(ax, sorted({r["rate"] for r in rows}), "arrival rate, req/s (Poisson, open loop)",
-                   "Speedup a user sees, same arrivals " + ("(95% intervals)" if intervals else "(one run: no interval)"))
+    plots.finish_speedup_axes(ax, sorted({r["rate"] for r in rows}), "arrival rate, req/s (Poisson, open loop)",
+                              "Speedup a user sees, same arrivals " + ("(95% intervals)" if intervals else "(one run: no interval)"))
     return fig
 
 
@@ -883,7 +829,7 @@ def _setup_details(results: dict[str, Any]) -> str:
 
 
 def _table(table: tuple[list[str], list[list[str]]] | None) -> str:
-    return "\n\n" + _md_table(*table) if table and table[1] else "\n\n(nothing measured)"
+    return "\n\n" + markdown.table(*table) if table and table[1] else "\n\n(nothing measured)"
 
 
 def evidence(results: dict[str, Any], plots: list[Path], sources: Mapping[str, str], out: Path | None) -> list[Section]:
@@ -896,7 +842,7 @@ def evidence(results: dict[str, Any], plots: list[Path], sources: Mapping[str, s
     s = results.get("settings", {})
     problems = results.get("problems") or []
     variants = [[v["name"], v.get("label", ""), v["status"],
-                 v.get("url") or " / ".join(_fmt(t, 0) for t in v.get("startup_s") or []) or "-",
+                 v.get("url") or " / ".join(figure(t, 0) for t in v.get("startup_s") or []) or "-",
                  json.dumps(v.get("speculative_config")) if v.get("speculative_config") else "off",
                  v.get("error") or ""] for v in results.get("variants", [])]
     cmp_rows = compare_rows(results)

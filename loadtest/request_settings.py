@@ -47,7 +47,7 @@ class RequestSettings:
     (`--request-rate 1/gap --burstiness inf`, far above what the server completes, so the loop
     stays closed after the first C). Fixed-length requests started together stay in lockstep:
     without speculation all C finish in one step and come back together, and where those waves
-    fall moved one server's TTFT p50 at batch 32 between 397 and 606 ms from run to run."""
+    fall would move TTFT from run to run more than anything measured."""
 
     def as_options(self) -> list[str]:
         """The command-line options that `add_options` reads back into these settings."""

@@ -783,7 +783,7 @@ class Sweep:
         if count <= 0:
             return None
         warm = self._locust_job(run, "-warmup", count, measured=False)
-        with _Progress(f"{run.title} warm-up", count, warm.records_dir) as bar:
+        with Progress(f"{run.title} warm-up", count, warm.records_dir) as bar:
             outcome = run_locust(warm, self.settings.level_timeout_s, run.server_gone, bar.tick)
         if outcome.aborted:
             return f"warm-up: {outcome.aborted}"
@@ -808,7 +808,7 @@ class Sweep:
         """The measured Locust run: its outcome, its records, and the client's figures in `level`."""
         s, tag = self.settings, run.tag
         job = self._locust_job(run, "", run.total, measured=True)
-        with _Progress(run.title, run.total or None, job.records_dir, s.duration_s) as bar:
+        with Progress(run.title, run.total or None, job.records_dir, s.duration_s) as bar:
             outcome = run_locust(job, s.level_timeout_s, run.server_gone, bar.tick)
         level["locust"] = {"exit_code": outcome.exit_code, "wall_s": outcome.wall_s, "cpu_s": outcome.cpu_s,
                            "csv": f"locust/{tag}_stats.csv", "html": f"locust/{tag}.html",
@@ -1080,7 +1080,7 @@ def _log_level(tag: str, level: LevelResult) -> None:
                                                      "; " + "; ".join(level["problems"]) if level["problems"] else "")
 
 
-class _Progress:
+class Progress:
     """A tqdm bar fed by counting request records as the Locust processes write them."""
 
     def __init__(self, title: str, total: int | None, records_dir: Path, duration_s: float | None = None):
@@ -1106,7 +1106,7 @@ class _Progress:
         else:
             self.bar.update(lines - self.bar.n)
 
-    def __enter__(self) -> _Progress:
+    def __enter__(self) -> Progress:
         if self.records_dir.exists():
             shutil.rmtree(self.records_dir)  # a re-run into the same folder starts clean
         return self

@@ -111,10 +111,11 @@ def _content_word(summary: dict[str, Any] | None) -> str:
 TONE = {"pays": "good", "does not pay": "bad", "breaks even": "even"}
 
 
-def _tone_of(verdict: str, summary: dict[str, Any] | None = None) -> tuple[str, str]:
-    """(short verdict, tone) of `report.verdict`'s text. On output that is mostly loops or noise (as
-    `content.warning` judges it) the verdict is uncoloured and says so: a speedup measured on such
-    output is not one for the text people want."""
+def verdict_word(verdict: str, summary: dict[str, Any] | None = None) -> tuple[str, str]:
+    """(short verdict, tone) of `report.verdict`'s text, for every first screen (load test, capacity,
+    compare). On output that is mostly loops or noise (`content.mostly` of the content `summary`) the
+    verdict is uncoloured and says so: a speedup measured on such output is not one for the text people
+    want."""
     head = verdict.split(";")[0].split(" (")[0].strip()
     word, tone = (f"speculation {head}" if head in TONE else head), TONE.get(head, "none")
     rests_on = content.mostly(summary)
@@ -140,7 +141,7 @@ def verdict_lines(results: dict[str, Any]) -> list[Line]:
             lines.append(Line(level, "no comparison",
                               " · ".join([f"the baseline was not measured at batch {e['concurrency']}", *figures])))
             continue
-        word, tone = _tone_of(e["verdict"], e.get("content"))
+        word, tone = verdict_word(e["verdict"], e.get("content"))
         runs = f"{e['runs']} run{'s' if e['runs'] != 1 else ''}"
         lines.append(Line(level, word, " · ".join([f"{_interval(speed)} output tok/s", *figures, runs]), tone))
     if any(True for _ in rate_levels(results)):
@@ -153,9 +154,7 @@ def _rate_lines(results: dict[str, Any]) -> list[Line]:
 
     rows = [r for r in derive_rates(results) if r["variant"] != "baseline"]
     several = len({r["variant"] for r in rows}) > 1
-    contents: dict[tuple[str, float], list[Any]] = {}
-    for variant, level in rate_levels(results):
-        contents.setdefault((variant["name"], level["rate"]), []).append((level.get("client") or {}).get("content"))
+    contents = rate_contents(results)
     groups: dict[tuple[str, float], list[dict[str, Any]]] = {}
     for r in rows:
         groups.setdefault((r["variant"], r["rate"]), []).append(r)
@@ -166,18 +165,28 @@ def _rate_lines(results: dict[str, Any]) -> list[Line]:
         total = sum(sum(r["outcomes"].values()) for r in group)
         accepts = [r["acceptance"] for r in group if r.get("acceptance") is not None]
         figures = [f"acceptance {sum(accepts) / len(accepts):.0%}"] if accepts else []
-        merged = content.merge(contents.get((variant, rate), []))
+        merged = contents.get((variant, rate))
         figures += [_content_word(merged), f"{served}/{total} served"]
         per_token = stats.mean_interval([r["tpot_p50_speedup"] for r in group if r.get("tpot_p50_speedup")])
         if per_token["mean"] is None:
             lines.append(Line(level, "no comparison", " · ".join(["the baseline was not measured at this rate", *figures])))
             continue
         e2e = stats.mean_interval([r["e2e_mean_speedup"] for r in group if r.get("e2e_mean_speedup")])
-        word, tone = _tone_of(verdict_rule(per_token), merged)
+        word, tone = verdict_word(verdict_rule(per_token), merged)
         speeds = [f"{_interval(per_token)} per token"] + ([f"{e2e['mean']:.2f}x end to end"] if e2e["mean"] else [])
         runs = f"{len(group)} run{'s' if len(group) != 1 else ''}"
         lines.append(Line(level, word, " · ".join([*speeds, *figures, runs]), tone))
     return lines
+
+
+def rate_contents(results: dict[str, Any]) -> dict[tuple[str, float], dict[str, Any] | None]:
+    """Open loop: the content check of each (variant, rate), its runs merged."""
+    from loadtest.report import rate_levels
+
+    contents: dict[tuple[str, float], list[Any]] = {}
+    for variant, level in rate_levels(results):
+        contents.setdefault((variant["name"], level["rate"]), []).append((level.get("client") or {}).get("content"))
+    return {key: content.merge(parts) for key, parts in contents.items()}
 
 
 def verdict_rule(m: dict[str, Any]) -> str:

@@ -14,6 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from loadtest import markdown, plots
 from loadtest.files import write_atomic, write_json
 from loadtest.report import derive, summarize_speedups, write_report
 from loadtest.runner import Sweep, SweepSettings, default_out_dir
@@ -101,14 +102,11 @@ def _spread_cell(m: dict[str, Any] | None, fmt: str) -> str:
 def summary_table(rows: list[dict[str, Any]]) -> str:
     header = ["batch", "variant", "temperature", "runs", "acceptance", "tokens per step", "speedup (Locust)",
               "speedup (vLLM's benchmark)", "speedup (engine, per token)", "verdict"]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for r in rows:
-        lines.append("| " + " | ".join([
-            str(r["concurrency"]), r["variant"], f"{r['temperature']:g}", str(r["runs"]),
-            _spread_cell(r.get("acceptance_rate"), ".1%"), _spread_cell(r.get("mean_accepted_length"), ".2f"),
-            _spread_cell(r.get("speedup"), ".2f"), _spread_cell(r.get("vllm_bench_speedup"), ".2f"),
-            _spread_cell(r.get("measured_speedup"), ".2f"), r["verdict"]]) + " |")
-    return "\n".join(lines)
+    return markdown.table(header, [
+        [r["concurrency"], r["variant"], f"{r['temperature']:g}", r["runs"],
+         _spread_cell(r.get("acceptance_rate"), ".1%"), _spread_cell(r.get("mean_accepted_length"), ".2f"),
+         _spread_cell(r.get("speedup"), ".2f"), _spread_cell(r.get("vllm_bench_speedup"), ".2f"),
+         _spread_cell(r.get("measured_speedup"), ".2f"), r["verdict"]] for r in rows])
 
 
 def load_runs(out: Path) -> list[dict[str, Any]]:
@@ -125,10 +123,7 @@ def plot_summary(rows: list[dict[str, Any]], out: Path) -> Path | None:
     """Acceptance and speedup against temperature, one line per (variant, batch size)."""
     if not rows:
         return None
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = plots.pyplot()
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
     for key in sorted({(r["variant"], r["concurrency"]) for r in rows}, key=lambda k: (k[1], k[0])):
@@ -149,8 +144,7 @@ def plot_summary(rows: list[dict[str, Any]], out: Path) -> Path | None:
         ax.legend(fontsize=8)
     fig.tight_layout()
     path = out / "temperature.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    plots.save(fig, path, dpi=110)
     return path
 
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import copy
+import re
 from pathlib import Path
 
 import pytest
@@ -61,3 +62,23 @@ def test_one_report_still_prints_its_table_and_a_folder_without_results_is_an_er
     (tmp_path / "empty").mkdir()
     assert main(["compare", str(two[0]), str(tmp_path / "empty"), "--out", str(tmp_path / "x")]) == 2
     assert "no results.json" in capsys.readouterr().err
+
+
+def test_a_verdict_on_output_that_mostly_loops_is_not_coloured_in_a_comparison(two, tmp_path) -> None:
+    """The rule of the report's own first screen (`sweep_summary.verdict_word`): a speedup over
+    outputs that mostly loop is said so, uncoloured."""
+    from loadtest.report import load_results
+
+    t1, greedy = two
+    results = load_results(greedy)
+    loops = {"checked": 32, "degenerate": 29, "degenerate_share": 0.906, "distinct_4": 0.14, "loop_share": 0.86}
+    for level in results["variants"][0]["levels"]:
+        level["client"]["content"] = loops
+    write_report(results, greedy)
+    assert main(["compare", str(t1), str(greedy), "--out", str(tmp_path / "cmp"), "--allow-different"]) == 0
+    page = (tmp_path / "cmp" / "compare.html").read_text()
+    tones = dict((level, tone) for tone, level in re.findall(r"<div class='\w+ (\w+)' data-verdict><div class='v'>"
+                                                             r"<span class='lv'>([^<]*):</span>", page))
+    assert tones["batch 1, t1"] == "good" and tones["batch 1, greedy"] == "none", tones
+    assert "speculation pays on looping output" in page and "speculation pays on looping output" in \
+        (tmp_path / "cmp" / "compare.md").read_text()

@@ -28,6 +28,7 @@ from typing import Any
 
 from deploy import ConfigError, load_config, preflight
 from deploy.config import resolve_config_path
+from loadtest import markdown
 from loadtest.files import bullet_sections, write_result
 from loadtest.report import content_warnings, levels, summarize_speedups, write_report
 from loadtest.request_settings import RequestSettings, settings_record
@@ -279,16 +280,9 @@ def describe(advice: dict[str, Any]) -> str:
                   f"{s['cost_repeats']}); acceptance from the engine's counters; measured speedup: Locust's output "
                   "tokens/s over the baseline's (the engine's per-token clock beside it); predicted: tokens per "
                   "step / step cost.", "",
-                  "| batch | plain step ms | draft step | verify | step cost | acceptance | per position | "
-                  "tokens per step | predicted | measured | engine | degenerate outputs |",
-                  "|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|"]
-        for r in advice["rows"]:
-            per_position = " ".join(f"{a:.0%}" for a in r["per_position_acceptance"] or []) or "-"
-            lines.append(f"| {r['batch']} | {r['plain_step_ms']:.2f} | {r['draft_step']:.1%} | {r['verify_ratio']:.2f}x"
-                         f" | {r['step_cost']:.2f} | {_fmt(r['acceptance_rate'], '.1%')} | {per_position} | "
-                         f"{_fmt(r['tokens_per_step'], '.2f')} | {_fmt(r['predicted_speedup'], '.2f')}x | "
-                         f"{_fmt(r['measured_speedup'], '.2f')}x | {_fmt(r['engine_speedup'], '.2f')}x | "
-                         f"{_fmt(r.get('degenerate_share'), '.0%')} |")
+                  markdown.table(["batch", "plain step ms", "draft step", "verify", "step cost", "acceptance",
+                                  "per position", "tokens per step", "predicted", "measured", "engine",
+                                  "degenerate outputs"], map(_advice_row, advice["rows"]), align="rrrrrrlrrrrr")]
         lines += ["", f"The load test's own report: [{advice['load_test']['report']}]({advice['load_test']['report']})"
                   f" ({advice['load_test']['status']})."]
     lines += bullet_sections(advice, SECTIONS)
@@ -297,3 +291,11 @@ def describe(advice: dict[str, Any]) -> str:
 
 def _finish(advice: dict[str, Any], out: Path) -> dict[str, Any]:
     return write_result(out, "advice", advice, describe(advice))
+
+
+def _advice_row(r: dict[str, Any]) -> list[str]:
+    per_position = " ".join(f"{a:.0%}" for a in r["per_position_acceptance"] or []) or "-"
+    return [str(r["batch"]), f"{r['plain_step_ms']:.2f}", f"{r['draft_step']:.1%}", f"{r['verify_ratio']:.2f}x",
+            f"{r['step_cost']:.2f}", _fmt(r["acceptance_rate"], ".1%"), per_position, _fmt(r["tokens_per_step"], ".2f"),
+            f"{_fmt(r['predicted_speedup'], '.2f')}x", f"{_fmt(r['measured_speedup'], '.2f')}x",
+            f"{_fmt(r['engine_speedup'], '.2f')}x", _fmt(r.get("degenerate_share"), ".0%")]

@@ -39,6 +39,7 @@ from deploy import free_port, plan_from_config, start_server
 from loadtest import content
 from loadtest.arg_types import positive_int
 from loadtest.files import write_result
+from loadtest.markdown import table as markdown_table
 from plugins import step_profile
 
 OUT_DIR = Path("reports/bench-drafters")
@@ -240,6 +241,23 @@ def markdown(summary: list[dict], cost: dict[str, float], meta: dict) -> str:
         c = s.get("content")
         return "n/a" if not c else f"{c['degenerate']}/{c['checked']}"
 
+    def drafter_row(s: dict) -> list[str]:
+        lo, hi = s["tokens_per_s_range"]
+        spread = (f" [{s['speedup_range'][0]:.2f}-{s['speedup_range'][1]:.2f}]" if s["speedup_range"] else "")
+        c = s.get("content") or {}
+        return [s["drafter"], fmt(s["acceptance_rate"], ".1%"), fmt(s["mean_acceptance_length"], ".2f"),
+                f"{s['tokens_per_s']:.1f} [{lo:.1f}-{hi:.1f}]", f"{fmt(s['speedup'], '.2f')}x{spread}", degenerate(s),
+                f"{fmt(c.get('distinct_4'), '.2f')} ({fmt((c.get('reference') or {}).get('distinct_4'), '.2f')})",
+                fmt(c.get("acceptance_valid"), ".1%")]
+
+    def step_row(s: dict) -> list[str]:
+        ms = s["step_ms"]
+        per_step = s["mean_acceptance_length"] or 1.0
+        total = (ms.get("step") or 0) + (ms.get("post_step") or 0)
+        return [s["drafter"], fmt(ms.get("step"), ".2f"), *(fmt(ms.get(p), ".2f") for p, _ in PHASE_COLUMNS),
+                fmt(total - (ms.get("forward") or 0) if total else None, ".2f"),
+                fmt(per_step / total if total else None, ".3f"), equal_tokens(s)]
+
     warnings = [f"- {content.label(s.get('content'))}: {s['drafter']}'s output {w}" for s in summary
                 if (w := content.warning(s.get("content")))]
     temperature = meta.get("temperature", 0)
@@ -255,42 +273,25 @@ def markdown(summary: list[dict], cost: dict[str, float], meta: dict) -> str:
         "whose output loops, of those measured; distinct 4-grams of the outputs against the held-out code's at "
         "the same length; acceptance over the requests that do not loop, from the server's per-request "
         "figures.", "",
-        "| drafter | acceptance rate | mean acceptance length | output tok/s | vs none | degenerate | "
-        "distinct 4-grams (held-out) | acceptance, content-valid |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        markdown_table(["drafter", "acceptance rate", "mean acceptance length", "output tok/s", "vs none", "degenerate",
+                        "distinct 4-grams (held-out)", "acceptance, content-valid"], map(drafter_row, summary),
+                       align="lrrrrrrr"),
+        "", "## Where a step's time goes", "",
+        "Milliseconds per engine step (median over rounds), from timers around vLLM's step phases "
+        "(`plugins/step_profile.py`): target forward = input preparation and the target's forward "
+        "pass; sample + verify = sampling and rejection sampling; propose = the drafter; runner glue = "
+        "the rest of the model runner's sampling step; other = the engine step outside the named "
+        "phases; post-step = drafts handed to the scheduler. vLLM's CPU build runs every drafter with "
+        "synchronous scheduling, so nothing here is hidden behind the forward pass. Besides the "
+        "forward = step + post-step - target forward: the verification forward does the same work for "
+        "every drafter at equal K, so a drafter's cost to the engine is this column less the baseline's; "
+        f"tokens per ms = tokens per target step / (step + post-step); vs {REFERENCE} at equal tokens per step = "
+        f"{REFERENCE}'s (step + post-step) over the drafter's in the same round, median [min-max]: the "
+        f"drafter's speedup over {REFERENCE}'s if both made the same tokens per step.", "",
+        markdown_table(["drafter", "step", *(title for _, title in PHASE_COLUMNS), "besides the forward",
+                        "tokens per ms", f"vs {REFERENCE} at equal tokens per step"], map(step_row, summary),
+                       align="l" + "r" * (len(PHASE_COLUMNS) + 4)),
     ]
-    for s in summary:
-        lo, hi = s["tokens_per_s_range"]
-        spread = (f" [{s['speedup_range'][0]:.2f}-{s['speedup_range'][1]:.2f}]" if s["speedup_range"] else "")
-        lines.append(f"| {s['drafter']} | {fmt(s['acceptance_rate'], '.1%')} | "
-                     f"{fmt(s['mean_acceptance_length'], '.2f')} | {s['tokens_per_s']:.1f} [{lo:.1f}-{hi:.1f}] | "
-                     f"{fmt(s['speedup'], '.2f')}x{spread} | {degenerate(s)} | "
-                     f"{fmt((s.get('content') or {}).get('distinct_4'), '.2f')} "
-                     f"({fmt(((s.get('content') or {}).get('reference') or {}).get('distinct_4'), '.2f')}) | "
-                     f"{fmt((s.get('content') or {}).get('acceptance_valid'), '.1%')} |")
-    lines += ["", "## Where a step's time goes", "",
-              "Milliseconds per engine step (median over rounds), from timers around vLLM's step phases "
-              "(`plugins/step_profile.py`): target forward = input preparation and the target's forward "
-              "pass; sample + verify = sampling and rejection sampling; propose = the drafter; runner glue = "
-              "the rest of the model runner's sampling step; other = the engine step outside the named "
-              "phases; post-step = drafts handed to the scheduler. vLLM's CPU build runs every drafter with "
-              "synchronous scheduling, so nothing here is hidden behind the forward pass. Besides the "
-              "forward = step + post-step - target forward: the verification forward does the same work for "
-              "every drafter at equal K, so a drafter's cost to the engine is this column less the baseline's; "
-              f"tokens per ms = tokens per target step / (step + post-step); vs {REFERENCE} at equal tokens per step = "
-              f"{REFERENCE}'s (step + post-step) over the drafter's in the same round, median [min-max]: the "
-              f"drafter's speedup over {REFERENCE}'s if both made the same tokens per step.", "",
-              "| drafter | step | " + " | ".join(title for _, title in PHASE_COLUMNS)
-              + f" | besides the forward | tokens per ms | vs {REFERENCE} at equal tokens per step |",
-              "|---|" + "---:|" * (len(PHASE_COLUMNS) + 4)]
-    for s in summary:
-        ms = s["step_ms"]
-        per_step = s["mean_acceptance_length"] or 1.0
-        total = (ms.get("step") or 0) + (ms.get("post_step") or 0)
-        lines.append(f"| {s['drafter']} | {fmt(ms.get('step'), '.2f')} | "
-                     + " | ".join(fmt(ms.get(p), ".2f") for p, _ in PHASE_COLUMNS)
-                     + f" | {fmt(total - (ms.get('forward') or 0) if total else None, '.2f')}"
-                     + f" | {fmt(per_step / total if total else None, '.3f')} | {equal_tokens(s)} |")
     lines += ["", f"Bigram proposal cost, 256 running requests, K = 8: {cost['median_us']:.0f} us per propose "
               f"(median of {cost['steps']:.0f} steps; min {cost['min_us']:.0f} us, p90 {cost['p90_us']:.0f} us; "
               f"thread CPU time median {cost['cpu_median_us']:.0f} us), measured at a 1-minute load average of "

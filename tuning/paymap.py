@@ -38,6 +38,7 @@ from typing import Any
 from deploy import load_config, plan_from_config
 from deploy.config import resolve_config_path
 from deploy.engine_args import engine_arguments, is_secret
+from loadtest import markdown, plots
 from loadtest.files import bullet_sections, write_atomic, write_result
 from loadtest.plan import ServerInfo, assumed_start_s, assumed_tokens_per_s, duration_text
 from loadtest.runner import default_out_dir
@@ -475,10 +476,7 @@ def write_schedule(settings: PaymapSettings, path: Path, grid: dict[str, Any], a
 def plot_heatmap(grid: dict[str, Any], a: float | None, path: Path) -> str:
     """Speedup over batch size x acceptance, one panel per K (and the best K's where there are
     several), the 1.0 contour drawn, each cell's speedup written in it."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = plots.pyplot()
     import numpy as np
     from matplotlib.colors import TwoSlopeNorm
 
@@ -514,8 +512,7 @@ def plot_heatmap(grid: dict[str, Any], a: float | None, path: Path) -> str:
             ax.set_ylabel("per-token acceptance a (position i: a^i)")
         ax.set_title(f"speedup, {title}")
     fig.colorbar(image, ax=axes[0].tolist(), label="output tokens/s over no speculation")
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    plots.save(fig, path, dpi=110)
     return path.name
 
 
@@ -538,29 +535,8 @@ def describe(result: dict[str, Any]) -> str:
     lines += [f"Output tokens/s of closed-loop batches ({s['max_tokens']} output tokens a request, "
               f"T={s['temperature']:g}, {s['repeats']} generations a cell) with speculation at synthetic "
               "per-token acceptance a (position i accepted at a^i), over the baseline's at the same batch size; the mean, with its 95% interval.", "",
-              "## Break-even acceptance per batch size", "",
-              "| batch | baseline tok/s | " + " | ".join(f"K={k}" for k in grid["ks"])
-              + (" | best K |" if len(grid["ks"]) > 1 else " |"),
-              "|---:|---:|" + "---|" * (len(grid["ks"]) + (1 if len(grid["ks"]) > 1 else 0))]
-    for b in grid["batches"]:
-        points = grid["break_even"][str(b)]
-        row = [describe_point(points[f"k{k}"]) for k in grid["ks"]]
-        if len(grid["ks"]) > 1:
-            row.append(describe_point(points["best"]))
-        lines.append(f"| {b} | {grid['baseline'][str(b)]['tokens_per_s']:.0f} | " + " | ".join(row) + " |")
-    lines += ["", "## Speedup per cell", "",
-              "| batch | a | " + " | ".join(f"K={k}" for k in grid["ks"]) + " | engine-counted acceptance (largest K) |"
-              + (" best K |" if len(grid["ks"]) > 1 else ""),
-              "|---:|---:|" + "---:|" * len(grid["ks"]) + "---|" + ("---:|" if len(grid["ks"]) > 1 else "")]
-    for b in grid["batches"]:
-        for i, a in enumerate(grid["acceptance"]):
-            cells = [grid["cells"][str(b)][f"k{k}"][i] for k in grid["ks"]]
-            counted = " ".join(f"{p:.2f}" for p in cells[-1]["per_position"] if p is not None)
-            asked = " ".join(f"{p:.2f}" for p in rates_for(a, grid["ks"][-1]))
-            row = f"| {b} | {a:g} | " + " | ".join(_cell(c) for c in cells) + f" | {counted} (asked {asked}) |"
-            if len(grid["ks"]) > 1:
-                row += f" {grid['best'][str(b)][i]['k']} |"
-            lines.append(row)
+              "## Break-even acceptance per batch size", "", _break_even_table(grid),
+              "", "## Speedup per cell", "", _cells_table(grid)]
     if grid["k0"]:
         lines += ["", "K=0 (the speculative engine told to draft nothing; no acceptance involved): "
                   + ", ".join(f"batch {b}: {_cell(c)}" for b, c in grid["k0"].items())]
@@ -584,3 +560,30 @@ def _cell(cell: dict[str, Any]) -> str:
 def _finish(result: dict[str, Any], out: Path) -> dict[str, Any]:
     return write_result(out, "paymap", result, describe(result))
 
+
+
+def _break_even_table(grid: dict[str, Any]) -> str:
+    best = len(grid["ks"]) > 1  # a "best K" column only when there is a choice
+    rows = []
+    for b in grid["batches"]:
+        points = grid["break_even"][str(b)]
+        rows.append([str(b), f"{grid['baseline'][str(b)]['tokens_per_s']:.0f}",
+                     *(describe_point(points[f"k{k}"]) for k in grid["ks"]),
+                     *([describe_point(points["best"])] if best else [])])
+    header = ["batch", "baseline tok/s", *(f"K={k}" for k in grid["ks"]), *(["best K"] if best else [])]
+    return markdown.table(header, rows, align="rr")
+
+
+def _cells_table(grid: dict[str, Any]) -> str:
+    best = len(grid["ks"]) > 1
+    rows = []
+    for b in grid["batches"]:
+        for i, a in enumerate(grid["acceptance"]):
+            cells = [grid["cells"][str(b)][f"k{k}"][i] for k in grid["ks"]]
+            counted = " ".join(f"{p:.2f}" for p in cells[-1]["per_position"] if p is not None)
+            asked = " ".join(f"{p:.2f}" for p in rates_for(a, grid["ks"][-1]))
+            rows.append([str(b), f"{a:g}", *(_cell(c) for c in cells), f"{counted} (asked {asked})",
+                         *([str(grid["best"][str(b)][i]["k"])] if best else [])])
+    header = ["batch", "a", *(f"K={k}" for k in grid["ks"]), "engine-counted acceptance (largest K)",
+              *(["best K"] if best else [])]
+    return markdown.table(header, rows, align="rr" + "r" * len(grid["ks"]) + "lr")

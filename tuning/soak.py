@@ -36,7 +36,7 @@ from loadtest.arg_types import positive_int
 from loadtest.client import auth_headers
 from loadtest.locust_run import LocustJob, run_locust
 from loadtest.request_settings import RequestSettings
-from loadtest.runner import _Progress, load_records
+from loadtest.runner import Progress, load_records
 from loadtest.sampling import sampling
 from loadtest.workloads import Workload, load_workload
 from tuning import bench_drafters, soak_report
@@ -183,7 +183,7 @@ class _Run:
 
     def closed_loop(self, phase: str, requests: int) -> list[Any]:
         job = self.job(phase, requests, users=PROBE_USERS)
-        with _Progress(f"{self.name} {phase}", requests, job.records_dir) as bar:
+        with Progress(f"{self.name} {phase}", requests, job.records_dir) as bar:
             outcome = run_locust(job, self.request.request_timeout_s * requests, self.server_gone, bar.tick)
         records = load_records(job.records_dir)
         if outcome.aborted:
@@ -219,7 +219,7 @@ class _Run:
             # Open loop: the run lasts requests / rate; twice that, and a request's timeout, bound it.
             deadline = 2 * opts.requests / result["rate"] + self.request.request_timeout_s
             began = time.monotonic()
-            with _Progress(f"{self.name} soak", opts.requests, job.records_dir) as bar, \
+            with Progress(f"{self.name} soak", opts.requests, job.records_dir) as bar, \
                     RssSampler(self.server.process.pid, opts.sample_every) as sampler, \
                     EngineSampler(self.server.base_url, opts.metrics_every, self.server_headers()) as engine:
                 def tick() -> None:

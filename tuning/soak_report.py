@@ -22,8 +22,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from loadtest import page
+from loadtest import page, plots
 from loadtest.client import RequestRecord
+from loadtest.markdown import table as markdown_table
 from loadtest.files import write_atomic, write_json
 from loadtest.page import METHOD_DOC, Badge, Line, Page, Section, method_link
 from loadtest.stats import percentile
@@ -210,10 +211,7 @@ def plot(name: str, result: dict[str, Any], path: Path) -> Path | None:
     s = result.get("series")
     if not s or not s["e2e_ms"]:
         return None
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = plots.pyplot()
 
     window = result["verdict"]["window"]
     width = max(window // 10, 1)
@@ -241,8 +239,7 @@ def plot(name: str, result: dict[str, Any], path: Path) -> Path | None:
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    plots.save(fig, path, dpi=100)
     return path
 
 
@@ -291,23 +288,8 @@ def _drafter_body(r: dict[str, Any], window: int, plots: dict[str, str]) -> str:
              f"{r['processes']} processes in the server's tree."
              + (" Problems: " + "; ".join(v["problems"]) + "." if v["problems"] else ""), ""]
     if "first" in v:
-        lines += [f"| figure | first {window} | last {window} | change | |", "|---|---:|---:|---:|---|"]
-        for key, title in FIGURES.items():
-            change = v["change"][key]
-            mark = "DRIFTS" if key in v["drifts"] else ("within" if change is not None else "n/a")
-            lines.append(f"| {title} | {_fmt(key, v['first'][key])} | {_fmt(key, v['last'][key])} | "
-                         f"{_pct(change)} | {mark} |")
-        lines.append(f"| failed requests | {v['first']['failed']} | {v['last']['failed']} | | |")
-        for key, title in ENGINE_FIGURES.items():
-            if v["first"].get(key) is not None or v["last"].get(key) is not None:
-                pair = [v[w].get(key) for w in ("first", "last")]
-                change = pair[1] / pair[0] - 1 if pair[0] and pair[1] is not None else None
-                lines.append(f"| {title} | " + " | ".join("n/a" if x is None else f"{x:.3g}" for x in pair)
-                             + f" | {_pct(change)} | |")
-        rates = [v[w].get("arrivals_per_s") for w in ("first", "last")]
-        lines.append("| arrivals/s (the load offered, not judged) | "
-                     + " | ".join("n/a" if x is None else f"{x:.2f}" for x in rates) + " | | |")
-        lines.append("")
+        lines += [markdown_table(["figure", f"first {window}", f"last {window}", "change", ""], _window_rows(v),
+                                 align="lrrrl"), ""]
     if r["drafter"] in plots:
         lines += [f"![{r['drafter']}]({plots[r['drafter']]})", ""]
     return "\n".join(lines)
@@ -356,10 +338,7 @@ def summary_plot(soak: dict[str, Any], path: Path) -> Path | None:
     judged = [r for r in soak["drafters"] if not r.get("error") and r["verdict"].get("change")]
     if not judged:
         return None
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = plots.pyplot()
 
     tol = 100 * soak["meta"]["tolerance"]
     fig, ax = plt.subplots(figsize=(6.4, 4.3), dpi=100)
@@ -382,8 +361,7 @@ def summary_plot(soak: dict[str, Any], path: Path) -> Path | None:
     ax.grid(True, axis="x", alpha=0.3)
     ax.legend(fontsize=8, loc="lower right")
     fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    plots.save(fig, path)
     return path
 
 
@@ -453,3 +431,22 @@ def write(soak: dict[str, Any], out: Path) -> dict[str, Path]:
     written["html"] = write_atomic(out / "soak.html", page.html(first_page(soak, sources, SUMMARY if summary else None,
                                                                             out), sources))
     return written
+
+
+def _window_rows(v: dict[str, Any]) -> list[list[str]]:
+    """The soak table's rows: each judged figure, failures, the engine's figures and the load offered,
+    first window against last."""
+    rows = []
+    for key, title in FIGURES.items():
+        change = v["change"][key]
+        mark = "DRIFTS" if key in v["drifts"] else ("within" if change is not None else "n/a")
+        rows.append([title, _fmt(key, v["first"][key]), _fmt(key, v["last"][key]), _pct(change), mark])
+    rows.append(["failed requests", str(v["first"]["failed"]), str(v["last"]["failed"]), "", ""])
+    for key, title in ENGINE_FIGURES.items():
+        if v["first"].get(key) is not None or v["last"].get(key) is not None:
+            pair = [v[w].get(key) for w in ("first", "last")]
+            change = pair[1] / pair[0] - 1 if pair[0] and pair[1] is not None else None
+            rows.append([title, *("n/a" if x is None else f"{x:.3g}" for x in pair), _pct(change), ""])
+    rates = [v[w].get("arrivals_per_s") for w in ("first", "last")]
+    rows.append(["arrivals/s (the load offered, not judged)", *("n/a" if x is None else f"{x:.2f}" for x in rates), "", ""])
+    return rows

@@ -38,6 +38,7 @@ from typing import Any
 from deploy import ConfigError, load_config, preflight
 from deploy.config import resolve_config_path
 from deploy.config_text import with_speculation
+from loadtest import markdown
 from loadtest.files import bullet_sections, write_atomic, write_json, write_result
 from loadtest.report import content_warnings, summarize_speedups, write_report
 from loadtest.request_settings import RequestSettings, settings_record
@@ -383,29 +384,30 @@ def describe(result: dict[str, Any]) -> str:
         options = result["rows"][0]["options"]
         lines += ["", "Engine step time (ms) and tokens per plain-step time for each K; K=0 is the speculative "
                   "engine told to draft nothing:", "",
-                  "| batch | plain ms | " + " | ".join(f"K={o['k']} ms" for o in options) + " | "
-                  + " | ".join(f"K={o['k']} tok/t" for o in options) + " | K chosen | predicted |",
-                  "|" + "---:|" * (2 * len(options) + 4)]
-        for row in result["rows"]:
-            lines.append(f"| {row['batch']} | {row['plain_step_ms']:.2f} | "
-                         + " | ".join(f"{o['step_ms']:.2f}" for o in row["options"]) + " | "
-                         + " | ".join(f"{o['rate']:.2f}" for o in row["options"])
-                         + f" | {row['k']} | {row['predicted_speedup']:.2f}x |")
+                  markdown.table(["batch", "plain ms", *(f"K={o['k']} ms" for o in options),
+                                  *(f"K={o['k']} tok/t" for o in options), "K chosen", "predicted"],
+                                 [[row["batch"], f"{row['plain_step_ms']:.2f}",
+                                   *(f"{o['step_ms']:.2f}" for o in row["options"]),
+                                   *(f"{o['rate']:.2f}" for o in row["options"]),
+                                   row["k"], f"{row['predicted_speedup']:.2f}x"] for row in result["rows"]],
+                                 align="r" * (2 * len(options) + 4))]
     proof = result.get("proof")
     if proof:
         lines += ["", f"## Proof: load tests, tuned against the baseline at the largest batch and against the best "
                   f"fixed K elsewhere (pass: >= {PROOF_RATIO}x)", "",
-                  "| T | batch | tuned vs baseline | fixed K vs baseline | against | ratio | pass | tuned outputs degenerate |",
-                  "|---:|---:|---:|---|---|---:|---|---:|"]
-        for c in proof["checks"]:
-            fixed = ", ".join(f"K={k} {v:.2f}x" for k, v in sorted(c["fixed_speedups"].items(), key=lambda i: int(i[0])))
-            lines.append(f"| {c['temperature']:g} | {c['batch']} | {_x(c['tuned_speedup'])} | {fixed or '-'} | "
-                         f"{c['against']} | {_x(c['ratio'])} | {'yes' if c['passed'] else 'NO'} | "
-                         + ("-" if c.get("degenerate_share") is None else f"{c['degenerate_share']:.0%}") + " |")
+                  markdown.table(["T", "batch", "tuned vs baseline", "fixed K vs baseline", "against", "ratio", "pass",
+                                  "tuned outputs degenerate"], map(_proof_row, proof["checks"]), align="rrrllrlr")]
         lines += ["", *[f"- T={r['temperature']:g}: [{r['report']}]({r['report']}) ({r['status']})"
                         + ("; " + "; ".join(r["problems"]) if r["problems"] else "") for r in proof["reports"]]]
     lines += bullet_sections(result, SECTIONS)
     return "\n".join(lines) + "\n"
+
+
+def _proof_row(c: dict[str, Any]) -> list[str]:
+    fixed = ", ".join(f"K={k} {v:.2f}x" for k, v in sorted(c["fixed_speedups"].items(), key=lambda i: int(i[0])))
+    return [f"{c['temperature']:g}", str(c["batch"]), _x(c["tuned_speedup"]), fixed or "-", c["against"],
+            _x(c["ratio"]), "yes" if c["passed"] else "NO",
+            "-" if c.get("degenerate_share") is None else f"{c['degenerate_share']:.0%}"]
 
 
 def _finish(result: dict[str, Any], out: Path) -> dict[str, Any]:
