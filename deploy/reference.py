@@ -272,6 +272,12 @@ def configuration_reference(root: Path = ROOT) -> str:
         "`--additional-config` (read by specdeploy's plugins), or an environment variable of the server. "
         "Fields not listed are passed as `--<field-name>`, or are the kit's own.", "",
         *_vllm_name_rows(), "",
+        "One flag comes from no field: every server with speculation, `make serve`'s as much as a load "
+        "test's, starts with `--per-request-spec-decode-metrics summary`, so that each response carries its "
+        "own draft counts (the content check gives acceptance over the outputs that do not loop with them). "
+        "It changes nothing the engine computes: with and without it, the same requests draft and accept the "
+        "same tokens at the same speed (results.md R52). `engine_args.per_request_spec_decode_metrics: none` "
+        "turns it off.", "",
         "## Example", "",
         f"`{EXAMPLE.as_posix()}`, the embedded default:", "",
         "```yaml", (root / EXAMPLE).read_text().rstrip("\n"), "```", "",
