@@ -29,9 +29,9 @@ class KVCache:
     positions filled; grown by doubling, so appending a token rarely copies."""
 
     def __init__(self, layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype, device: torch.device):
-        self.shape = (kv_heads, 0, head_dim)
-        self.keys = [torch.empty(self.shape, dtype=dtype, device=device) for _ in range(layers)]
-        self.values = [torch.empty(self.shape, dtype=dtype, device=device) for _ in range(layers)]
+        empty = (kv_heads, 0, head_dim)
+        self.keys = [torch.empty(empty, dtype=dtype, device=device) for _ in range(layers)]
+        self.values = [torch.empty(empty, dtype=dtype, device=device) for _ in range(layers)]
         self.length = 0
 
     def reserve(self, extra: int) -> None:

@@ -104,7 +104,6 @@ class SmallModelDrafter:
     def __init__(self, model: Any, k: int, max_model_len: int, device: torch.device | str = "cpu",
                  max_cache_mib: float = DRAFTERS["small_model"].options["max_cache_mib"],
                  k_by_batch: list[int] | None = None, vocab_size: int | None = None, seed: int = 0):
-        self.model = model
         self.k = k
         positions = getattr(model.config, "max_position_embeddings", None) or max_model_len
         self.max_len = min(int(max_model_len), int(positions))
