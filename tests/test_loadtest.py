@@ -816,7 +816,9 @@ def test_a_count_of_runs_below_one_is_refused_before_any_work(argv: list[str]) -
 def test_temperature_sweep_reports_acceptance_against_temperature(servers, tmp_path):
     """`--temperature 1,0`: one sweep per temperature, each sending its own, and a summary of
     acceptance and speedup against temperature, here of the session's running servers. The default
-    drafts probabilistically, so its acceptance holds at T=1 (greedy drafts keep ~5% there)."""
+    drafts probabilistically, so its acceptance holds at T=1: ~43% on this pair (ledger R49) where
+    greedy drafts keep ~5-7%. The floor sits between the two, far from both: 4 requests of 32 tokens
+    are ~30 draft steps, and one such run measured 29% (a floor of 30% failed by chance)."""
     spec, baseline = servers.get("default"), servers.get(*BASELINE)
     out = tmp_path / "report"
     run = subprocess.run([sys.executable, "-m", "loadtest", "run", "--url", spec.base_url, "--baseline-url",
@@ -834,7 +836,7 @@ def test_temperature_sweep_reports_acceptance_against_temperature(servers, tmp_p
         sub = json.loads((out / f"temperature-{temperature:g}" / "results.json").read_text())
         assert sub["settings"]["temperature"] == temperature
         assert {v["name"] for v in sub["variants"]} == {"spec-k4", "baseline"}
-        assert row["acceptance_rate"]["mean"] > 0.3, f"T={temperature}: acceptance {row['acceptance_rate']}"
+        assert row["acceptance_rate"]["mean"] > 0.15, f"T={temperature}: acceptance {row['acceptance_rate']}"
         tps = {v["name"]: v["levels"][0]["client"]["output_tokens_per_s"] for v in sub["variants"]}
         assert row["speedup"]["mean"] == pytest.approx(tps["spec-k4"] / tps["baseline"])
     text = (out / "temperature.md").read_text()
