@@ -115,7 +115,7 @@ GOALS = {
     "greedy_degenerate_share": 0.25,
     "build_seconds": 240 if native_bf16() else 300,  # building the served pair on 2 cores (at most)
     # Free-running on held-out prompts at FREE_RUNNING_TEMPERATURE, K=4: acceptance in this range, from
-    # output that is text (its distinct 4-grams within 20% of the held-out code's: loadtest.content).
+    # output that is text (its distinct 4-grams within 20% of the held-out code's: loadtest.measurement.content).
     "free_running_acceptance": (0.50, 0.85),
     "free_running_content": 0.20,
 }

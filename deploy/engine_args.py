@@ -209,7 +209,7 @@ def engine_arguments(resolved: ResolvedDeployment, node_rank: int = 0) -> dict[s
     spec = speculative_config(resolved)
     if spec:
         args["speculative_config"] = spec
-        # Each response then carries its own acceptance, so the content check (loadtest.content) can
+        # Each response then carries its own acceptance, so the content check (loadtest.measurement.content) can
         # give acceptance over the outputs that are text apart from those that loop.
         args["per_request_spec_decode_metrics"] = "summary"
     options = plugin_options(resolved)

@@ -12,7 +12,7 @@ LINK_GBIT_S = (1.0, 10.0)
 """Download speeds the first start is shown at: a common office link, a data centre's."""
 LOAD_S = (120.0, 1.0)
 """A GPU start besides the download: fixed seconds (engine, compiling, CUDA graphs) plus seconds per GB
-loaded, the load-test plan's assumption (loadtest/plan.py ASSUMED_START)."""
+loaded, the load-test plan's assumption (loadtest/sweeps/plan.py ASSUMED_START)."""
 HEADS = ("eagle", "eagle3", "medusa", "mlp_speculator", "mtp")
 """Drafters whose checkpoint is a small head: a size in its name is its target's, not its own."""
 GPU_NEEDS = ("vLLM 0.32 on GPUs (make venv: pip install vllm==0.32.0): NVIDIA GPUs of compute capability 7.5 or "

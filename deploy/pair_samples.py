@@ -19,7 +19,7 @@ PROMPTS, PROMPT_CHARS, TOKENS = 8, 600, 128
 
 
 def _judge(text: str, tokens: list[int], prompt: str) -> dict[str, Any]:
-    from loadtest import content
+    from loadtest.measurement import content
 
     fig = content.figures(tokens, text=text, prompt_text=prompt)
     return {"degenerate": content.is_degenerate(fig), "noise": content.is_noise(fig),

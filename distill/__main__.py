@@ -55,9 +55,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def dry_run(settings: DistillSettings) -> int:
     """Distillation's steps, its servers and the measurement's plan; starts nothing, writes nothing."""
-    from loadtest.plan import duration_text
-    from loadtest.request_settings import RequestSettings
-    from loadtest.runner import Sweep, SweepSettings
+    from loadtest.sweeps.plan import duration_text
+    from loadtest.traffic.request_settings import RequestSettings
+    from loadtest.sweeps.runner import Sweep, SweepSettings
 
     try:
         config = load_config(settings.config, settings.overrides)

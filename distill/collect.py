@@ -16,7 +16,7 @@ from typing import Any
 import requests
 from tqdm import tqdm
 
-from loadtest.client import auth_headers
+from loadtest.traffic.client import auth_headers
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """The prompts a draft is distilled on, and the held-out prompts its acceptance is measured on.
 
 A user's file is a load-test workload (JSONL with `prompt` or `messages`, or ShareGPT; see
-`loadtest.workloads`), read and checked by the same code. Chat messages become the plain text
+`loadtest.traffic.workloads`), read and checked by the same code. Chat messages become the plain text
 the completions API is sent (the same text both for training and for the measurement). Without
 a separate held-out file, every fifth prompt is held out: never trained on, only measured.
 """
@@ -16,7 +16,7 @@ import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 
-from loadtest.workloads import Item, load_workload
+from loadtest.traffic.workloads import Item, load_workload
 
 HELD_OUT_EVERY = 5
 MIN_TRAIN = 8

@@ -5,7 +5,7 @@ Everything that can refuse does so before any work: the config (a draft-model dr
 that exist, a draft with the target's tokens: `deploy.preflight`), the data file, and whether
 training fits the machine (`distill.fit`). The measurement is one load test per temperature in
 which the original draft, the distilled one and no speculation take turns on held-out prompts
-(`loadtest.runner`, variants interleaved on the same machine minutes apart).
+(`loadtest.sweeps.runner`, variants interleaved on the same machine minutes apart).
 """
 
 from __future__ import annotations
@@ -26,12 +26,12 @@ from distill import fit
 from distill.collect import Example, collect
 from distill.data import DistillData, load_data, stdlib_test_prompts, write_prompts
 from distill.train import TrainSettings, evaluate, fine_tune, load_draft, save_draft
-from loadtest import markdown
+from loadtest.reports import markdown
 from loadtest.files import bullet_sections, write_atomic, write_json, write_result
-from loadtest.report import content_warnings, summarize_speedups, write_report
-from loadtest.request_settings import RequestSettings, settings_record
-from loadtest.results import CREATED_FORMAT
-from loadtest.runner import Sweep, SweepSettings
+from loadtest.reports.report import content_warnings, summarize_speedups, write_report
+from loadtest.traffic.request_settings import RequestSettings, settings_record
+from loadtest.measurement.results import CREATED_FORMAT
+from loadtest.sweeps.runner import Sweep, SweepSettings
 
 log = logging.getLogger("specdeploy.distill")
 STDLIB_TESTS = "stdlib-tests"

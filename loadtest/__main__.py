@@ -26,14 +26,16 @@ from types import FrameType
 
 from deploy import ConfigError, load_config
 from deploy.config import DEFAULT_CONFIG
-from loadtest import capacity_cli, request_settings, traffic
+from loadtest import capacity_cli
+from loadtest.traffic import request_settings
+from loadtest.traffic import declared as traffic
 from loadtest.arg_types import int_list, positive_int, rate_list, temperature_list
-from loadtest.plan import ORDERS
-from loadtest.report import compare_table, load_results, newest_report, write_report
-from loadtest.request_settings import RequestSettings
-from loadtest.runner import Sweep, SweepSettings
-from loadtest.slo import parse_targets
-from loadtest.sweep_summary import exit_code
+from loadtest.sweeps.plan import ORDERS
+from loadtest.reports.report import compare_table, load_results, newest_report, write_report
+from loadtest.traffic.request_settings import RequestSettings
+from loadtest.sweeps.runner import Sweep, SweepSettings
+from loadtest.measurement.slo import parse_targets
+from loadtest.reports.sweep_summary import announce, exit_code
 
 
 TRAFFIC_NO_TEMPERATURE = [f for f in traffic.TRAFFIC_FIELDS if f != "temperature"]  # run's is a list
@@ -197,14 +199,6 @@ def dry_run(settings: SweepSettings, temperatures: list[float]) -> int:
     return 0 if plan.servers else 2
 
 
-def announce(code: int) -> int:
-    """Print what the exit status means (the words and the status must agree), return it."""
-    from loadtest.sweep_summary import EXIT_CODES
-
-    print(f"exit {code}: {EXIT_CODES.get(code, '')}")
-    return code
-
-
 def untested_temperatures(settings: SweepSettings, measured: list[float]) -> str:
     """A hint when the config is tuned for temperatures this run did not measure."""
     if not settings.config:
@@ -222,7 +216,7 @@ def untested_temperatures(settings: SweepSettings, measured: list[float]) -> str
 
 
 def run_temperatures_cli(settings: SweepSettings, temperatures: list[float]) -> int:
-    from loadtest.temperature import run_temperatures, summary_rows, summary_table
+    from loadtest.sweeps.temperature import run_temperatures, summary_rows, summary_table
 
     runs: list[dict] = []
     try:
@@ -245,8 +239,8 @@ def run_temperatures_cli(settings: SweepSettings, temperatures: list[float]) -> 
 
 
 def cmd_rejudge(opts: argparse.Namespace) -> int:
-    from loadtest.report import write_report
-    from loadtest.runner import rejudge
+    from loadtest.reports.report import write_report
+    from loadtest.sweeps.runner import rejudge
 
     results = json.loads((opts.report / "results.json").read_text())
     results.pop("comparisons", None)  # derived again by write_report
@@ -263,7 +257,7 @@ def cmd_compare(opts: argparse.Namespace) -> int:
         print("no report found under reports/; run `make loadtest` first or give a report folder", file=sys.stderr)
         return 1
     if report.is_dir() and (report / "temperature.json").is_file():  # a run over several temperatures
-        from loadtest.temperature import load_runs, summary_rows, summary_table
+        from loadtest.sweeps.temperature import load_runs, summary_rows, summary_table
 
         runs = load_runs(report)
         temperatures = ", ".join(format(r["temperature"], "g") for r in runs)
@@ -285,7 +279,7 @@ def cmd_compare(opts: argparse.Namespace) -> int:
 
 def compare_several(reports: list[Path], out: Path | None, allow_different: bool) -> int:
     """Reports side by side; 2 when one cannot be read or they measured different work."""
-    from loadtest import compare
+    from loadtest.reports import compare
 
     try:
         files, text = compare.compare(reports, out or compare.default_out(), allow_different)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 
-from loadtest.temperature import parse_temperatures
 
 
 def positive_int(text: str) -> int:
@@ -44,4 +43,15 @@ def rate_list(text: str) -> list[float]:
         raise argparse.ArgumentTypeError(f"'{text}' is not a comma-separated list of rates (requests/s)") from None
     if not values or any(not 0 < v < float("inf") for v in values):
         raise argparse.ArgumentTypeError("give positive rates in requests/s, e.g. 0.5,1,2,4")
+    return values
+
+
+def parse_temperatures(text: str) -> list[float]:
+    """`0,0.7,1` -> [0.0, 0.7, 1.0] (sorted, no repeats); a clear error for anything else."""
+    try:
+        values = sorted({float(part) for part in text.split(",") if part.strip()})
+    except ValueError:
+        raise ValueError(f"--temperature takes numbers separated by commas, e.g. 0,0.7,1 (got {text!r})") from None
+    if not values or any(v < 0 or v != v or v == float("inf") for v in values):
+        raise ValueError(f"--temperature needs one or more finite temperatures >= 0 (got {text!r})")
     return values

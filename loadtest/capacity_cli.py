@@ -1,5 +1,5 @@
 """`python -m loadtest capacity CONFIG --slo ...`: its options and the command (the search itself is
-`loadtest.capacity`, the report `loadtest.capacity_report`)."""
+`loadtest.sweeps.capacity`, the report `loadtest.reports.capacity_report`)."""
 
 from __future__ import annotations
 
@@ -14,11 +14,12 @@ from typing import Any
 
 from deploy import ConfigError
 from deploy.config import DEFAULT_CONFIG
-from loadtest import request_settings, traffic
+from loadtest.traffic import request_settings
+from loadtest.traffic import declared as traffic
 from loadtest.arg_types import positive_int
-from loadtest.capacity import Capacity, CapacitySettings, headline
-from loadtest.endpoint import EndpointError
-from loadtest.request_settings import RequestSettings
+from loadtest.sweeps.capacity import Capacity, CapacitySettings, headline
+from loadtest.traffic.endpoint import EndpointError
+from loadtest.traffic.request_settings import RequestSettings
 
 
 def positive_float(text: str) -> float:
@@ -107,7 +108,7 @@ def default_out(config: str) -> Path:
 def sweep_settings(opts: argparse.Namespace) -> Any:
     """The sweep that serves the variants: open loop, vLLM's benchmark off (the second opinion
     turns it on for its own levels), levels chosen by the search."""
-    from loadtest.runner import SweepSettings
+    from loadtest.sweeps.runner import SweepSettings
 
     config = opts.config or ("" if opts.url else DEFAULT_CONFIG)
     declared, source = traffic.declared(config, opts.overrides)
@@ -123,9 +124,9 @@ def sweep_settings(opts: argparse.Namespace) -> Any:
 
 
 def cmd_capacity(opts: argparse.Namespace) -> int:
-    from loadtest import capacity_report
-    from loadtest.capacity import SweepLevels
-    from loadtest.runner import Sweep, machine_info
+    from loadtest.reports import capacity_report
+    from loadtest.sweeps.capacity import SweepLevels
+    from loadtest.sweeps.runner import Sweep, machine_info
 
     if opts.baseline_url and not opts.url:
         print("--baseline-url needs --url (the speculative server)", file=sys.stderr)
@@ -183,7 +184,7 @@ def cmd_capacity(opts: argparse.Namespace) -> int:
     print("\n".join(headline(result)))
     print(f"\nstatus: {result['status']}" + (f" ({'; '.join(result['problems'])})" if result["problems"] else ""))
     print(f"report: {files['markdown']}  {files['html']}  {out / 'capacity.json'}")
-    from loadtest.__main__ import announce
+    from loadtest.reports.sweep_summary import announce
 
     return announce(capacity_report.exit_code(result))
 
@@ -200,8 +201,8 @@ def most_levels(settings: CapacitySettings) -> int:
 
 def dry_run(opts: argparse.Namespace, settings: CapacitySettings) -> int:
     """Print what `capacity` would do on the machine its config describes; start nothing."""
-    from loadtest.plan import duration_text
-    from loadtest.runner import OPEN_LOOP_SECONDS, Sweep
+    from loadtest.sweeps.plan import duration_text
+    from loadtest.sweeps.runner import OPEN_LOOP_SECONDS, Sweep
 
     try:
         sweep = Sweep(sweep_settings(opts))

@@ -180,9 +180,9 @@ def running_sweep(servers, tmp_path_factory) -> tuple[dict, dict, Path]:
     starts none), as `make loadtest URL=... BASELINE_URL=...` runs it: both APIs (the mixed
     workload), vLLM's benchmark after Locust, service targets, the baseline's API key. Several
     tests read its results, report files and folder."""
-    from loadtest.report import write_report
-    from loadtest.request_settings import RequestSettings
-    from loadtest.runner import Sweep, SweepSettings
+    from loadtest.reports.report import write_report
+    from loadtest.traffic.request_settings import RequestSettings
+    from loadtest.sweeps.runner import Sweep, SweepSettings
 
     spec, baseline = servers.get("default"), servers.get(*BASELINE)
     settings = SweepSettings("", url=spec.base_url, baseline_url=baseline.base_url, api_key_env=TEST_KEY_ENV,
@@ -224,7 +224,7 @@ def greedy_token_ids(server: Server, prompts: list[str], max_tokens: int = 64) -
 
 def metric_total(server: Server, name: str) -> float:
     """Sum of a Prometheus counter over all its label sets, read from /metrics."""
-    from loadtest.prom import parse_metrics
+    from loadtest.measurement.prom import parse_metrics
 
     samples = parse_metrics(requests.get(f"{server.base_url}/metrics", headers=auth_headers(server),
                                          timeout=30).text)

@@ -105,7 +105,7 @@ def capacity(out: Path) -> dict[str, Any]:
     """A capacity search on the test's fake servers (speculation 3.1 req/s, the baseline 1.3)."""
     from test_capacity import SLO, FakeLevels
 
-    from loadtest.capacity import Capacity, CapacitySettings
+    from loadtest.sweeps.capacity import Capacity, CapacitySettings
 
     return Capacity(FakeLevels({"spec-k4": 3.1, "baseline": 1.3}), CapacitySettings(SLO, overload_s=5), out,
                     {"config": "default.yaml", "request": {"workload": "code", "max_tokens": 128, "temperature": 1.0},
@@ -126,8 +126,9 @@ def soak() -> dict[str, Any]:
 
 def write_all(out: Path) -> dict[str, Path]:
     """Every sample's report.html under `out` (one folder each)."""
-    from loadtest import capacity_report, compare
-    from loadtest.report import write_report
+    from loadtest.reports import capacity_report
+    from loadtest.reports import compare
+    from loadtest.reports.report import write_report
     from tuning import soak_report
 
     pages = {}

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from loadtest import capacity as cap
-from loadtest import capacity_report
-from loadtest.capacity import Capacity, CapacitySettings, crossover, headline, judge, paired_speedups, search
+from loadtest.sweeps import capacity as cap
+from loadtest.reports import capacity_report
+from loadtest.sweeps.capacity import Capacity, CapacitySettings, crossover, headline, judge, paired_speedups, search
 
 SLO = "ttft_p95=500ms,tpot_p95=50ms"
 

@@ -11,7 +11,7 @@ import pytest
 
 import report_samples
 from loadtest.__main__ import main
-from loadtest.report import write_report
+from loadtest.reports.report import write_report
 
 
 @pytest.fixture()
@@ -67,7 +67,7 @@ def test_one_report_still_prints_its_table_and_a_folder_without_results_is_an_er
 def test_a_verdict_on_output_that_mostly_loops_is_not_coloured_in_a_comparison(two, tmp_path) -> None:
     """The rule of the report's own first screen (`sweep_summary.verdict_word`): a speedup over
     outputs that mostly loop is said so, uncoloured."""
-    from loadtest.report import load_results
+    from loadtest.reports.report import load_results
 
     t1, greedy = two
     results = load_results(greedy)

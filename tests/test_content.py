@@ -1,9 +1,9 @@
-"""The content check (loadtest.content): loops are caught, text is not, on real token streams."""
+"""The content check (loadtest.measurement.content): loops are caught, text is not, on real token streams."""
 
 from __future__ import annotations
 
 from deploy.embedded_pair import heldout_tokens
-from loadtest import content
+from loadtest.measurement import content
 
 
 def test_a_loop_is_degenerate_and_text_is_not() -> None:

@@ -15,11 +15,11 @@ from deploy.cpu_dtype import native_bf16
 from deploy.embedded_pair import GOALS, check_goals, free_running_goal, goal_lines, greedy_goals
 from deploy.engine_args import engine_arguments
 from deploy.widen import widen_llama
-from loadtest import vllm_bench
-from loadtest.report import headline, summarize_speedups
-from loadtest.request_settings import RequestSettings
-from loadtest.stats import mean_interval
-from loadtest.workloads import load_workload
+from loadtest.traffic import vllm_bench
+from loadtest.reports.report import headline, summarize_speedups
+from loadtest.traffic.request_settings import RequestSettings
+from loadtest.measurement.stats import mean_interval
+from loadtest.traffic.workloads import load_workload
 from tuning import step_costs
 
 

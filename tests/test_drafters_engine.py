@@ -218,7 +218,7 @@ def test_acceptance_counters_rise_on_repetitive_code(drafter) -> None:
     print(f"{name}: {delta}, acceptance {rate:.0%}, output {text!r}")
     assert delta["num_drafts"] > 0 and delta["num_accepted_tokens"] > 0
     # The output is a loop (greedy: the target's own choice), so every drafter can predict it.
-    from loadtest import content
+    from loadtest.measurement import content
 
     assert content.loop_share(list(text)) >= 0.5, f"the target no longer loops here: {text!r}"
     assert rate > 0.3, f"{name}: only {rate:.0%} of draft tokens accepted on repetitive text"

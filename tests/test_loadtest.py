@@ -28,16 +28,17 @@ import pytest
 import requests
 
 from conftest import BASELINE, TEST_KEY_ENV, metric_total
-from loadtest import prom, stats
-from loadtest.client import RequestRecord, StreamParser, sse_events, stream_request
-from loadtest import request_settings
+from loadtest.measurement import prom
+from loadtest.measurement import stats
+from loadtest.traffic.client import RequestRecord, StreamParser, sse_events, stream_request
+from loadtest.traffic import request_settings
 from loadtest.__main__ import build_parser
-from loadtest.locust_run import LocustJob, commands, run_locust
-from loadtest.request_settings import RequestSettings, settings_record
-from loadtest.plan import run_order
-from loadtest.report import compare_table, headline, write_report
-from loadtest.runner import Sweep, SweepSettings, load_records, plan_variants, requests_for
-from loadtest.workloads import BUILTIN, load_workload, request_for
+from loadtest.traffic.locust_run import LocustJob, commands, run_locust
+from loadtest.traffic.request_settings import RequestSettings, settings_record
+from loadtest.sweeps.plan import run_order
+from loadtest.reports.report import compare_table, headline, write_report
+from loadtest.sweeps.runner import Sweep, SweepSettings, load_records, plan_variants, requests_for
+from loadtest.traffic.workloads import BUILTIN, load_workload, request_for
 
 REPO = Path(__file__).resolve().parent.parent
 os.environ.setdefault("SPECDEPLOY_NO_PROGRESS", "1")  # keep pytest's captured output small
@@ -161,8 +162,8 @@ def test_speculation_analysis_cost_model():
 
 
 def test_notes_say_where_latency_is_lost():
-    from loadtest.locust_run import LocustOutcome
-    from loadtest.runner import delivery_notes, load_generator_notes
+    from loadtest.traffic.locust_run import LocustOutcome
+    from loadtest.sweeps.runner import delivery_notes, load_generator_notes
 
     client = {"ttft_ms": {"mean": 300.0}}
     server = {"histograms": {"ttft_s": {"mean": 0.010}}}
@@ -193,7 +194,7 @@ def test_latency_agreement_is_judged_request_by_request():
     """Short prompts ~30 ms and long ones ~50 ms, the median on the cliff between them: noise on
     two requests moves Locust's p50 by 15% while each request agrees within 2%. Matched, the
     clients agree; a client 20% slower on every request does not."""
-    from loadtest import vllm_bench
+    from loadtest.traffic import vllm_bench
 
     bench = [30.0, 30.5, 31.0, 50.0, 50.5, 51.0] * 4
     locust = [b * 1.01 for b in bench]
@@ -381,7 +382,7 @@ def test_servers_run_together_only_where_kv_weights_and_processes_fit(tmp_path, 
 
 
 def test_request_settings_reach_every_command_line_unchanged():
-    # Declared once (loadtest.request_settings): the options they write are the options read back,
+    # Declared once (loadtest.traffic.request_settings): the options they write are the options read back,
     # by the sweep's CLI and by each Locust process.
     custom = RequestSettings(workload="chat", api="chat", max_tokens=7, fixed_length=False, temperature=0.7,
                              request_timeout_s=12.5, arrival_gap_s=0.0)
@@ -404,8 +405,8 @@ def test_request_settings_reach_every_command_line_unchanged():
 
 def test_runner_never_imports_locust():
     # Importing locust monkey-patches the whole process with gevent: only its subprocesses may.
-    code = ("import sys; import loadtest.__main__, loadtest.runner, loadtest.report; "
-            "from loadtest.runner import machine_info; machine_info(); "
+    code = ("import sys; import loadtest.__main__, loadtest.sweeps.runner, loadtest.reports.report; "
+            "from loadtest.sweeps.runner import machine_info; machine_info(); "
             "assert 'locust' not in sys.modules and 'gevent' not in sys.modules, 'locust imported'")
     subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True, timeout=120)
 
@@ -791,7 +792,7 @@ def test_a_schedule_gives_the_k_of_the_batch_size_and_a_killed_server_keeps_part
 
 
 def test_temperatures_are_parsed_or_refused_clearly() -> None:
-    from loadtest.temperature import parse_temperatures
+    from loadtest.arg_types import parse_temperatures
 
     assert parse_temperatures("1, 0,0.7,1") == [0.0, 0.7, 1.0]
     for bad in ("", "0,x", "-1", "nan", "inf"):

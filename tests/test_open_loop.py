@@ -14,16 +14,17 @@ import numpy as np
 import pytest
 
 from conftest import BASELINE, TEST_KEY_ENV
-from loadtest import stats, vllm_bench
+from loadtest.measurement import stats
+from loadtest.traffic import vllm_bench
 from loadtest.__main__ import build_parser
-from loadtest.arrivals import poisson_arrivals, replayed
-from loadtest.client import OUTCOMES, RequestRecord
-from loadtest.locust_run import LocustJob, commands, run_locust
-from loadtest.plan import Timings
-from loadtest.report import compare_table, derive_rates, write_report
-from loadtest.request_settings import RequestSettings
-from loadtest.runner import Sweep, SweepSettings, load_records, requests_for_rate, schedule_start
-from loadtest.workloads import load_workload
+from loadtest.traffic.arrivals import poisson_arrivals, replayed
+from loadtest.traffic.client import OUTCOMES, RequestRecord
+from loadtest.traffic.locust_run import LocustJob, commands, run_locust
+from loadtest.sweeps.plan import Timings
+from loadtest.reports.report import compare_table, derive_rates, write_report
+from loadtest.traffic.request_settings import RequestSettings
+from loadtest.sweeps.runner import Sweep, SweepSettings, load_records, requests_for_rate, schedule_start
+from loadtest.traffic.workloads import load_workload
 from test_loadtest import _FakeVLLM
 
 
@@ -103,7 +104,7 @@ def test_every_request_ends_as_one_outcome(record, outcome):
 def test_a_refused_connection_is_refused():
     import requests
 
-    from loadtest.client import stream_request
+    from loadtest.traffic.client import stream_request
 
     with requests.Session() as session:
         rec = stream_request(session, "http://127.0.0.1:9", "/v1/completions", {"prompt": "x"}, "r", 5)

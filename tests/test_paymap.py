@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from loadtest.prom import Snapshot, parse_metrics
+from loadtest.measurement.prom import Snapshot, parse_metrics
 from tuning import paymap
 from tuning.paymap import PaymapSettings
 

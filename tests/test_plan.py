@@ -1,4 +1,4 @@
-"""What a sweep plans before it starts (`loadtest.plan`), the dry run, the effective K read from the
+"""What a sweep plans before it starts (`loadtest.sweeps.plan`), the dry run, the effective K read from the
 server's counters, and the speculation `make serve` prints. No engine starts here."""
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ import pytest
 
 from deploy.config import load_config
 from deploy.preflight import Machine
-from loadtest import prom
-from loadtest.plan import SweepPlan, Timings, run_order, starts_needed
-from loadtest.report import compare_rows, compare_table
-from loadtest.runner import Sweep, SweepSettings
+from loadtest.measurement import prom
+from loadtest.sweeps.plan import SweepPlan, Timings, run_order, starts_needed
+from loadtest.reports.report import compare_rows, compare_table
+from loadtest.sweeps.runner import Sweep, SweepSettings
 
 REPO = Path(__file__).resolve().parent.parent
 

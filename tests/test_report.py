@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from loadtest.__main__ import main
-from loadtest.report import compare_table, derive, headline, newest_report, report_markdown, summarize_speedups, write_report
+from loadtest.reports.report import compare_table, derive, headline, newest_report, report_markdown, summarize_speedups, write_report
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -108,7 +108,7 @@ def test_a_full_disk_never_truncates_results_json(tmp_path):
     script = (
         "import json, resource, signal, sys\n"
         "from pathlib import Path\n"
-        "from loadtest.report import write_report\n"
+        "from loadtest.reports.report import write_report\n"
         "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
         f"resource.setrlimit(resource.RLIMIT_FSIZE, ({size // 2}, {size // 2}))\n"
         "out = Path(sys.argv[1])\n"
@@ -214,7 +214,7 @@ def _anchor_of_heading(docs: str, anchor: str) -> bool:
 
 
 def test_the_exit_status_matches_the_words():
-    from loadtest import sweep_summary as ss
+    from loadtest.reports import sweep_summary as ss
 
     results = _results()
     results["variants"] = results["variants"][:2]
@@ -234,7 +234,7 @@ def test_the_exit_status_matches_the_words():
 
 
 def test_an_interrupted_sweep_leads_with_what_it_is_and_a_single_run_says_it_has_no_interval():
-    from loadtest import sweep_summary as ss
+    from loadtest.reports import sweep_summary as ss
 
     alone = _results()
     alone["variants"] = alone["variants"][:1]
@@ -252,7 +252,7 @@ def test_an_interrupted_sweep_leads_with_what_it_is_and_a_single_run_says_it_has
 
 
 def test_a_flag_is_a_badge_that_links_to_its_detail(tmp_path):
-    from loadtest import sweep_summary as ss
+    from loadtest.reports import sweep_summary as ss
 
     results = _results()
     results["variants"] = results["variants"][:2]
@@ -347,7 +347,7 @@ def test_a_verdict_resting_on_loops_says_so_first_and_free_lengths_are_given(tmp
 
 
 def test_a_verdict_on_output_that_mostly_loops_is_not_coloured_as_a_gain():
-    from loadtest import sweep_summary as ss
+    from loadtest.reports import sweep_summary as ss
 
     results = _spec_and_baseline()
     loops = {"checked": 32, "degenerate": 29, "degenerate_share": 0.906, "distinct_4": 0.14, "loop_share": 0.86}

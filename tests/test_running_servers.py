@@ -15,14 +15,14 @@ import requests
 
 from conftest import BASELINE, TEST_KEY, TEST_KEY_ENV as KEY_ENV
 from deploy import free_port
-from loadtest import slo
-from loadtest.client import RequestRecord
-from loadtest.endpoint import EndpointError, discover
-from loadtest.locust_run import LocustOutcome
-from loadtest.report import headline
-from loadtest.runner import Sweep, SweepSettings, load_generator_lag, load_generator_notes
-from loadtest.stats import percentile
-from loadtest.sweep_summary import exit_code
+from loadtest.measurement import slo
+from loadtest.traffic.client import RequestRecord
+from loadtest.traffic.endpoint import EndpointError, discover
+from loadtest.traffic.locust_run import LocustOutcome
+from loadtest.reports.report import headline
+from loadtest.sweeps.runner import Sweep, SweepSettings, load_generator_lag, load_generator_notes
+from loadtest.measurement.stats import percentile
+from loadtest.reports.sweep_summary import exit_code
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -135,7 +135,7 @@ Z = 4.5
 
 def spec_counters(server) -> tuple[float, list[float]]:
     """(drafts, accepted tokens per position) from the server's /metrics."""
-    from loadtest.prom import parse_metrics
+    from loadtest.measurement.prom import parse_metrics
 
     text = requests.get(f"{server.base_url}/metrics", headers=auth_headers(server), timeout=30).text
     samples = parse_metrics(text)

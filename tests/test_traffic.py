@@ -11,10 +11,10 @@ import pytest
 
 from deploy import ConfigError, load_config
 from deploy.config import CONFIGS_DIR
-from loadtest import traffic
+from loadtest.traffic import declared as traffic
 from loadtest.__main__ import build_parser
-from loadtest.request_settings import RequestSettings
-from loadtest.workloads import request_for, load_workload
+from loadtest.traffic.request_settings import RequestSettings
+from loadtest.traffic.workloads import request_for, load_workload
 from tuning.__main__ import build_parser as tuning_parser
 
 REPO = Path(__file__).resolve().parent.parent

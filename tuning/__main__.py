@@ -18,11 +18,12 @@ from pathlib import Path
 
 from deploy import ConfigError
 from deploy.config import DEFAULT_CONFIG
-from loadtest import request_settings, traffic
+from loadtest.traffic import request_settings
+from loadtest.traffic import declared as traffic
 from loadtest.arg_types import int_list, positive_int, temperature_list
-from loadtest.request_settings import RequestSettings
-from loadtest.traffic import TRAFFIC_FIELDS
-from loadtest.workloads import load_workload
+from loadtest.traffic.request_settings import RequestSettings
+from loadtest.traffic.declared import TRAFFIC_FIELDS
+from loadtest.traffic.workloads import load_workload
 from tuning import bench_drafters, soak
 
 # tune's --temperature is the list acceptance is averaged over, not a request's temperature.

@@ -28,11 +28,11 @@ from typing import Any
 
 from deploy import ConfigError, load_config, preflight
 from deploy.config import resolve_config_path
-from loadtest import markdown
+from loadtest.reports import markdown
 from loadtest.files import bullet_sections, write_result
-from loadtest.report import content_warnings, levels, summarize_speedups, write_report
-from loadtest.request_settings import RequestSettings, settings_record
-from loadtest.runner import Sweep, SweepSettings, default_out_dir
+from loadtest.reports.report import content_warnings, levels, summarize_speedups, write_report
+from loadtest.traffic.request_settings import RequestSettings, settings_record
+from loadtest.sweeps.runner import Sweep, SweepSettings, default_out_dir
 from tuning import step_costs
 
 log = logging.getLogger("specdeploy.advise")
@@ -63,7 +63,7 @@ class AdviceSettings:
     """Also run vLLM's serving benchmark after each run, as the load test does (slower)."""
     out: Path | None = None
     traffic_source: str = ""
-    """Where `request` came from (`loadtest.traffic.origin`): the config's traffic section, options."""
+    """Where `request` came from (`loadtest.traffic.declared.origin`): the config's traffic section, options."""
 
 
 def would_measure(settings: AdviceSettings, k: int) -> list[str]:
@@ -80,8 +80,8 @@ def would_measure(settings: AdviceSettings, k: int) -> list[str]:
 
 def dry_run(settings: AdviceSettings) -> int:
     """Print what `advise` would measure on the machine its config describes; start nothing."""
-    from loadtest import traffic
-    from loadtest.plan import duration_text
+    from loadtest.traffic import declared as traffic
+    from loadtest.sweeps.plan import duration_text
 
     try:
         config = load_config(settings.config, settings.overrides)

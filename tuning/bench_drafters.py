@@ -9,7 +9,7 @@ and reports per drafter:
 - mean acceptance length: tokens produced per target step, 1 + accepted / drafts (vLLM's
   definition: the bonus token counts), from the `/metrics` counters before and after;
 - output tokens/s and the ratio to no speculation measured in the same round;
-- the content check of the outputs (`loadtest.content`): how many loop, against the held-out code,
+- the content check of the outputs (`loadtest.measurement.content`): how many loop, against the held-out code,
   and acceptance over the content-valid requests alone (a loop is predicted, not text);
 - where an engine step's time goes (`plugins.step_profile`: schedule, target forward,
   verification, bookkeeping, drafting), in ms per step.
@@ -36,10 +36,10 @@ import requests
 from tqdm import tqdm
 
 from deploy import free_port, plan_from_config, start_server
-from loadtest import content
+from loadtest.measurement import content
 from loadtest.arg_types import positive_int
 from loadtest.files import write_result
-from loadtest.markdown import table as markdown_table
+from loadtest.reports.markdown import table as markdown_table
 from plugins import step_profile
 
 OUT_DIR = Path("reports/bench-drafters")
@@ -81,7 +81,7 @@ class DrafterResult:
     step_ms: dict[str, float] = dataclasses.field(default_factory=dict)
     """Per engine step: milliseconds in each phase (plugins.step_profile.per_step_ms)."""
     content: dict | None = None
-    """`loadtest.content.summarize` of the outputs."""
+    """`loadtest.measurement.content.summarize` of the outputs."""
 
     @property
     def step_total_ms(self) -> float | None:
@@ -269,7 +269,7 @@ def markdown(summary: list[dict], cost: dict[str, float], meta: dict) -> str:
         f"K = {meta['k']}; {meta['machine']}. {meta['rounds']} rounds, each serving every drafter and the "
         "baseline in a rotated order; medians over rounds, [min-max] beside them, speedups against the same "
         "round's baseline. Acceptance from vLLM's /metrics counters (deltas over the run); mean acceptance "
-        "length = 1 + accepted / drafts (tokens per target step). Content (`loadtest/content.py`): requests "
+        "length = 1 + accepted / drafts (tokens per target step). Content (`loadtest/measurement/content.py`): requests "
         "whose output loops, of those measured; distinct 4-grams of the outputs against the held-out code's at "
         "the same length; acceptance over the requests that do not loop, from the server's per-request "
         "figures.", "",
@@ -316,7 +316,7 @@ def add_options(parser: argparse.ArgumentParser) -> None:
 
 def dry_run(opts: argparse.Namespace) -> int:
     """The benchmark's plan: its servers, their starts and about how long it takes; starts nothing."""
-    from loadtest.plan import ASSUMED_START, assumed_tokens_per_s, duration_text
+    from loadtest.sweeps.plan import ASSUMED_START, assumed_tokens_per_s, duration_text
 
     names = list(dict.fromkeys(opts.drafters))
     start_s = ASSUMED_START["cpu"][0]

@@ -5,7 +5,7 @@ drafter with speculation against the same deployment without it, measured on the
 synthetic acceptance (`rejection_sample_method: synthetic`) runs the real drafter and the real
 verification and accepts draft position i with the unconditional rate a^i (every draft token
 accepted with probability a when all before it were: the acceptance model of Leviathan et al.,
-`loadtest.stats`). So the costs are the deployment's own and only acceptance is chosen, and a map
+`loadtest.measurement.stats`). So the costs are the deployment's own and only acceptance is chosen, and a map
 can be drawn before any traffic exists, with `--dummy-weights` before the weights are downloaded.
 
 Two engines, one after the other, each built by `tuning.step_costs` from exactly the arguments
@@ -38,11 +38,12 @@ from typing import Any
 from deploy import load_config, plan_from_config
 from deploy.config import resolve_config_path
 from deploy.engine_args import engine_arguments, is_secret
-from loadtest import markdown, plots
+from loadtest.reports import markdown
+from loadtest.reports import plots
 from loadtest.files import bullet_sections, write_atomic, write_result
-from loadtest.plan import ServerInfo, assumed_start_s, assumed_tokens_per_s, duration_text
-from loadtest.runner import default_out_dir
-from loadtest.stats import expected_tokens_per_step, implied_per_token_acceptance
+from loadtest.sweeps.plan import ServerInfo, assumed_start_s, assumed_tokens_per_s, duration_text
+from loadtest.sweeps.runner import default_out_dir
+from loadtest.measurement.stats import expected_tokens_per_step, implied_per_token_acceptance
 from tuning import step_costs
 from tuning.tune import TIE, deployed_k, schedule_from, tuned_yaml
 
@@ -124,7 +125,7 @@ def per_token_acceptance(rates: Sequence[float]) -> float:
 
 def acceptance_from_metrics(samples: Any) -> list[float] | None:
     """Per-position acceptance (accepted at position i / drafts) from a /metrics snapshot
-    (`loadtest.prom.Snapshot`); None where the server counted no drafts."""
+    (`loadtest.measurement.prom.Snapshot`); None where the server counted no drafts."""
     drafts = samples.total("vllm:spec_decode_num_drafts_total")
     per_pos = samples.by_label("vllm:spec_decode_num_accepted_tokens_per_pos_total", "position")
     if not drafts or not per_pos:
@@ -138,7 +139,7 @@ def acceptance_from_url(url: str, api_key_env: str = "") -> list[float]:
     """A running deployment's per-position acceptance since it started."""
     import os
 
-    from loadtest.prom import scrape
+    from loadtest.measurement.prom import scrape
 
     key = os.environ.get(api_key_env, "") if api_key_env else ""
     snapshot = scrape(url, headers={"Authorization": f"Bearer {key}"} if key else None)
@@ -340,7 +341,7 @@ def engine_variants(settings: PaymapSettings, k_max: int, max_batch: int) -> dic
 
 def make_plan(settings: PaymapSettings) -> dict[str, Any]:
     """What a paymap run starts and measures, the exact engine arguments, and about how long it takes
-    (assumed start times and speeds of `loadtest.plan`: this machine may not run it)."""
+    (assumed start times and speeds of `loadtest.sweeps.plan`: this machine may not run it)."""
     config = load_config(settings.config, settings.overrides)
     if not config.speculation.enabled:
         raise ValueError(f"config {settings.config} has no drafter (speculation.drafter: none): nothing to map")

@@ -31,14 +31,17 @@ import requests
 from tqdm import tqdm
 
 from deploy import ConfigError, Server, ServerStartError, free_port, plan_from_config
-from loadtest import prom, request_settings, stats
+from loadtest.measurement import prom
+from loadtest.traffic import request_settings
+from loadtest.measurement import stats
 from loadtest.arg_types import positive_int
-from loadtest.client import auth_headers
-from loadtest.locust_run import LocustJob, run_locust
-from loadtest.request_settings import RequestSettings
-from loadtest.runner import Progress, load_records
+from loadtest.traffic.client import auth_headers
+from loadtest.traffic.locust_run import LocustJob, run_locust
+from loadtest.traffic.request_settings import RequestSettings
+from loadtest.progress import Progress
+from loadtest.sweeps.runner import load_records
 from loadtest.sampling import sampling
-from loadtest.workloads import Workload, load_workload
+from loadtest.traffic.workloads import Workload, load_workload
 from tuning import bench_drafters, soak_report
 
 OUT_DIR = Path("reports/soak")
@@ -273,7 +276,7 @@ def add_options(parser: argparse.ArgumentParser) -> None:
 
 def dry_run(opts: argparse.Namespace) -> int:
     """The soak's plan: a server per drafter, its requests and rate, about how long; starts nothing."""
-    from loadtest.plan import ASSUMED_START, duration_text
+    from loadtest.sweeps.plan import ASSUMED_START, duration_text
 
     names = list(dict.fromkeys(opts.drafters))
     rate = (f"{opts.rate:g} requests/s (--rate): about {duration_text(opts.requests / opts.rate)} of arrivals each"

@@ -22,12 +22,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from loadtest import page, plots
-from loadtest.client import RequestRecord
-from loadtest.markdown import table as markdown_table
+from loadtest.reports import page
+from loadtest.reports import plots
+from loadtest.traffic.client import RequestRecord
+from loadtest.reports.markdown import table as markdown_table
 from loadtest.files import write_atomic, write_json
-from loadtest.page import METHOD_DOC, Badge, Line, Page, Section, method_link
-from loadtest.stats import percentile
+from loadtest.reports.page import METHOD_DOC, Badge, Line, Page, Section, method_link
+from loadtest.measurement.stats import percentile
 
 GIB = 2**30
 FIGURES: dict[str, str] = {

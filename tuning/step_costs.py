@@ -61,9 +61,9 @@ from tqdm import tqdm
 
 from deploy import load_config, plan_from_config
 from deploy.engine_args import engine_arguments, is_secret
-from loadtest import content
+from loadtest.measurement import content
 from loadtest.files import write_json
-from loadtest.workloads import load_workload
+from loadtest.traffic.workloads import load_workload
 
 VARIANTS = ("plain", "verify", "draft")
 LENGTHS = (8, 72)
@@ -383,7 +383,7 @@ def _acceptance(llm: Any, spec: dict[str, Any]) -> dict[str, Any]:
         drafts = drafts1 - drafts0
         previous = accepted0 or [0.0] * len(accepted1)
         per_position = [(a - b) / drafts if drafts else 0.0 for a, b in zip(accepted1, previous)]
-        # Whether the acceptance comes from text or from a loop (loadtest.content).
+        # Whether the acceptance comes from text or from a loop (loadtest.measurement.content).
         figs = [content.figures(list(o.outputs[0].token_ids), text=o.outputs[0].text, prompt_text=o.prompt)
                 for o in outputs]
         out[f"{temperature:g}"] = {

@@ -38,12 +38,12 @@ from typing import Any
 from deploy import ConfigError, load_config, preflight
 from deploy.config import resolve_config_path
 from deploy.config_text import with_speculation
-from loadtest import markdown
+from loadtest.reports import markdown
 from loadtest.files import bullet_sections, write_atomic, write_json, write_result
-from loadtest.report import content_warnings, summarize_speedups, write_report
-from loadtest.request_settings import RequestSettings, settings_record
-from loadtest.runner import SCHEDULE_VARIANT, Sweep, SweepSettings, default_out_dir
-from loadtest.workloads import as_text, load_workload, uses_chat
+from loadtest.reports.report import content_warnings, summarize_speedups, write_report
+from loadtest.traffic.request_settings import RequestSettings, settings_record
+from loadtest.sweeps.runner import SCHEDULE_VARIANT, Sweep, SweepSettings, default_out_dir
+from loadtest.traffic.workloads import as_text, load_workload, uses_chat
 from tuning import step_costs
 from tuning.advise import SECTIONS
 
@@ -79,11 +79,11 @@ class TuneSettings:
     out: Path | None = None
     """The report folder."""
     traffic_source: str = ""
-    """Where `request`'s workload, API and lengths came from (`loadtest.traffic.origin`)."""
+    """Where `request`'s workload, API and lengths came from (`loadtest.traffic.declared.origin`)."""
     proof_repeats: int = 2
     """Runs of each proof level (each beside its own baseline run); the proof judges their mean.
     One run on a shared 2-core machine varies by ~5%, as much as the proof's 3% margin. Two,
-    because the variants' order flips from one repeat to the next (`loadtest.plan.run_order`): with one
+    because the variants' order flips from one repeat to the next (`loadtest.sweeps.plan.run_order`): with one
     run the tuned server always goes first."""
 
 
@@ -175,8 +175,8 @@ def deployed_k(schedule: list[list[int]]) -> tuple[int, list[list[int]] | None]:
 
 def dry_run(settings: TuneSettings) -> int:
     """Print what `tune` would measure on the machine its config describes; start nothing."""
-    from loadtest import traffic
-    from loadtest.plan import duration_text
+    from loadtest.traffic import declared as traffic
+    from loadtest.sweeps.plan import duration_text
 
     try:
         config = load_config(settings.config, settings.overrides)

@@ -96,6 +96,6 @@ class SweepResults(TypedDict, total=False):
     variants: list[VariantResult]
     problems: list[str]
     plan: dict[str, Any]
-    """The order the sweep ran in and why, its server starts and its estimated seconds (`loadtest.plan`)."""
+    """The order the sweep ran in and why, its server starts and its estimated seconds (`loadtest.sweeps.plan`)."""
     comparisons: list[dict[str, Any]]
     """Speedups derived by the report (`report.derive`), added to the written copy."""

@@ -231,7 +231,7 @@ class SweepPlan:
     """Open loop: the levels are these arrival rates (requests/s) instead of `users`; `requests`
     is keyed by rate."""
     traffic: list[str] = field(default_factory=list)
-    """What every request looks like and where that came from (`loadtest.traffic.describe`)."""
+    """What every request looks like and where that came from (`loadtest.traffic.declared.describe`)."""
 
     @property
     def levels(self) -> list[Any]:

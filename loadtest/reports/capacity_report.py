@@ -7,12 +7,18 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from loadtest import capacity as cap
-from loadtest import content, markdown, page, plots, slo, stats, sweep_summary
+from loadtest.sweeps import capacity as cap
+from loadtest.measurement import content
+from loadtest.reports import markdown
+from loadtest.reports import page
+from loadtest.reports import plots
+from loadtest.measurement import slo
+from loadtest.measurement import stats
+from loadtest.reports import sweep_summary
 from loadtest.files import write_atomic
-from loadtest.markdown import figure
-from loadtest.page import Badge, Line, Page, Section, method_link
-from loadtest.report import embedded
+from loadtest.reports.markdown import figure
+from loadtest.reports.page import Badge, Line, Page, Section, method_link
+from loadtest.reports.report import embedded
 
 PARETO = "pareto.png"
 SPEEDUP = "capacity-speedup.png"
@@ -402,7 +408,7 @@ def report_markdown(result: dict[str, Any], plots: list[Path], sources: Mapping[
 def exit_code(result: dict[str, Any]) -> int:
     """0: every rate the search asked for measured (flags in the report); 3: a search stopped (a
     server died) or a level could not run; 4: a run's token count disagrees with the server's;
-    130: interrupted. The codes of `loadtest.sweep_summary`."""
+    130: interrupted. The codes of `loadtest.reports.sweep_summary`."""
     if result.get("status") == "interrupted":
         return sweep_summary.INTERRUPTED
     if not cap.measured_variants(result):

@@ -14,11 +14,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from loadtest import markdown, page, plots, stats
+from loadtest.reports import markdown
+from loadtest.reports import page
+from loadtest.reports import plots
+from loadtest.measurement import stats
 from loadtest.files import write_atomic
-from loadtest.page import Badge, Line, Page, Section
-from loadtest.report import derive_rates, embedded, load_results, summarize_speedups
-from loadtest.sweep_summary import rate_contents, verdict_rule, verdict_word
+from loadtest.reports.page import Badge, Line, Page, Section
+from loadtest.reports.report import derive_rates, embedded, load_results, summarize_speedups
+from loadtest.reports.sweep_summary import rate_contents, verdict_rule, verdict_word
 
 MUST_MATCH = {"workload": "workload", "temperature": "temperature", "max_tokens": "output length (max_tokens)",
               "fixed_length": "fixed output length"}

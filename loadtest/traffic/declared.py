@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from deploy.config import TrafficConfig, load_config
-from loadtest.workloads import Workload, load_workload, uses_chat
+from loadtest.traffic.workloads import Workload, load_workload, uses_chat
 
 # RequestSettings fields a config's `traffic` section sets (`fixed_length` is its `lengths`).
 TRAFFIC_FIELDS = ("workload", "api", "max_tokens", "fixed_length", "temperature")

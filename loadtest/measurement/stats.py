@@ -31,8 +31,8 @@ from typing import Any
 
 import numpy as np
 
-from loadtest import content
-from loadtest.client import OUTCOMES, RequestRecord
+from loadtest.measurement import content
+from loadtest.traffic.client import OUTCOMES, RequestRecord
 
 PERCENTILES = (50, 90, 95, 99)
 

@@ -14,11 +14,17 @@ from pathlib import Path
 from typing import Any
 
 
-from loadtest import content, markdown, plots, slo, stats, traffic, vllm_bench
+from loadtest.measurement import content
+from loadtest.reports import markdown
+from loadtest.reports import plots
+from loadtest.measurement import slo
+from loadtest.measurement import stats
+from loadtest.traffic import declared as traffic
+from loadtest.traffic import vllm_bench
 from loadtest.files import write_atomic, write_json
-from loadtest.markdown import figure
-from loadtest.page import Page, Section
-from loadtest.results import CREATED_FORMAT
+from loadtest.reports.markdown import figure
+from loadtest.reports.page import Page, Section
+from loadtest.measurement.results import CREATED_FORMAT
 
 
 # ---------------------------------------------------------------------------------- derived numbers
@@ -160,7 +166,7 @@ def derive(results: dict[str, Any]) -> list[dict[str, Any]]:
         bench, base_bench = level.get("vllm_bench") or {}, (base or {}).get("vllm_bench") or {}
         if bench.get("output_tokens_per_s") and base_bench.get("output_tokens_per_s"):
             row["vllm_bench_speedup"] = bench["output_tokens_per_s"] / base_bench["output_tokens_per_s"]
-        # The content check (loadtest.content): whether the outputs behind these speeds are text.
+        # The content check (loadtest.measurement.content): whether the outputs behind these speeds are text.
         row["content"], row["baseline_content"] = client.get("content"), base_client.get("content")
         row["vllm_bench_content"] = bench.get("content")
         valid, base_valid = ((x or {}).get("tokens_per_s_valid") for x in (row["content"], row["baseline_content"]))
@@ -383,7 +389,7 @@ def _cell(key: str, value: Any) -> str:
 
 def compare_table(results: dict[str, Any], concurrencies: list[int] | None = None) -> str:
     """Plain-text table for the terminal."""
-    from loadtest.sweep_summary import lead
+    from loadtest.reports.sweep_summary import lead
 
     said = lead(results)  # what the run is, where it is not a complete measurement: before any verdict
     if any(True for _ in rate_levels(results)):
@@ -834,7 +840,7 @@ def _table(table: tuple[list[str], list[list[str]]] | None) -> str:
 
 def evidence(results: dict[str, Any], plots: list[Path], sources: Mapping[str, str], out: Path | None) -> list[Section]:
     """The sections below the first screen, each a caption, its method's link and its table."""
-    from loadtest.page import method_link
+    from loadtest.reports.page import method_link
 
     def how(anchor: str) -> str:
         return f" Method: {method_link(anchor, out)}."
@@ -909,9 +915,9 @@ ANSWER = "speedup.png"
 
 def first_page(results: dict[str, Any], plots: list[Path], sources: Mapping[str, str] | None = None,
                out: Path | None = None) -> Page:
-    """The report as a `loadtest.page.Page`: verdicts, the speedup picture and the setup first."""
-    from loadtest import sweep_summary
-    from loadtest.page import method_link
+    """The report as a `loadtest.reports.page.Page`: verdicts, the speedup picture and the setup first."""
+    from loadtest.reports import sweep_summary
+    from loadtest.reports.page import method_link
 
     sources = sources or {}
     answer = ANSWER if any(p.name == ANSWER for p in plots) else None
@@ -950,7 +956,7 @@ def report_markdown(results: dict[str, Any], plots: list[Path], sources: Mapping
                     out: Path | None = None) -> str:
     """report.md: the first screen (verdicts, picture, setup, badges), then the evidence. `sources`
     maps a plot's file name to the address its image link gives (default: the PNG beside report.md)."""
-    from loadtest import page
+    from loadtest.reports import page
 
     return page.markdown(first_page(results, plots, sources, out), sources)
 
@@ -967,7 +973,7 @@ def embedded(plots: list[Path]) -> dict[str, str]:
 
 
 def write_html(results: dict[str, Any], out: Path, plots: list[Path]) -> Path:
-    from loadtest import page
+    from loadtest.reports import page
 
     sources = embedded(plots)
     return write_atomic(out / "report.html", page.html(first_page(results, plots, sources, out), sources))

@@ -34,7 +34,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from loadtest import content, slo
+from loadtest.measurement import content
+from loadtest.measurement import slo
 from loadtest.files import write_json
 from loadtest.sampling import sampling
 
@@ -75,7 +76,7 @@ class Levels(Protocol):
 @dataclass
 class CapacitySettings:
     slo: str
-    """Service targets, e.g. `ttft_p95=500ms,tpot_p95=50ms` (`loadtest.slo`)."""
+    """Service targets, e.g. `ttft_p95=500ms,tpot_p95=50ms` (`loadtest.measurement.slo`)."""
     start_rate: float = 0.5
     """The first rate tried, req/s: cheap to serve on most deployments, so the bracket usually grows."""
     max_rate: float | None = None

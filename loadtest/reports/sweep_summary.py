@@ -12,8 +12,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from loadtest import content, stats, traffic, vllm_bench
-from loadtest.page import Badge, Line
+from loadtest.measurement import content
+from loadtest.measurement import stats
+from loadtest.traffic import declared as traffic
+from loadtest.traffic import vllm_bench
+from loadtest.reports.page import Badge, Line
 
 # ---------------------------------------------------------------------------------- exit status
 OK = 0
@@ -126,7 +129,7 @@ def verdict_word(verdict: str, summary: dict[str, Any] | None = None) -> tuple[s
 
 def verdict_lines(results: dict[str, Any]) -> list[Line]:
     """Closed loop: per batch size and speculative variant; open loop: per rate and variant."""
-    from loadtest.report import rate_levels, summarize_speedups
+    from loadtest.reports.report import rate_levels, summarize_speedups
 
     entries = sorted(summarize_speedups(results), key=lambda e: (e["concurrency"], e["variant"]))
     several = len({e["variant"] for e in entries}) > 1
@@ -150,7 +153,7 @@ def verdict_lines(results: dict[str, Any]) -> list[Line]:
 
 
 def _rate_lines(results: dict[str, Any]) -> list[Line]:
-    from loadtest.report import derive_rates, rate_levels
+    from loadtest.reports.report import derive_rates, rate_levels
 
     rows = [r for r in derive_rates(results) if r["variant"] != "baseline"]
     several = len({r["variant"] for r in rows}) > 1
@@ -181,7 +184,7 @@ def _rate_lines(results: dict[str, Any]) -> list[Line]:
 
 def rate_contents(results: dict[str, Any]) -> dict[tuple[str, float], dict[str, Any] | None]:
     """Open loop: the content check of each (variant, rate), its runs merged."""
-    from loadtest.report import rate_levels
+    from loadtest.reports.report import rate_levels
 
     contents: dict[tuple[str, float], list[Any]] = {}
     for variant, level in rate_levels(results):
@@ -203,7 +206,7 @@ def verdict_rule(m: dict[str, Any]) -> str:
 
 def notes(results: dict[str, Any]) -> list[str]:
     """Findings that are not verdicts: where the service targets were met."""
-    from loadtest.report import slo_lines
+    from loadtest.reports.report import slo_lines
 
     return slo_lines(results)
 
@@ -223,7 +226,7 @@ AGREEMENT_NAMES = dict(vllm_bench.JUDGED_NAMES)
 
 def badges(results: dict[str, Any]) -> list[Badge]:
     """Each warning in a few words, grouped where the same one concerns several runs."""
-    from loadtest.report import content_warnings, summarize_speedups
+    from loadtest.reports.report import content_warnings, summarize_speedups
 
     out: list[Badge] = []
     grouped: dict[tuple[str, str, str], list[str]] = {}
@@ -303,3 +306,8 @@ def setup(results: dict[str, Any], method: str) -> str:
             + (f" ({m['platform']})" if m.get("platform") else "") + f", vLLM {m.get('vllm')}{commit}. "
             f"Status **{results.get('status')}**. How each figure is computed: {method}.")
 
+
+def announce(code: int) -> int:
+    """Print what the exit status means (the words and the status must agree), return it."""
+    print(f"exit {code}: {EXIT_CODES.get(code, '')}")
+    return code

@@ -14,23 +14,13 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from loadtest import markdown, plots
+from loadtest.reports import markdown
+from loadtest.reports import plots
 from loadtest.files import write_atomic, write_json
-from loadtest.report import derive, summarize_speedups, write_report
-from loadtest.runner import Sweep, SweepSettings, default_out_dir
+from loadtest.reports.report import derive, summarize_speedups, write_report
+from loadtest.sweeps.runner import Sweep, SweepSettings, default_out_dir
 
 log = logging.getLogger("specdeploy.loadtest")
-
-
-def parse_temperatures(text: str) -> list[float]:
-    """`0,0.7,1` -> [0.0, 0.7, 1.0] (sorted, no repeats); a clear error for anything else."""
-    try:
-        values = sorted({float(part) for part in text.split(",") if part.strip()})
-    except ValueError:
-        raise ValueError(f"--temperature takes numbers separated by commas, e.g. 0,0.7,1 (got {text!r})") from None
-    if not values or any(v < 0 or v != v or v == float("inf") for v in values):
-        raise ValueError(f"--temperature needs one or more finite temperatures >= 0 (got {text!r})")
-    return values
 
 
 def folder_for(temperature: float) -> str:

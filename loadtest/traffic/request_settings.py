@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from loadtest.workloads import BUILTIN
+from loadtest.traffic.workloads import BUILTIN
 
 API_CHOICES = ("auto", "completions", "chat")
 
@@ -27,7 +27,7 @@ def _option(flag: str, help: str, **argparse_kw: Any) -> dict[str, Any]:
 class RequestSettings:
     workload: str = field(default="code", metadata=_option(
         "--workload", f"built-in set ({', '.join(BUILTIN)}) or a JSONL / ShareGPT file"))
-    """The prompts: a built-in set or a user's file (see `loadtest.workloads`)."""
+    """The prompts: a built-in set or a user's file (see `loadtest.traffic.workloads`)."""
     api: str = field(default="auto", metadata=_option(
         "--api", "auto: chat API for chat messages, completions API for plain prompts", choices=API_CHOICES))
     max_tokens: int = field(default=128, metadata=_option("--max-tokens", "output tokens per request"))
@@ -37,7 +37,7 @@ class RequestSettings:
     temperature: float = field(default=1.0, metadata=_option(
         "--temperature", "sampling temperature (default 1, vLLM's own when a request sets none; 0: greedy)"))
     """What users send: vLLM's default. Greedy output forced to a fixed length loops on many models, and a
-    loop is what drafts predict best (see `loadtest.content`): measure greedy on purpose, not by default."""
+    loop is what drafts predict best (see `loadtest.measurement.content`): measure greedy on purpose, not by default."""
     request_timeout_s: float = field(default=300.0, metadata=_option(
         "--request-timeout", "seconds before a request counts as failed"))
     arrival_gap_s: float = field(default=0.05, metadata=_option(
@@ -76,8 +76,8 @@ def add_options(parser: Any, only: Collection[str] | None = None, skip: Collecti
     """Register an option for each field of `RequestSettings` (or those in `only`, less `skip`) on
     an argparse-like parser (Locust's configargparse too); `defaults`/`helps` replace a field's.
     `from_config`: fields (of a config's `traffic` section) whose options default to None, so that
-    `loadtest.traffic.chosen` takes the config's value for each option not given."""
-    from loadtest.traffic import add_fixed_length_flags
+    `loadtest.traffic.declared.chosen` takes the config's value for each option not given."""
+    from loadtest.traffic.declared import add_fixed_length_flags
 
     defaults, helps = defaults or {}, helps or {}
     for f in fields(RequestSettings):

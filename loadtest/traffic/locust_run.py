@@ -21,7 +21,7 @@ from pathlib import Path
 
 from deploy import free_port
 from deploy.processes import die_with_parent, stop_group
-from loadtest.request_settings import RequestSettings
+from loadtest.traffic.request_settings import RequestSettings
 
 log = logging.getLogger("specdeploy.loadtest")
 LOCUSTFILE = Path(__file__).with_name("locustfile.py")
@@ -47,7 +47,7 @@ class LocustJob:
     flight (needs `requests`; `users` is then ignored: one dispatcher per Locust process).
     0: closed loop, `users` users each waiting for its response."""
     seed: int = 0
-    """Open loop: seed of the arrival times; the same seed gives the same schedule (`loadtest.arrivals`)."""
+    """Open loop: seed of the arrival times; the same seed gives the same schedule (`loadtest.traffic.arrivals`)."""
     repeat_head: int = 0
     """Open loop: the last this many arrivals repeat the first's gaps and prompts (a soak's windows)."""
 

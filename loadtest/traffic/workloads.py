@@ -220,7 +220,7 @@ def request_for(item: Item, model: str, max_tokens: int, temperature: float, fix
         # Usage in every chunk gives the tokens each chunk carries (several with speculation);
         # the final usage chunk gives the request's output tokens as the server counted them.
         "stream_options": {"include_usage": True, "continuous_usage_stats": True},
-        # The tokens themselves, for the content check (loadtest.content): a loop predicted is no speedup.
+        # The tokens themselves, for the content check (loadtest.measurement.content): a loop predicted is no speedup.
         "return_token_ids": True,
     }
     if fixed_length:

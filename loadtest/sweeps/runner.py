@@ -15,7 +15,7 @@ same arrivals and prompts), a snapshot, then vLLM's benchmark at the same rate a
 keeps `rate` (asked), `seed`, `open_loop` (`stats.open_loop`: achieved rate, send lag, in-flight
 series, `behind`), `outcomes`, the client's figures, `slo` and the server's delta.
 
-Order (`loadtest.plan`): on a CPU every variant's server stays up where they fit (an idle vLLM
+Order (`loadtest.sweeps.plan`): on a CPU every variant's server stays up where they fit (an idle vLLM
 server costs no CPU) and the variants take turns at each run, so spec and baseline of the same
 repeat are measured minutes apart and share the machine's mood; each speedup is paired within its
 repeat. Who goes first alternates from one repeat to the next (`run_order`), so an even number of
@@ -24,7 +24,7 @@ device, one runs at a time: on GPUs each variant's server starts once and runs a
 and repeats (`--order grouped`, a 70B server's cold start takes minutes); on a CPU the variants
 still take turns every repeat (`--order alternate`). Before it starts, the sweep prints its plan
 (servers, starts, levels, an estimated duration); `Sweep.plan(dry_run=True)` makes it alone.
-Results go to `results.json` (its shape: `loadtest.results`) after every run, so a crash or a dead
+Results go to `results.json` (its shape: `loadtest.measurement.results`) after every run, so a crash or a dead
 server keeps what was done.
 """
 
@@ -53,17 +53,22 @@ from deploy import ConfigError, Server, ServerStartError, free_port, load_config
 from deploy.embedded_pair import is_built, is_pair_folder
 from deploy.preflight import GIB, Machine, ResolvedDeployment, choose_device
 from deploy.footprint import first_start_lines
-from loadtest import prom, slo, stats, traffic, vllm_bench
-from loadtest.arrivals import poisson_arrivals
-from loadtest.client import RequestRecord, auth_headers
-from loadtest.endpoint import EndpointError, RemoteServer, discover
+from loadtest.measurement import prom
+from loadtest.measurement import slo
+from loadtest.measurement import stats
+from loadtest.traffic import declared as traffic
+from loadtest.traffic import vllm_bench
+from loadtest.traffic.arrivals import poisson_arrivals
+from loadtest.traffic.client import RequestRecord, auth_headers
+from loadtest.traffic.endpoint import EndpointError, RemoteServer, discover
 from loadtest.files import write_json
-from loadtest.locust_run import LocustJob, LocustOutcome, run_locust
-from loadtest.plan import (RATE_WARMUP_USERS, ServerInfo, SweepPlan, Timings, choose_order, duration_text,
+from loadtest.progress import Progress
+from loadtest.traffic.locust_run import LocustJob, LocustOutcome, run_locust
+from loadtest.sweeps.plan import (RATE_WARMUP_USERS, ServerInfo, SweepPlan, Timings, choose_order, duration_text,
                            server_key, servers_fit_together)
-from loadtest.request_settings import RequestSettings, settings_record
-from loadtest.results import CREATED_FORMAT, LevelResult, SweepResults, VariantResult
-from loadtest.workloads import Workload, load_workload
+from loadtest.traffic.request_settings import RequestSettings, settings_record
+from loadtest.measurement.results import CREATED_FORMAT, LevelResult, SweepResults, VariantResult
+from loadtest.traffic.workloads import Workload, load_workload
 
 log = logging.getLogger("specdeploy.loadtest")
 RESULTS_SCHEMA = 2
@@ -87,7 +92,7 @@ class SweepSettings:
     repeat: int = 3
     """Runs of every (variant, concurrency); speedups get a 95% interval over them."""
     order: str = "auto"
-    """`alternate`, `grouped` or `auto` (`loadtest.plan.choose_order`)."""
+    """`alternate`, `grouped` or `auto` (`loadtest.sweeps.plan.choose_order`)."""
     requests: int | None = None
     """Measured requests of each run, shared by its users; default: see `requests_for` (open loop:
     `requests_for_rate`)."""
@@ -99,7 +104,7 @@ class SweepSettings:
     request: RequestSettings = field(default_factory=RequestSettings)
     """What each request looks like (workload, length, temperature, ...) and how users start."""
     traffic_source: str = ""
-    """Where `request`'s traffic came from (`loadtest.traffic.origin`), for the plan and the report."""
+    """Where `request`'s traffic came from (`loadtest.traffic.declared.origin`), for the plan and the report."""
     workers: int = 0
     """Locust worker processes (0: one local process)."""
     vllm_bench: bool = True
@@ -110,7 +115,7 @@ class SweepSettings:
     tolerance: float = 0.05
     """Allowed relative difference between our token counts and the server's counter."""
     slo: str = ""
-    """Service targets, e.g. `ttft_p95=500ms,tpot_p95=50ms` (see `loadtest.slo`); empty: none."""
+    """Service targets, e.g. `ttft_p95=500ms,tpot_p95=50ms` (see `loadtest.measurement.slo`); empty: none."""
     url: str = ""
     """Load the server already running here instead of starting one (`make serve` elsewhere)."""
     baseline_url: str = ""
@@ -962,7 +967,7 @@ def rejudge(results: SweepResults, out: Path) -> SweepResults:
 
 def schedule_start(records: list[RequestRecord], rate: float, requests: int, seed: int) -> float | None:
     """Epoch time an open-loop run's schedule began (its offsets count from there): a record's
-    scheduled arrival less its offset (`loadtest.arrivals`); None without one."""
+    scheduled arrival less its offset (`loadtest.traffic.arrivals`); None without one."""
     offsets = poisson_arrivals(requests, rate, seed)
     for r in records:
         if r.planned_start is not None and r.arrival is not None and 0 <= r.arrival < len(offsets):
@@ -1078,38 +1083,3 @@ def _log_level(tag: str, level: LevelResult) -> None:
            + (f", acceptance {accept:.2f}" if accept is not None else ""))
     (log.warning if level["problems"] else log.info)("%s%s", msg,
                                                      "; " + "; ".join(level["problems"]) if level["problems"] else "")
-
-
-class Progress:
-    """A tqdm bar fed by counting request records as the Locust processes write them."""
-
-    def __init__(self, title: str, total: int | None, records_dir: Path, duration_s: float | None = None):
-        self.records_dir = records_dir
-        self.started = time.monotonic()
-        unit = "req" if total else "s"
-        self.bar = tqdm(total=total or (int(duration_s) if duration_s else None), desc=title, unit=unit,
-                        file=sys.stderr, dynamic_ncols=True, leave=True, mininterval=1.0,
-                        disable=os.environ.get("SPECDEPLOY_NO_PROGRESS") == "1")
-        self.by_time = not total
-
-    def tick(self) -> None:
-        lines, failed = 0, 0
-        for path in self.records_dir.glob("records-*.jsonl"):
-            text = path.read_text(encoding="utf-8", errors="replace")
-            lines += text.count("\n")
-            failed += text.count('"ok": false')
-        # Postfix first, without its own refresh: the bar redraws (at most once a second) on update.
-        self.bar.set_postfix_str(f"{failed} failed", refresh=False)
-        if self.by_time:
-            elapsed = int(time.monotonic() - self.started)
-            self.bar.update(max(0, min(elapsed, self.bar.total or elapsed) - self.bar.n))
-        else:
-            self.bar.update(lines - self.bar.n)
-
-    def __enter__(self) -> Progress:
-        if self.records_dir.exists():
-            shutil.rmtree(self.records_dir)  # a re-run into the same folder starts clean
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.bar.close()

@@ -17,8 +17,8 @@ from urllib.parse import urlparse
 import requests
 
 from deploy.launcher import answers_health
-from loadtest import prom
-from loadtest.client import auth_headers
+from loadtest.measurement import prom
+from loadtest.traffic.client import auth_headers
 
 
 class EndpointError(Exception):
