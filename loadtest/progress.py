@@ -8,7 +8,6 @@ import shutil
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 from tqdm import tqdm
 

@@ -30,7 +30,8 @@ import requests
 from conftest import BASELINE, TEST_KEY_ENV, metric_total
 from loadtest.measurement import prom
 from loadtest.measurement import stats
-from loadtest.traffic.client import RequestRecord, StreamParser, sse_events, stream_request
+from loadtest.measurement.records import RequestRecord
+from loadtest.traffic.client import StreamParser, sse_events, stream_request
 from loadtest.traffic import request_settings
 from loadtest.__main__ import build_parser
 from loadtest.traffic.locust_run import LocustJob, commands, run_locust

@@ -18,7 +18,7 @@ from loadtest.measurement import stats
 from loadtest.traffic import vllm_bench
 from loadtest.__main__ import build_parser
 from loadtest.traffic.arrivals import poisson_arrivals, replayed
-from loadtest.traffic.client import OUTCOMES, RequestRecord
+from loadtest.measurement.records import OUTCOMES, RequestRecord
 from loadtest.traffic.locust_run import LocustJob, commands, run_locust
 from loadtest.sweeps.plan import Timings
 from loadtest.reports.report import compare_table, derive_rates, write_report

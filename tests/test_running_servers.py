@@ -16,7 +16,7 @@ import requests
 from conftest import BASELINE, TEST_KEY, TEST_KEY_ENV as KEY_ENV
 from deploy import free_port
 from loadtest.measurement import slo
-from loadtest.traffic.client import RequestRecord
+from loadtest.measurement.records import RequestRecord
 from loadtest.traffic.endpoint import EndpointError, discover
 from loadtest.traffic.locust_run import LocustOutcome
 from loadtest.reports.report import headline

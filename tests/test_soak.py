@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from loadtest.traffic.client import RequestRecord
+from loadtest.measurement.records import RequestRecord
 from loadtest.traffic.workloads import Item, Workload, load_workload
 from tuning import soak, soak_report
 from tuning.__main__ import main as tuning_main

@@ -24,7 +24,7 @@ from typing import Any
 
 from loadtest.reports import page
 from loadtest.reports import plots
-from loadtest.traffic.client import RequestRecord
+from loadtest.measurement.records import RequestRecord
 from loadtest.reports.markdown import table as markdown_table
 from loadtest.files import write_atomic, write_json
 from loadtest.reports.page import METHOD_DOC, Badge, Line, Page, Section, method_link

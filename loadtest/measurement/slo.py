@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from loadtest.traffic.client import RequestRecord
+from loadtest.measurement.records import RequestRecord
 
 METRICS = {
     "ttft": "time to first token",

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from loadtest.measurement import content
-from loadtest.traffic.client import OUTCOMES, RequestRecord
+from loadtest.measurement.records import OUTCOMES, RequestRecord
 
 PERCENTILES = (50, 90, 95, 99)
 

@@ -37,7 +37,6 @@ import os
 import platform
 import re
 import math
-import shutil
 import subprocess
 import sys
 import time
@@ -47,7 +46,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tqdm import tqdm
 
 from deploy import ConfigError, Server, ServerStartError, free_port, load_config, plan_from_config
 from deploy.embedded_pair import is_built, is_pair_folder
@@ -59,7 +57,8 @@ from loadtest.measurement import stats
 from loadtest.traffic import declared as traffic
 from loadtest.traffic import vllm_bench
 from loadtest.traffic.arrivals import poisson_arrivals
-from loadtest.traffic.client import RequestRecord, auth_headers
+from loadtest.measurement.records import RequestRecord
+from loadtest.traffic.client import auth_headers
 from loadtest.traffic.endpoint import EndpointError, RemoteServer, discover
 from loadtest.files import write_json
 from loadtest.progress import Progress

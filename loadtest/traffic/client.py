@@ -20,13 +20,12 @@ import os
 import socket
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import requests
 
 from loadtest.measurement import content
-from loadtest.measurement.records import OUTCOMES, UNSENT, RequestRecord  # noqa: F401  (the client fills them)
+from loadtest.measurement.records import RequestRecord
 
 def sse_events(chunks: Iterable[bytes]) -> Iterator[str]:
     """The `data:` payloads of a server-sent-event stream, as the bytes arrive."""

@@ -49,7 +49,8 @@ from locust.stats import CSV_STATS_INTERVAL_SEC
 from loadtest.measurement import content
 from loadtest.traffic import request_settings
 from loadtest.traffic.arrivals import poisson_arrivals, replayed
-from loadtest.traffic.client import UNSENT, RequestRecord, auth_headers, stream_request
+from loadtest.measurement.records import UNSENT, RequestRecord
+from loadtest.traffic.client import auth_headers, stream_request
 from loadtest.traffic.request_settings import RequestSettings
 from loadtest.traffic.workloads import Item, load_workload, request_for, share
 
