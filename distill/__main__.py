@@ -57,7 +57,8 @@ def dry_run(settings: DistillSettings) -> int:
     """Distillation's steps, its servers and the measurement's plan; starts nothing, writes nothing."""
     from loadtest.sweeps.plan import duration_text
     from loadtest.traffic.request_settings import RequestSettings
-    from loadtest.sweeps.runner import Sweep, SweepSettings
+    from loadtest.sweeps.settings import SweepSettings
+    from loadtest.sweeps.runner import Sweep
 
     try:
         config = load_config(settings.config, settings.overrides)

@@ -31,7 +31,8 @@ from loadtest.files import bullet_sections, write_atomic, write_json, write_resu
 from loadtest.reports.report import content_warnings, summarize_speedups, write_report
 from loadtest.traffic.request_settings import RequestSettings, settings_record
 from loadtest.measurement.results import CREATED_FORMAT
-from loadtest.sweeps.runner import Sweep, SweepSettings
+from loadtest.sweeps.settings import SweepSettings
+from loadtest.sweeps.runner import Sweep
 
 log = logging.getLogger("specdeploy.distill")
 STDLIB_TESTS = "stdlib-tests"

@@ -33,7 +33,8 @@ from loadtest.arg_types import int_list, positive_int, rate_list, temperature_li
 from loadtest.sweeps.plan import ORDERS
 from loadtest.reports.report import compare_table, load_results, newest_report, write_report
 from loadtest.traffic.request_settings import RequestSettings
-from loadtest.sweeps.runner import Sweep, SweepSettings
+from loadtest.sweeps.settings import SweepSettings
+from loadtest.sweeps.runner import Sweep
 from loadtest.measurement.slo import parse_targets
 from loadtest.reports.sweep_summary import announce, exit_code
 

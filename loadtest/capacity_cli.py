@@ -108,7 +108,7 @@ def default_out(config: str) -> Path:
 def sweep_settings(opts: argparse.Namespace) -> Any:
     """The sweep that serves the variants: open loop, vLLM's benchmark off (the second opinion
     turns it on for its own levels), levels chosen by the search."""
-    from loadtest.sweeps.runner import SweepSettings
+    from loadtest.sweeps.settings import SweepSettings
 
     config = opts.config or ("" if opts.url else DEFAULT_CONFIG)
     declared, source = traffic.declared(config, opts.overrides)
@@ -202,7 +202,8 @@ def most_levels(settings: CapacitySettings) -> int:
 def dry_run(opts: argparse.Namespace, settings: CapacitySettings) -> int:
     """Print what `capacity` would do on the machine its config describes; start nothing."""
     from loadtest.sweeps.plan import duration_text
-    from loadtest.sweeps.runner import OPEN_LOOP_SECONDS, Sweep
+    from loadtest.sweeps.settings import OPEN_LOOP_SECONDS
+    from loadtest.sweeps.runner import Sweep
 
     try:
         sweep = Sweep(sweep_settings(opts))

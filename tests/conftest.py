@@ -182,7 +182,8 @@ def running_sweep(servers, tmp_path_factory) -> tuple[dict, dict, Path]:
     tests read its results, report files and folder."""
     from loadtest.reports.report import write_report
     from loadtest.traffic.request_settings import RequestSettings
-    from loadtest.sweeps.runner import Sweep, SweepSettings
+    from loadtest.sweeps.settings import SweepSettings
+    from loadtest.sweeps.runner import Sweep
 
     spec, baseline = servers.get("default"), servers.get(*BASELINE)
     settings = SweepSettings("", url=spec.base_url, baseline_url=baseline.base_url, api_key_env=TEST_KEY_ENV,

@@ -23,7 +23,8 @@ from loadtest.traffic.locust_run import LocustJob, commands, run_locust
 from loadtest.sweeps.plan import Timings
 from loadtest.reports.report import compare_table, derive_rates, write_report
 from loadtest.traffic.request_settings import RequestSettings
-from loadtest.sweeps.runner import Sweep, SweepSettings, load_records, requests_for_rate, schedule_start
+from loadtest.sweeps.settings import SweepSettings, requests_for_rate
+from loadtest.sweeps.runner import Sweep, load_records, schedule_start
 from loadtest.traffic.workloads import load_workload
 from test_loadtest import _FakeVLLM
 

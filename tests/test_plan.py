@@ -16,7 +16,8 @@ from deploy.preflight import Machine
 from loadtest.measurement import prom
 from loadtest.sweeps.plan import SweepPlan, Timings, run_order, starts_needed
 from loadtest.reports.report import compare_rows, compare_table
-from loadtest.sweeps.runner import Sweep, SweepSettings
+from loadtest.sweeps.settings import SweepSettings
+from loadtest.sweeps.runner import Sweep
 
 REPO = Path(__file__).resolve().parent.parent
 

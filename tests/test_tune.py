@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from deploy import load_config
-from loadtest.sweeps.runner import SweepSettings, plan_variants
+from loadtest.sweeps.settings import SweepSettings, plan_variants
 from tuning.tune import choose, deployed_k, out_of_reach, schedule_from, tuned_yaml
 from plugins import k_for_batch
 

@@ -32,7 +32,8 @@ from loadtest.reports import markdown
 from loadtest.files import bullet_sections, write_result
 from loadtest.reports.report import content_warnings, levels, summarize_speedups, write_report
 from loadtest.traffic.request_settings import RequestSettings, settings_record
-from loadtest.sweeps.runner import Sweep, SweepSettings, default_out_dir
+from loadtest.sweeps.settings import SweepSettings, default_out_dir
+from loadtest.sweeps.runner import Sweep
 from tuning import step_costs
 
 log = logging.getLogger("specdeploy.advise")

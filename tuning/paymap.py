@@ -42,7 +42,7 @@ from loadtest.reports import markdown
 from loadtest.reports import plots
 from loadtest.files import bullet_sections, write_atomic, write_result
 from loadtest.sweeps.plan import ServerInfo, assumed_start_s, assumed_tokens_per_s, duration_text
-from loadtest.sweeps.runner import default_out_dir
+from loadtest.sweeps.settings import default_out_dir
 from loadtest.measurement.stats import expected_tokens_per_step, implied_per_token_acceptance
 from tuning import step_costs
 from tuning.tune import TIE, deployed_k, schedule_from, tuned_yaml

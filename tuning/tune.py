@@ -42,7 +42,8 @@ from loadtest.reports import markdown
 from loadtest.files import bullet_sections, write_atomic, write_json, write_result
 from loadtest.reports.report import content_warnings, summarize_speedups, write_report
 from loadtest.traffic.request_settings import RequestSettings, settings_record
-from loadtest.sweeps.runner import SCHEDULE_VARIANT, Sweep, SweepSettings, default_out_dir
+from loadtest.sweeps.settings import SCHEDULE_VARIANT, SweepSettings, default_out_dir
+from loadtest.sweeps.runner import Sweep
 from loadtest.traffic.workloads import as_text, load_workload, uses_chat
 from tuning import step_costs
 from tuning.advise import SECTIONS

@@ -21,7 +21,7 @@ import markdown as markdown_lib
 TONES = ("good", "bad", "even", "none")
 """A verdict's colour: speculation pays / does not / breaks even / no verdict (not measured)."""
 
-METHOD_DOC = Path(__file__).resolve().parents[1] / "docs" / "load-tests.md"
+METHOD_DOC = Path(__file__).resolve().parents[2] / "docs" / "load-tests.md"
 """Where the method behind every table is written down (formulas, agreement, the content check)."""
 
 

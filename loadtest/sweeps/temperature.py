@@ -18,7 +18,8 @@ from loadtest.reports import markdown
 from loadtest.reports import plots
 from loadtest.files import write_atomic, write_json
 from loadtest.reports.report import derive, summarize_speedups, write_report
-from loadtest.sweeps.runner import Sweep, SweepSettings, default_out_dir
+from loadtest.sweeps.settings import SweepSettings, default_out_dir
+from loadtest.sweeps.runner import Sweep
 
 log = logging.getLogger("specdeploy.loadtest")
 
