@@ -34,12 +34,21 @@ class KVCache:
         self.values = [torch.empty(empty, dtype=dtype, device=device) for _ in range(layers)]
         self.length = 0
 
-    def reserve(self, extra: int) -> None:
-        need = self.length + extra
-        capacity = self.keys[0].shape[1]
-        if need <= capacity:
+    @property
+    def capacity(self) -> int:
+        """Positions this cache holds memory for (what the drafter's memory budget counts)."""
+        return self.keys[0].shape[1]
+
+    @staticmethod
+    def grown(capacity: int, positions: int) -> int:
+        """The capacity after `reserve(positions)` from `capacity`."""
+        return capacity if positions <= capacity else max(positions, 2 * capacity, 64)
+
+    def reserve(self, positions: int) -> None:
+        """Room for `positions` positions in all (filled ones are kept)."""
+        size = self.grown(self.capacity, positions)
+        if size == self.capacity:
             return
-        size = max(need, 2 * capacity, 64)
         for store in (self.keys, self.values):
             for i, old in enumerate(store):
                 new = old.new_empty((old.shape[0], size, old.shape[2]))
@@ -106,6 +115,16 @@ class LlamaDraft:
     def new_cache(self) -> KVCache:
         return KVCache(len(self.layers), self.kv_heads, self.head_dim, self.dtype, self.device)
 
+    @staticmethod
+    def reserve(cache: KVCache, positions: int) -> None:
+        """Make room for `positions` in one allocation before a drafting step (no growth inside it)."""
+        cache.reserve(positions)
+
+    @staticmethod
+    def positions_held(cache: KVCache | None, positions: int = 0) -> int:
+        """Positions `cache` (None: a new one) holds memory for once it has room for `positions`."""
+        return KVCache.grown(0 if cache is None else cache.capacity, positions)
+
     def _rms(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         """RMSNorm in float32, scaled in the model's dtype (transformers' LlamaRMSNorm)."""
         return weight * F.rms_norm(x.float(), (self.hidden,), eps=self.eps).to(x.dtype)
@@ -116,8 +135,8 @@ class LlamaDraft:
         cache holds; the logits [vocabulary] after the last of them."""
         n = ids.shape[0]
         cache.crop(position)
-        cache.reserve(n)
         end = position + n
+        cache.reserve(end)
         cos, sin = self.cos[position:end], self.sin[position:end]
         mask = None  # one new token sees every position; several see the cache and the new ones up to their own
         if n > 1:

@@ -72,6 +72,15 @@ class TransformersDraft:
 
         return DynamicCache(config=self.model.config)
 
+    @staticmethod
+    def reserve(cache: Any, positions: int) -> None:
+        """Nothing to do: a DynamicCache grows token by token."""
+
+    @staticmethod
+    def positions_held(cache: Any | None, positions: int = 0) -> int:
+        """A DynamicCache holds exactly its tokens: `positions` once it has them."""
+        return max(positions, 0 if cache is None else cache.get_seq_length())
+
     def logits(self, ids: torch.Tensor, position: int, cache: Any) -> torch.Tensor:
         """Feed `ids` after the first `position` cached tokens; the next-token logits after the last."""
         cached = cache.get_seq_length()
@@ -133,6 +142,11 @@ class SmallModelDrafter:
     def cached_tokens(self) -> int:
         return sum(len(s.tokens) for s in self._rows if s is not None)
 
+    @property
+    def held_positions(self) -> int:
+        """Positions the caches hold memory for (at least `cached_tokens`): what the budget bounds."""
+        return sum(self.forward.positions_held(s.cache) for s in self._rows if s is not None)
+
     @staticmethod
     def _claim(row: int, history: np.ndarray, free: dict[int, _RequestCache]) -> _RequestCache | None:
         """The cache built for this history: the row's own first, else one that moved rows."""
@@ -158,6 +172,7 @@ class SmallModelDrafter:
         n = len(history)
         if state is None:
             state = _RequestCache(np.zeros(0, np.int64), 0, self.forward.new_cache())
+        self.forward.reserve(state.cache, n + k - 1)  # history + drafts[:-1], in one allocation
         # Roll back to what the history confirms (accepted drafts stay), keeping one token to feed.
         keep = min(common_prefix(state.tokens, history), n - 1)
         feed = torch.as_tensor(history[keep:], dtype=torch.long, device=self.device)
@@ -197,22 +212,25 @@ class SmallModelDrafter:
             k = min(k_now, self.max_len - n)
             if not sampled_token_ids[i] or n < 1 or k < 1:
                 continue  # partial prefill, discarded row, or no room left: no draft
-            if n + k > budget:
+            history = token_ids_cpu[i, :n]
+            state = self._claim(i, history, free)
+            # What its cache will hold memory for after this step (history + drafts[:-1]), not only its
+            # tokens: a cache that grows by doubling can hold up to twice what it has filled.
+            if self.forward.positions_held(None if state is None else state.cache, n + k - 1) > budget:
                 self._note_over_budget()
                 continue  # its cache (if any) is dropped below: memory stays bounded
-            history = token_ids_cpu[i, :n]
             row_sampling = None
             if sampling is not None and sampling.temperature[i] > 0:
                 row_sampling = (float(sampling.temperature[i]), int(sampling.top_k[i]), float(sampling.top_p[i]))
                 if probs is None:
                     probs = torch.zeros(batch, self.k, self.vocab_size, device=self.device)
             try:
-                out[i], rows[i] = self._step(self._claim(i, history, free), history, k, row_sampling,
+                out[i], rows[i] = self._step(state, history, k, row_sampling,
                                              None if row_sampling is None else probs[i])
             except Exception as exc:  # noqa: BLE001 - a failed draft must never take the engine down
                 self._note_failure(exc)
                 continue
-            budget -= len(rows[i].tokens)
+            budget -= self.forward.positions_held(rows[i].cache)
         self._rows = rows  # unclaimed caches belonged to finished (or preempted) requests: freed
         self.last_draft_probs = probs
         return out

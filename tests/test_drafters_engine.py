@@ -544,15 +544,21 @@ def test_draft_caches_are_freed_as_requests_finish(one_torch_thread: None) -> No
         rows = nxt
 
 
-def test_draft_caches_stay_within_their_memory_budget() -> None:
+@pytest.mark.parametrize("path, held", [("weights", 64), ("transformers", 15)])
+def test_draft_caches_stay_within_their_memory_budget(path: str, held: int) -> None:
+    """The budget bounds the memory the caches hold, not only the tokens they have filled: a cache
+    on the weights path holds at least 64 positions (it grows by doubling), transformers' exactly
+    its tokens (12 + 3 drafts fed = 15 a request)."""
     model, per_token = _tiny_draft()
-    budget_tokens = 40
+    budget_tokens = 150
     drafter = SmallModelDrafter(model, 4, max_model_len=256, max_cache_mib=budget_tokens * per_token / 2**20)
+    if path == "transformers":
+        drafter.forward = TransformersDraft(model)
     assert drafter.max_cached_tokens == budget_tokens
-    tokens = np.zeros((8, 256), np.int32)
-    lengths = np.full(8, 12, np.int32)
-    tokens[:, :12] = np.arange(8)[:, None] + 1
-    drafts = drafter.propose([[1]] * 8, lengths, tokens)
-    served = [len(d) > 0 for d in drafts]
-    assert served[:2] == [True, True] and not any(served[3:]), served  # 12 + 3 drafts fed = 15 tokens each
-    assert drafter.cached_tokens <= budget_tokens and drafter.over_budget >= 5
+    tokens = np.zeros((16, 256), np.int32)
+    lengths = np.full(16, 12, np.int32)
+    tokens[:, :12] = np.arange(16)[:, None] + 1
+    drafts = drafter.propose([[1]] * 16, lengths, tokens)
+    fit = budget_tokens // held  # 2 caches of 64 positions, or 10 of 15
+    assert [len(d) > 0 for d in drafts] == [True] * fit + [False] * (16 - fit)
+    assert drafter.held_positions == fit * held <= budget_tokens and drafter.over_budget == 16 - fit
