@@ -296,9 +296,11 @@ class SmallModelProposer:
         self.drafter = SmallModelDrafter(model, self.k, self.model_config.max_model_len, self.device,
                                          max_cache_mib=self.max_cache_mib, k_by_batch=self.k_by_batch,
                                          vocab_size=target_vocab)
+        path = ("its forward pass from the weights" if isinstance(self.drafter.forward, LlamaDraft) else
+                "transformers' forward pass (not a plain Llama checkpoint: slower per token)")
         log.info("specdeploy small-model drafter: %s (%.2fM parameters, %s) on %s, K=%d, %s drafts for sampled "
-                 "requests", self.path, params / 1e6, dtype, self.device, self.k,
-                 "sampled" if self.probabilistic else "greedy")
+                 "requests, %s", self.path, params / 1e6, dtype, self.device, self.k,
+                 "sampled" if self.probabilistic else "greedy", path)
 
     def set_draft_sampling(self, sampling: RowSampling) -> None:
         """This step's sampling parameters per row (plugins.draft_sampling)."""
