@@ -28,7 +28,8 @@ from distill.data import DistillData, load_data, stdlib_test_prompts, write_prom
 from distill.train import TrainSettings, evaluate, fine_tune, load_draft, save_draft
 from loadtest.reports import markdown
 from loadtest.files import bullet_sections, write_atomic, write_json, write_result
-from loadtest.reports.report import content_warnings, summarize_speedups, write_report
+from loadtest.measurement.derive import content_warnings, summarize_speedups
+from loadtest.reports.report import write_report
 from loadtest.traffic.request_settings import RequestSettings, settings_record
 from loadtest.measurement.results import CREATED_FORMAT
 from loadtest.sweeps.settings import SweepSettings

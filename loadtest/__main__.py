@@ -217,7 +217,8 @@ def untested_temperatures(settings: SweepSettings, measured: list[float]) -> str
 
 
 def run_temperatures_cli(settings: SweepSettings, temperatures: list[float]) -> int:
-    from loadtest.sweeps.temperature import run_temperatures, summary_rows, summary_table
+    from loadtest.reports.temperature_report import summary_rows, summary_table
+    from loadtest.sweeps.temperature import run_temperatures
 
     runs: list[dict] = []
     try:
@@ -258,7 +259,7 @@ def cmd_compare(opts: argparse.Namespace) -> int:
         print("no report found under reports/; run `make loadtest` first or give a report folder", file=sys.stderr)
         return 1
     if report.is_dir() and (report / "temperature.json").is_file():  # a run over several temperatures
-        from loadtest.sweeps.temperature import load_runs, summary_rows, summary_table
+        from loadtest.reports.temperature_report import load_runs, summary_rows, summary_table
 
         runs = load_runs(report)
         temperatures = ", ".join(format(r["temperature"], "g") for r in runs)

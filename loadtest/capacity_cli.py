@@ -17,7 +17,8 @@ from deploy.config import DEFAULT_CONFIG
 from loadtest.traffic import request_settings
 from loadtest.traffic import declared as traffic
 from loadtest.arg_types import positive_int
-from loadtest.sweeps.capacity import Capacity, CapacitySettings, headline
+from loadtest.measurement.capacity_figures import headline
+from loadtest.sweeps.capacity import Capacity, CapacitySettings
 from loadtest.traffic.endpoint import EndpointError
 from loadtest.traffic.request_settings import RequestSettings
 

@@ -11,7 +11,9 @@ import pytest
 
 from loadtest.sweeps import capacity as cap
 from loadtest.reports import capacity_report
-from loadtest.sweeps.capacity import Capacity, CapacitySettings, crossover, headline, judge, paired_speedups, search
+from loadtest.measurement import capacity_figures
+from loadtest.measurement.capacity_figures import crossover, headline, paired_speedups
+from loadtest.sweeps.capacity import Capacity, CapacitySettings, judge, search
 
 SLO = "ttft_p95=500ms,tpot_p95=50ms"
 
@@ -169,11 +171,11 @@ def test_the_crossover_is_interpolated_on_a_log_scale_of_rate() -> None:
     # Noise around 1.0 crosses it more than once: the first fall below 1.0 is the crossover.
     noisy = crossover([{"rate": 1, "speedup": 0.95}, {"rate": 2, "speedup": 1.05}, {"rate": 4, "speedup": 0.95}])
     assert noisy["kind"] == "stops paying" and noisy["between"] == [2, 4] and len(noisy["crossings"]) == 2
-    assert "between 2 and 4 req/s" in cap._crossover_text(noisy) and "2 times in all" in cap._crossover_text(noisy)
+    assert "between 2 and 4 req/s" in capacity_figures.crossover_text(noisy) and "2 times in all" in capacity_figures.crossover_text(noisy)
     throughout = crossover([{"rate": 1, "speedup": 1.3}, {"rate": 2, "speedup": 1.1}])
     assert throughout["kind"] == "pays throughout" and throughout["rate"] is None
     assert crossover([{"rate": 1, "speedup": None}])["kind"] == "no pairs"
-    line = cap._crossover_text(throughout)
+    line = capacity_figures.crossover_text(throughout)
     assert line.startswith("speculation pays at every rate measured (1-2 req/s)") and "none" not in line
     assert "no crossover in the range measured" in line
 
@@ -335,7 +337,7 @@ def test_a_capacity_that_a_later_lower_rate_run_contradicts_is_revised_in_the_he
                                "4 req/s (-50%)"), lines[0]
     assert lines[1] == ("speculation's capacity revised from 8 to 4 req/s: a run at 6.4 req/s (second opinion) missed "
                         "the targets")
-    assert cap.revised(result, "baseline") is None
+    assert capacity_figures.revised(result, "baseline") is None
     badges = [b for b in capacity_report.badges(result) if b.label == "REVISED"]
     assert [b.text for b in badges] == ["spec-k4: capacity 8 → 4 req/s: a run at 6.4 req/s missed"]
 

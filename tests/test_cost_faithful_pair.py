@@ -16,7 +16,8 @@ from deploy.embedded_pair import GOALS, check_goals, free_running_goal, goal_lin
 from deploy.engine_args import engine_arguments
 from deploy.widen import widen_llama
 from loadtest.traffic import vllm_bench
-from loadtest.reports.report import headline, summarize_speedups
+from loadtest.measurement.derive import summarize_speedups
+from loadtest.reports.sweep_summary import headline
 from loadtest.traffic.request_settings import RequestSettings
 from loadtest.measurement.stats import mean_interval
 from loadtest.traffic.workloads import load_workload

@@ -37,7 +37,8 @@ from loadtest.__main__ import build_parser
 from loadtest.traffic.locust_run import LocustJob, commands, run_locust
 from loadtest.traffic.request_settings import RequestSettings, settings_record
 from loadtest.sweeps.plan import run_order
-from loadtest.reports.report import compare_table, headline, write_report
+from loadtest.reports.report import compare_table, write_report
+from loadtest.reports.sweep_summary import headline
 from loadtest.sweeps.settings import SweepSettings, plan_variants, requests_for
 from loadtest.sweeps.runner import Sweep, load_records
 from loadtest.traffic.workloads import BUILTIN, load_workload, request_for

@@ -21,7 +21,8 @@ from loadtest.traffic.arrivals import poisson_arrivals, replayed
 from loadtest.measurement.records import OUTCOMES, RequestRecord
 from loadtest.traffic.locust_run import LocustJob, commands, run_locust
 from loadtest.sweeps.plan import Timings
-from loadtest.reports.report import compare_table, derive_rates, write_report
+from loadtest.measurement.derive import derive_rates
+from loadtest.reports.report import compare_table, write_report
 from loadtest.traffic.request_settings import RequestSettings
 from loadtest.sweeps.settings import SweepSettings, requests_for_rate
 from loadtest.sweeps.runner import Sweep, load_records, schedule_start

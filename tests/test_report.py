@@ -16,7 +16,9 @@ from pathlib import Path
 import pytest
 
 from loadtest.__main__ import main
-from loadtest.reports.report import compare_table, derive, headline, newest_report, report_markdown, summarize_speedups, write_report
+from loadtest.measurement.derive import derive, summarize_speedups
+from loadtest.reports.report import compare_table, newest_report, report_markdown, write_report
+from loadtest.reports.sweep_summary import headline
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -19,11 +19,10 @@ from loadtest.measurement import slo
 from loadtest.measurement.records import RequestRecord
 from loadtest.traffic.endpoint import EndpointError, discover
 from loadtest.traffic.locust_run import LocustOutcome
-from loadtest.reports.report import headline
 from loadtest.sweeps.settings import SweepSettings
 from loadtest.sweeps.runner import Sweep, load_generator_lag, load_generator_notes
 from loadtest.measurement.stats import percentile
-from loadtest.reports.sweep_summary import exit_code
+from loadtest.reports.sweep_summary import exit_code, headline
 
 REPO = Path(__file__).resolve().parents[1]
 

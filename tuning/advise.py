@@ -30,7 +30,8 @@ from deploy import ConfigError, load_config, preflight
 from deploy.config import resolve_config_path
 from loadtest.reports import markdown
 from loadtest.files import bullet_sections, write_result
-from loadtest.reports.report import content_warnings, levels, summarize_speedups, write_report
+from loadtest.measurement.derive import content_warnings, levels, summarize_speedups
+from loadtest.reports.report import write_report
 from loadtest.traffic.request_settings import RequestSettings, settings_record
 from loadtest.sweeps.settings import SweepSettings, default_out_dir
 from loadtest.sweeps.runner import Sweep

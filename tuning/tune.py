@@ -40,7 +40,8 @@ from deploy.config import resolve_config_path
 from deploy.config_text import with_speculation
 from loadtest.reports import markdown
 from loadtest.files import bullet_sections, write_atomic, write_json, write_result
-from loadtest.reports.report import content_warnings, summarize_speedups, write_report
+from loadtest.measurement.derive import content_warnings, summarize_speedups
+from loadtest.reports.report import write_report
 from loadtest.traffic.request_settings import RequestSettings, settings_record
 from loadtest.sweeps.settings import SCHEDULE_VARIANT, SweepSettings, default_out_dir
 from loadtest.sweeps.runner import Sweep

@@ -98,4 +98,4 @@ class SweepResults(TypedDict, total=False):
     plan: dict[str, Any]
     """The order the sweep ran in and why, its server starts and its estimated seconds (`loadtest.sweeps.plan`)."""
     comparisons: list[dict[str, Any]]
-    """Speedups derived by the report (`report.derive`), added to the written copy."""
+    """Speedups derived by the report (`loadtest.measurement.derive.derive`), added to the written copy."""

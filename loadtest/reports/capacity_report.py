@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from loadtest.sweeps import capacity as cap
+from loadtest.measurement import capacity_figures as cap
 from loadtest.measurement import content
 from loadtest.reports import markdown
 from loadtest.reports import page
@@ -46,74 +46,88 @@ def plot(result: dict[str, Any], out: Path) -> list[Path]:
     levels = _measured(result)
     bounds = {t.name: 1000 * t.bound_s for t in slo.parse_targets(result["slo"])}
     if levels:
-        fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
-        for j, variant in enumerate(result["variants"]):
-            mine = sorted((lv for lv in levels if lv["variant"] == variant),
-                          key=lambda lv: lv["client"].get("output_tokens_per_s") or 0)
-            if not mine:
-                continue
-            for ax, (key, stat, title) in zip(axes, PARETO_FIGURES):
-                pts = [(lv["client"].get("output_tokens_per_s"), _client(lv, key, stat), lv["meets_targets"])
-                       for lv in mine]
-                pts = [p for p in pts if p[0] is not None and p[1] is not None]
-                if not pts:
-                    continue
-                ax.plot([x for x, _, _ in pts], [y for _, y, _ in pts], "-", color=f"C{j}", alpha=0.5)
-                ax.scatter([x for x, _, ok in pts if ok], [y for _, y, ok in pts if ok], color=f"C{j}",
-                           label=f"{variant}: meets targets")
-                ax.scatter([x for x, _, ok in pts if not ok], [y for _, y, ok in pts if not ok], facecolors="none",
-                           edgecolors=f"C{j}", label=f"{variant}: misses them")
-        for ax, (key, stat, title) in zip(axes, PARETO_FIGURES):
-            bound = bounds.get(TARGET_OF[(key, stat)])
-            if bound is not None:
-                ax.axhline(bound, color="red", lw=1, ls="--", label=f"target {bound:g} ms")
-            ax.set_yscale("log")
-            _plain_ticks(ax.yaxis)
-            ax.set_xlabel("output tokens/s (achieved)")
-            ax.set_ylabel(f"{title}, ms")
-            ax.set_title(f"{title} against throughput")
-            ax.grid(True, alpha=0.3)
-            ax.legend(fontsize=7)
-        fig.suptitle("Latency against throughput, one point per run (filled: met every target)")
+        fig = _pareto_figure(plt, result, levels, bounds)
         fig.tight_layout()
         plots.save(fig, out / PARETO, dpi=110)
         written.append(out / PARETO)
 
     points = rate_speedups(result)
     if points:
-        fig, ax = plots.speedup_axes()
-        for key, style, label in (("speedup", "o-", "per token (TPOT p50)"), ("e2e_speedup", "d--", "end to end (mean)")):
-            pts = [(p["rate"], p[key]) for p in points if p[key]["mean"] is not None]
-            if not pts:
-                continue
-            err = [[m["mean"] - m["low"] if m["low"] is not None else 0 for _, m in pts],
-                   [m["high"] - m["mean"] if m["high"] is not None else 0 for _, m in pts]]
-            ax.errorbar([r for r, _ in pts], [m["mean"] for _, m in pts], yerr=err, fmt=style, capsize=4,
-                        lw=2 if key == "speedup" else 1, label=label)
-        cross = result.get("crossover") or {}
-        if cross.get("rate"):
-            ax.axvline(cross["rate"], color="red", ls=":", lw=1.5,
-                       label=f"crossover {cross['rate']:.3g} req/s ({cross['kind']})")
-        for j, (variant, c) in enumerate(cap.effective_capacity(result).items()):
-            if c.get("capacity") is not None:
-                ax.axvline(c["capacity"], color=("C2", "C4", "C5")[j % 3], ls="--", lw=1,
-                           label=f"{variant} capacity {c['capacity']:g}" + (" (revised)" if c["status"] == "revised"
-                                                                          else ""))
-        ax.set_xscale("log")
-        _plain_ticks(ax.xaxis)
-        low, high = ax.get_ylim()
-        ax.set_ylim(min(low, 0.8), max(high, 1.2))
-        ax.set_xlabel("arrival rate, req/s (Poisson)", fontsize=11)
-        ax.set_ylabel("speedup (x the baseline)", fontsize=11)
-        intervals = any(p[k]["low"] is not None for p in points for k in ("speedup", "e2e_speedup"))
-        ax.set_title("Speedup a user sees, same arrivals " + ("(95% intervals)" if intervals else "(no repeats: no "
-                                                                                                   "interval)"),
-                     fontsize=12)
-        ax.legend(fontsize=8)
+        fig = _speedup_figure(result, points)
         fig.tight_layout()
         plots.save(fig, out / SPEEDUP)
         written.append(out / SPEEDUP)
     return written
+
+
+def _pareto_figure(plt: Any, result: dict[str, Any], levels: list[dict[str, Any]], bounds: dict[str, float]) -> Any:
+    """Each `PARETO_FIGURES` latency against throughput, one point per run (filled: it met every
+    target), and the target's bound (`bounds`: ms by target name)."""
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
+    for j, variant in enumerate(result["variants"]):
+        mine = sorted((lv for lv in levels if lv["variant"] == variant),
+                      key=lambda lv: lv["client"].get("output_tokens_per_s") or 0)
+        if not mine:
+            continue
+        for ax, (key, stat, title) in zip(axes, PARETO_FIGURES):
+            pts = [(lv["client"].get("output_tokens_per_s"), _client(lv, key, stat), lv["meets_targets"])
+                   for lv in mine]
+            pts = [p for p in pts if p[0] is not None and p[1] is not None]
+            if not pts:
+                continue
+            ax.plot([x for x, _, _ in pts], [y for _, y, _ in pts], "-", color=f"C{j}", alpha=0.5)
+            ax.scatter([x for x, _, ok in pts if ok], [y for _, y, ok in pts if ok], color=f"C{j}",
+                       label=f"{variant}: meets targets")
+            ax.scatter([x for x, _, ok in pts if not ok], [y for _, y, ok in pts if not ok], facecolors="none",
+                       edgecolors=f"C{j}", label=f"{variant}: misses them")
+    for ax, (key, stat, title) in zip(axes, PARETO_FIGURES):
+        bound = bounds.get(TARGET_OF[(key, stat)])
+        if bound is not None:
+            ax.axhline(bound, color="red", lw=1, ls="--", label=f"target {bound:g} ms")
+        ax.set_yscale("log")
+        _plain_ticks(ax.yaxis)
+        ax.set_xlabel("output tokens/s (achieved)")
+        ax.set_ylabel(f"{title}, ms")
+        ax.set_title(f"{title} against throughput")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle("Latency against throughput, one point per run (filled: met every target)")
+    return fig
+
+
+def _speedup_figure(result: dict[str, Any], points: list[dict[str, Any]]) -> Any:
+    """The speedup a user sees against the arrival rate (`rate_speedups`), with the crossover and
+    each variant's capacity marked."""
+    fig, ax = plots.speedup_axes()
+    for key, style, label in (("speedup", "o-", "per token (TPOT p50)"), ("e2e_speedup", "d--", "end to end (mean)")):
+        pts = [(p["rate"], p[key]) for p in points if p[key]["mean"] is not None]
+        if not pts:
+            continue
+        err = [[m["mean"] - m["low"] if m["low"] is not None else 0 for _, m in pts],
+               [m["high"] - m["mean"] if m["high"] is not None else 0 for _, m in pts]]
+        ax.errorbar([r for r, _ in pts], [m["mean"] for _, m in pts], yerr=err, fmt=style, capsize=4,
+                    lw=2 if key == "speedup" else 1, label=label)
+    cross = result.get("crossover") or {}
+    if cross.get("rate"):
+        ax.axvline(cross["rate"], color="red", ls=":", lw=1.5,
+                   label=f"crossover {cross['rate']:.3g} req/s ({cross['kind']})")
+    for j, (variant, c) in enumerate(cap.effective_capacity(result).items()):
+        if c.get("capacity") is not None:
+            ax.axvline(c["capacity"], color=("C2", "C4", "C5")[j % 3], ls="--", lw=1,
+                       label=f"{variant} capacity {c['capacity']:g}" + (" (revised)" if c["status"] == "revised"
+                                                                      else ""))
+    ax.set_xscale("log")
+    _plain_ticks(ax.xaxis)
+    low, high = ax.get_ylim()
+    ax.set_ylim(min(low, 0.8), max(high, 1.2))
+    ax.set_xlabel("arrival rate, req/s (Poisson)", fontsize=11)
+    ax.set_ylabel("speedup (x the baseline)", fontsize=11)
+    intervals = any(p[k]["low"] is not None for p in points for k in ("speedup", "e2e_speedup"))
+    ax.set_title("Speedup a user sees, same arrivals " + ("(95% intervals)" if intervals else "(no repeats: no "
+                                                                                               "interval)"),
+                 fontsize=12)
+    ax.legend(fontsize=8)
+    return fig
 
 
 def _plain_ticks(axis: Any) -> None:

@@ -20,7 +20,8 @@ from loadtest.reports import plots
 from loadtest.measurement import stats
 from loadtest.files import write_atomic
 from loadtest.reports.page import Badge, Line, Page, Section
-from loadtest.reports.report import derive_rates, embedded, load_results, summarize_speedups
+from loadtest.measurement.derive import derive_rates, summarize_speedups
+from loadtest.reports.report import embedded, load_results
 from loadtest.reports.sweep_summary import rate_contents, verdict_rule, verdict_word
 
 MUST_MATCH = {"workload": "workload", "temperature": "temperature", "max_tokens": "output length (max_tokens)",

@@ -1,6 +1,7 @@
 """What a sweep's report says first: a lead line where the run is not a complete measurement, one
 verdict line per batch size (or arrival rate) and variant, short badges for what to check, the
-setup in a paragraph; and the exit status that matches those words (`exit_code`).
+setup in a paragraph; every finding in full (`headline`, `rate_headline`: the report's findings
+and the top of the terminal's table); and the exit status that matches those words (`exit_code`).
 
 Headlines come only from what was measured: a level without its baseline gets no verdict, an
 interrupted or failed sweep says so before anything else, and a sweep of one run per level says
@@ -16,6 +17,9 @@ from loadtest.measurement import content
 from loadtest.measurement import stats
 from loadtest.traffic import declared as traffic
 from loadtest.traffic import vllm_bench
+from loadtest.measurement.derive import (SPEEDUPS, VALID_SPEEDUP, content_warnings, derive_rates, rate_levels,
+                                         slo_lines, summarize_speedups)
+from loadtest.reports.markdown import figure
 from loadtest.reports.page import Badge, Line
 
 # ---------------------------------------------------------------------------------- exit status
@@ -92,6 +96,65 @@ def lead(results: dict[str, Any]) -> str:
     return ""
 
 
+# ---------------------------------------------------------------------------------- every finding
+def headline(results: dict[str, Any]) -> list[str]:
+    """The report's first lines: output that is no text first (`content_warnings`), then per batch
+    size, whether speculation pays and by how much."""
+    entries = sorted(summarize_speedups(results), key=lambda e: (e["concurrency"], e["variant"]))
+    settings = results.get("settings") or {}
+    lines = traffic.describe(settings) if settings.get("workload") else []  # which traffic ran, first
+    lines += [w for e in entries for w in content_warnings(e)]
+    # Grouped sweeps (one server start per variant) pair runs by repeat, not by time.
+    grouped = ((results.get("plan") or {}).get("order") == "grouped")
+    paired = "each paired with the baseline's run of the same repeat" if grouped else "each beside a baseline run"
+    for e in entries:
+        parts = []
+        for key, name in SPEEDUPS.items():
+            m = e.get(key) or {}
+            if m.get("mean") is None:
+                continue
+            spread = f" (95% interval {m['low']:.2f}-{m['high']:.2f})" if m.get("low") is not None else ""
+            parts.append(f"{m['mean']:.2f}x {name}{spread}")
+        accept = (e.get("acceptance_rate") or {}).get("mean")
+        order = e.get("speedup_by_order")
+        valid = (e.get("valid_speedup") or {}).get("mean")
+        said = f"speculation {e['verdict']}: " + "; ".join(parts) + "; " if parts else f"{e['verdict']}; "
+        lines.append(f"batch {e['concurrency']}, {e['variant']}: {said}"
+                     + (f"acceptance {accept:.0%}" if accept is not None else "")
+                     + (f"; {valid:.2f}x {VALID_SPEEDUP}" if valid is not None else "")
+                     + f"{'; ' if accept is not None else ''}{content.describe(e.get('content'))}"
+                     + (f"; Locust {order['first']:.2f}x in runs before the baseline's, {order['second']:.2f}x "
+                        "in runs after it" if order else "")
+                     + f" ({e['runs']} run{'s' if e['runs'] != 1 else ''}{', ' + paired if parts else ''})")
+    return lines + [vllm_bench.describe_systematic(e) for e in vllm_bench.systematic_by_level(results)] \
+        + slo_lines(results)
+
+
+def rate_headline(results: dict[str, Any]) -> list[str]:
+    """Per speculative variant and rate: the speedups a user sees, averaged over the repeats; and
+    each run whose generator fell behind its schedule."""
+    groups: dict[tuple[str, float], list[dict[str, Any]]] = {}
+    lines = []
+    for row in derive_rates(results):
+        if row["behind"]:
+            lines.append(f"rate {row['rate']:g}/s, {row['variant']} run {row['repeat']}: the load generator fell "
+                         f"behind (achieved {figure(row['achieved_rate'], 2)}/s): that run's offered load was lower")
+        if row.get("tpot_p50_speedup") is not None or row.get("e2e_mean_speedup") is not None:
+            groups.setdefault((row["variant"], row["rate"]), []).append(row)
+    for (variant, rate), rows in sorted(groups.items(), key=lambda g: (g[0][1], g[0][0])):
+        parts = []
+        for key, what in (("tpot_p50_speedup", "per token (TPOT p50)"), ("e2e_mean_speedup", "end to end (mean)")):
+            m = stats.mean_interval([r[key] for r in rows if r.get(key) is not None])
+            if m["mean"] is not None:
+                spread = f" (95% interval {m['low']:.2f}-{m['high']:.2f})" if m.get("low") is not None else ""
+                parts.append(f"{m['mean']:.2f}x {what}{spread}")
+        served = sum(r["outcomes"].get("served", 0) for r in rows)
+        total = sum(sum(r["outcomes"].values()) for r in rows)
+        lines.append(f"rate {rate:g}/s, {variant}: against the baseline at the same arrivals, " + "; ".join(parts)
+                     + f"; {served}/{total} requests served ({len(rows)} run{'s' if len(rows) != 1 else ''})")
+    return lines
+
+
 # ---------------------------------------------------------------------------------- verdict lines
 def _interval(m: dict[str, Any]) -> str:
     if m.get("low") is None:
@@ -115,7 +178,7 @@ TONE = {"pays": "good", "does not pay": "bad", "breaks even": "even"}
 
 
 def verdict_word(verdict: str, summary: dict[str, Any] | None = None) -> tuple[str, str]:
-    """(short verdict, tone) of `report.verdict`'s text, for every first screen (load test, capacity,
+    """(short verdict, tone) of `loadtest.measurement.derive.verdict`'s text, for every first screen (load test, capacity,
     compare). On output that is mostly loops or noise (`content.mostly` of the content `summary`) the
     verdict is uncoloured and says so: a speedup measured on such output is not one for the text people
     want."""
@@ -129,8 +192,6 @@ def verdict_word(verdict: str, summary: dict[str, Any] | None = None) -> tuple[s
 
 def verdict_lines(results: dict[str, Any]) -> list[Line]:
     """Closed loop: per batch size and speculative variant; open loop: per rate and variant."""
-    from loadtest.reports.report import rate_levels, summarize_speedups
-
     entries = sorted(summarize_speedups(results), key=lambda e: (e["concurrency"], e["variant"]))
     several = len({e["variant"] for e in entries}) > 1
     lines = []
@@ -153,8 +214,6 @@ def verdict_lines(results: dict[str, Any]) -> list[Line]:
 
 
 def _rate_lines(results: dict[str, Any]) -> list[Line]:
-    from loadtest.reports.report import derive_rates, rate_levels
-
     rows = [r for r in derive_rates(results) if r["variant"] != "baseline"]
     several = len({r["variant"] for r in rows}) > 1
     contents = rate_contents(results)
@@ -184,8 +243,6 @@ def _rate_lines(results: dict[str, Any]) -> list[Line]:
 
 def rate_contents(results: dict[str, Any]) -> dict[tuple[str, float], dict[str, Any] | None]:
     """Open loop: the content check of each (variant, rate), its runs merged."""
-    from loadtest.reports.report import rate_levels
-
     contents: dict[tuple[str, float], list[Any]] = {}
     for variant, level in rate_levels(results):
         contents.setdefault((variant["name"], level["rate"]), []).append((level.get("client") or {}).get("content"))
@@ -193,7 +250,7 @@ def rate_contents(results: dict[str, Any]) -> dict[tuple[str, float], dict[str, 
 
 
 def verdict_rule(m: dict[str, Any]) -> str:
-    """The verdict rule of `report.verdict` on one interval (`stats.mean_interval`): pays, does not pay,
+    """The verdict rule of `loadtest.measurement.derive.verdict` on one interval (`stats.mean_interval`): pays, does not pay,
     breaks even."""
     if m.get("low") is not None and m["low"] > 1:
         return "pays"
@@ -206,8 +263,6 @@ def verdict_rule(m: dict[str, Any]) -> str:
 
 def notes(results: dict[str, Any]) -> list[str]:
     """Findings that are not verdicts: where the service targets were met."""
-    from loadtest.reports.report import slo_lines
-
     return slo_lines(results)
 
 
@@ -226,8 +281,6 @@ AGREEMENT_NAMES = dict(vllm_bench.JUDGED_NAMES)
 
 def badges(results: dict[str, Any]) -> list[Badge]:
     """Each warning in a few words, grouped where the same one concerns several runs."""
-    from loadtest.reports.report import content_warnings, summarize_speedups
-
     out: list[Badge] = []
     grouped: dict[tuple[str, str, str], list[str]] = {}
 

@@ -1,5 +1,6 @@
 """The sweep at several sampling temperatures: one full sweep (its own servers, report and vLLM
-benchmark check) per temperature, then a summary of acceptance and speedup against temperature.
+benchmark check) per temperature, then a summary of acceptance and speedup against temperature
+(`loadtest.reports.temperature_report`, rewritten after each temperature).
 
 Why a sweep each: a temperature changes what the drafter's tokens are worth (at T > 0 a draft
 token survives with a probability, not by equality), and each sweep keeps its own pairing of
@@ -8,16 +9,13 @@ speculative and baseline runs, so every speedup is still measured beside its bas
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from loadtest.reports import markdown
-from loadtest.reports import plots
-from loadtest.files import write_atomic, write_json
-from loadtest.reports.report import derive, summarize_speedups, write_report
+from loadtest.reports.report import write_report
+from loadtest.reports.temperature_report import write_summary
 from loadtest.sweeps.settings import SweepSettings, default_out_dir
 from loadtest.sweeps.runner import Sweep
 
@@ -49,140 +47,3 @@ def run_temperatures(settings: SweepSettings, temperatures: list[float]) -> tupl
         runs.append({**results, "temperature": temperature, "report": folder_for(temperature)})
         write_summary(runs, out)  # after each temperature: an interrupted run keeps what it measured
     return runs, out
-
-
-SUMMARY_KEYS = ("acceptance_rate", "mean_accepted_length", "speedup", "vllm_bench_speedup", "measured_speedup")
-
-
-def spread(values: list[float]) -> dict[str, float | int | None]:
-    """Mean and the lowest and highest run: with a few runs per point, the range says more than
-    a Student's t interval (two runs give one 25 times as wide as their difference)."""
-    if not values:
-        return {"n": 0, "mean": None, "min": None, "max": None}
-    return {"n": len(values), "mean": sum(values) / len(values), "min": min(values), "max": max(values)}
-
-
-def summary_rows(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per temperature, concurrency and speculative variant: acceptance, tokens per step and the
-    speedups over the repeats (each repeat paired with its own baseline run), and the verdict
-    each temperature's report gives."""
-    rows = []
-    for run in runs:
-        verdicts = {(e["variant"], e["concurrency"]): e["verdict"] for e in summarize_speedups(run)}
-        groups: dict[tuple[str, int], list[dict[str, Any]]] = {}
-        for d in derive(run):
-            groups.setdefault((d["variant"], d["concurrency"]), []).append(d)
-        for (variant, concurrency), derived in groups.items():
-            row: dict[str, Any] = {"temperature": run["temperature"], "variant": variant, "concurrency": concurrency,
-                                   "runs": len(derived), "verdict": verdicts.get((variant, concurrency), "-")}
-            for key in SUMMARY_KEYS:
-                row[key] = spread([d[key] for d in derived if d.get(key) is not None])
-            rows.append(row)
-    return sorted(rows, key=lambda r: (r["concurrency"], r["variant"], r["temperature"]))
-
-
-def _spread_cell(m: dict[str, Any] | None, fmt: str) -> str:
-    if not m or m.get("mean") is None:
-        return "-"
-    text = format(m["mean"], fmt)
-    if m["n"] > 1:
-        text += f" [{format(m['min'], fmt)}-{format(m['max'], fmt)}]"
-    return text
-
-
-def summary_table(rows: list[dict[str, Any]]) -> str:
-    header = ["batch", "variant", "temperature", "runs", "acceptance", "tokens per step", "speedup (Locust)",
-              "speedup (vLLM's benchmark)", "speedup (engine, per token)", "verdict"]
-    return markdown.table(header, [
-        [r["concurrency"], r["variant"], f"{r['temperature']:g}", r["runs"],
-         _spread_cell(r.get("acceptance_rate"), ".1%"), _spread_cell(r.get("mean_accepted_length"), ".2f"),
-         _spread_cell(r.get("speedup"), ".2f"), _spread_cell(r.get("vllm_bench_speedup"), ".2f"),
-         _spread_cell(r.get("measured_speedup"), ".2f"), r["verdict"]] for r in rows])
-
-
-def load_runs(out: Path) -> list[dict[str, Any]]:
-    """The sweeps of a temperature run, read back from their folders (to rebuild the summary)."""
-    runs = []
-    for results_file in sorted(out.glob("temperature-*/results.json")):
-        results = json.loads(results_file.read_text())
-        runs.append({**results, "temperature": float(results["settings"]["temperature"]),
-                     "report": results_file.parent.name})
-    return sorted(runs, key=lambda r: r["temperature"])
-
-
-def plot_summary(rows: list[dict[str, Any]], out: Path) -> Path | None:
-    """Acceptance and speedup against temperature, one line per (variant, batch size)."""
-    if not rows:
-        return None
-    plt = plots.pyplot()
-
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
-    for key in sorted({(r["variant"], r["concurrency"]) for r in rows}, key=lambda k: (k[1], k[0])):
-        series = [r for r in rows if (r["variant"], r["concurrency"]) == key]
-        xs = [r["temperature"] for r in series]
-        label = f"{key[0]}, batch {key[1]}"
-        left.plot(xs, [(r.get("acceptance_rate") or {}).get("mean") for r in series], marker="o", label=label)
-        right.plot(xs, [(r.get("speedup") or {}).get("mean") for r in series], marker="o", label=label)
-    right.axhline(1.0, color="grey", linestyle="--", linewidth=1)
-    left.set_ylim(0, 1.05)  # from zero: a fall from 60% to 5% should look like one
-    right.set_ylim(bottom=0)
-    for ax, title, ylabel in ((left, "Acceptance against temperature", "accepted / drafted tokens (engine)"),
-                              (right, "Speedup against temperature", "output tok/s vs no speculation (Locust)")):
-        ax.set_xlabel("sampling temperature")
-        ax.set_ylabel(ylabel)
-        ax.set_title(title)
-        ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    path = out / "temperature.png"
-    plots.save(fig, path, dpi=110)
-    return path
-
-
-def run_problems(results: dict[str, Any]) -> list[str]:
-    """A sweep's own problems and its runs' (each distinct one once, with where it happened)."""
-    found: dict[str, list[str]] = {p: [] for p in results.get("problems", [])}
-    for variant in results.get("variants", []):
-        if variant.get("error") and not variant.get("levels"):
-            found.setdefault(variant["error"], []).append(variant["name"])
-        for level in variant.get("levels", []):
-            for problem in level.get("problems", []):
-                found.setdefault(problem, []).append(f"{variant['name']} c={level['concurrency']}")
-    return [f"{p} ({', '.join(dict.fromkeys(where))})" if where else p for p, where in found.items()] or ["-"]
-
-
-def write_summary(runs: list[dict[str, Any]], out: Path) -> dict[str, Path]:
-    """temperature.json, temperature.md (the table, links to each sweep's report) and temperature.png."""
-    out.mkdir(parents=True, exist_ok=True)
-    rows = summary_rows(runs)
-    first = runs[0] if runs else {}
-    draft = next((v.get("speculative_config") for v in first.get("variants", []) if v.get("speculative_config")), None)
-    # A server the sweep started has the kit's whole speculative_config (greedy unless it says); a
-    # running one tells only its K.
-    sampling = ("-" if not draft else draft.get("draft_sample_method", "greedy") if "method" in draft
-                else "not known (a running server does not say)")
-    settings = first.get("settings", {})
-    write_json(out / "temperature.json", {"config": first.get("config"), "draft_sample_method": sampling,
-                                          "settings": settings, "rows": rows,
-                                          "sweeps": {f"{r['temperature']:g}": {"report": r["report"],
-                                                                               "status": r["status"],
-                                                                               "problems": r["problems"]}
-                                                     for r in runs}})
-    plot = plot_summary(rows, out)
-    problems = [f"- temperature {r['temperature']:g}: {r['status']}: " + "; ".join(run_problems(r))
-                for r in runs if r["status"] != "ok"]
-    text = "\n".join([
-        f"# Acceptance and speedup against temperature: {first.get('config')}", "",
-        f"Draft sampling: **{sampling}** (vLLM's `draft_sample_method`). Workload {settings.get('workload')}, "
-        f"{settings.get('max_tokens')} output tokens, {settings.get('repeat')} run(s) of each variant at each batch "
-        f"size and temperature, each beside a baseline run; means with [lowest-highest run]. Acceptance is the "
-        f"engine's (accepted / drafted tokens over a run); tokens per step counts the target's own token. Each "
-        f"temperature's report gives 95% intervals and the verdict's reasoning.", "",
-        summary_table(rows), "",
-        *(["## Problems", "", *problems, ""] if problems else []),
-        *([f"![acceptance and speedup against temperature]({plot.name})", ""] if plot else []),
-        "## Each temperature's report", "",
-        *[f"- T={r['temperature']:g}: [{r['report']}/report.md]({r['report']}/report.md) ({r['status']})" for r in runs],
-        ""])
-    md = write_atomic(out / "temperature.md", text)
-    return {"json": out / "temperature.json", "markdown": md, **({"plot": plot} if plot else {})}
