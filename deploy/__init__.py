@@ -8,9 +8,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
-from deploy.config import ConfigError, DeploymentConfig, load_config, resolve_config_path
+from deploy.config import ConfigError, DeploymentConfig, Override, load_config, resolve_config_path
 from deploy.engine_args import LaunchPlan, build_launch_plan
 from deploy.launcher import Server, ServerStartError, free_port, start_server
 from deploy.preflight import ResolvedDeployment, preflight
@@ -18,13 +19,14 @@ from deploy.preflight import ResolvedDeployment, preflight
 
 def plan_from_config(
     config: str | Path | DeploymentConfig = "default",
-    overrides: list[str] | tuple[str, ...] = (),
+    overrides: Sequence[Override | str] = (),
     no_speculation: bool = False,
     check_memory: bool = True,
     plan_only: bool = False,
     node_rank: int = 0,
 ) -> tuple[ResolvedDeployment, LaunchPlan]:
     """Load (unless given), check against this machine, and translate a config to a launch plan.
+    `overrides`: `Override`s or their `section.field=value` texts (`load_config`).
     `plan_only`: keep what this machine lacks in `resolved.machine_problems` instead of refusing.
     `node_rank`: which node's command, for a deployment over several nodes."""
     config_dir = None
@@ -38,6 +40,6 @@ def plan_from_config(
 
 
 __all__ = [
-    "ConfigError", "DeploymentConfig", "LaunchPlan", "ResolvedDeployment", "Server", "ServerStartError",
+    "ConfigError", "DeploymentConfig", "LaunchPlan", "Override", "ResolvedDeployment", "Server", "ServerStartError",
     "build_launch_plan", "free_port", "load_config", "plan_from_config", "preflight", "start_server",
 ]

@@ -7,9 +7,13 @@ here touches models, GPUs or vLLM: checks that look at the machine live in `pref
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import difflib
+import json
 import math
 import re
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -599,35 +603,101 @@ def _yaml_problem(exc: yaml.YAMLError) -> str:
     return " ".join(f"{problem}{where}".split())
 
 
-def apply_override(data: dict[str, Any], assignment: str) -> None:
-    """Apply `section.field=value` (value parsed as YAML) to raw config data, in place."""
-    if "=" not in assignment:
-        raise ConfigError("--set", [f"'{assignment}' is not of the form section.field=value"])
-    dotted, raw = assignment.split("=", 1)
-    keys = [k for k in dotted.strip().split(".") if k]
-    if not keys or not all(re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k) for k in keys):
-        raise ConfigError("--set", [f"'{dotted}' is not a dotted field path"])
+@dataclasses.dataclass(frozen=True)
+class Override:
+    """One config field set from outside the file: `--set section.field=value` on a command line
+    (the Makefile's `SET=`), or a variant's change made in code. Parsed once, where it enters
+    (`Override.parse`), then carried as data and applied to the file's data before validation."""
+
+    path: tuple[str, ...]
+    """The field's keys, section first: ("speculation", "num_speculative_tokens"); given as a
+    dotted string ("speculation.num_speculative_tokens"), it is split."""
+    value: Any
+    """The field's new value, as YAML reads it (None: YAML's null, or nothing after `=`)."""
+    text: str = dataclasses.field(default="", compare=False, repr=False)
+    """How it was written (`parse`'s text), which `str()` gives back byte for byte; empty for an
+    override made in code, which `str()` writes as `path=value`."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.path, str):
+            object.__setattr__(self, "path", tuple(k for k in self.path.split(".") if k))
+
+    @classmethod
+    def parse(cls, text: str) -> Override:
+        """`section.field=value` (the value read as YAML); ConfigError, with the command line's
+        wording, for text of another form."""
+        if "=" not in text:
+            raise ConfigError("--set", [f"'{text}' is not of the form section.field=value"])
+        dotted, raw = text.split("=", 1)
+        keys = [k for k in dotted.strip().split(".") if k]
+        if not keys or not all(re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k) for k in keys):
+            raise ConfigError("--set", [f"'{dotted}' is not a dotted field path"])
+        try:
+            value = yaml.load(raw, Loader=_StrictLoader) if raw.strip() else None
+        except yaml.YAMLError as exc:
+            raise ConfigError("--set", [f"'{text}': the value is not YAML ({_yaml_problem(exc)}); quote it: "
+                                        f"{dotted}='\"...\"'"]) from None
+        return cls(tuple(keys), value, text)
+
+    @property
+    def dotted(self) -> str:
+        """The field's path as written (before `=`), for messages."""
+        return self.text.split("=", 1)[0] if self.text else ".".join(self.path)
+
+    def __str__(self) -> str:
+        return self.text or f"{'.'.join(self.path)}={_value_text(self.value)}"
+
+
+def _value_text(value: Any) -> str:
+    """A value as `--set` would take it back: a string as itself where YAML reads it so, anything
+    else (and a string YAML would read otherwise: `null`, `4`) in JSON, which YAML reads."""
+    if isinstance(value, str):
+        try:
+            if yaml.safe_load(value) == value:
+                return value
+        except yaml.YAMLError:
+            pass
+    return json.dumps(value)
+
+
+def as_overrides(items: Iterable[Override | str]) -> list[Override]:
+    """Overrides as data: texts (`section.field=value`) parsed, overrides kept as they are."""
+    return [item if isinstance(item, Override) else Override.parse(item) for item in items]
+
+
+def overrides_as_text(value: Any) -> Any:
+    """`value` with every Override in it (inside lists and tuples too) as its text: how result
+    files and people read them."""
+    if isinstance(value, Override):
+        return str(value)
+    if isinstance(value, (list, tuple)):
+        return type(value)(overrides_as_text(v) for v in value)
+    return value
+
+
+def apply_override(data: dict[str, Any], override: Override | str) -> None:
+    """Set an override's field in raw config data, in place (a `section.field=value` text is
+    parsed first)."""
+    if isinstance(override, str):
+        override = Override.parse(override)
     node = data
-    for key in keys[:-1]:
+    for key in override.path[:-1]:
         child = node.setdefault(key, {})
         if not isinstance(child, dict):
-            raise ConfigError("--set", [f"'{dotted}': {key} is not a section"])
+            raise ConfigError("--set", [f"'{override.dotted}': {key} is not a section"])
         node = child
-    try:
-        node[keys[-1]] = yaml.load(raw, Loader=_StrictLoader) if raw.strip() else None
-    except yaml.YAMLError as exc:
-        raise ConfigError("--set", [f"'{assignment}': the value is not YAML ({_yaml_problem(exc)}); quote it: "
-                                    f"{dotted}='\"...\"'"]) from None
+    # A copy: one override applies to many loads, and what one load does to its data stays there.
+    node[override.path[-1]] = copy.deepcopy(override.value)
 
 
 def load_config(
-    name_or_path: str | Path = DEFAULT_CONFIG, overrides: list[str] | tuple[str, ...] = (),
+    name_or_path: str | Path = DEFAULT_CONFIG, overrides: Sequence[Override | str] = (),
     no_speculation: bool = False,
 ) -> DeploymentConfig:
     """Read, override and validate a config file.
 
-    `overrides` are `section.field=value` strings; `no_speculation` turns any drafter off so a
-    preset runs as its own baseline.
+    `overrides` are `Override`s or their `section.field=value` texts (parsed here); `no_speculation`
+    turns any drafter off so a preset runs as its own baseline.
     """
     path = resolve_config_path(name_or_path)
     try:
@@ -639,7 +709,7 @@ def load_config(
     except yaml.YAMLError as exc:
         raise ConfigError(str(path), [f"not valid YAML: {_yaml_problem(exc)}"]) from None
     if isinstance(data, dict):
-        for assignment in overrides:
-            apply_override(data, assignment)
+        for override in overrides:
+            apply_override(data, override)
     config = parse_config(data, str(path))
     return config.without_speculation() if no_speculation else config

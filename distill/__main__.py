@@ -12,7 +12,7 @@ from pathlib import Path
 from types import FrameType
 
 from deploy import ConfigError
-from deploy.config import DEFAULT_CONFIG, load_config
+from deploy.config import DEFAULT_CONFIG, as_overrides, load_config
 from distill.run import STDLIB_TESTS, DistillSettings, distill
 from distill.train import TrainSettings
 from loadtest.arg_types import int_list, positive_int, temperature_list
@@ -96,8 +96,13 @@ def dry_run(settings: DistillSettings) -> int:
 def main(argv: list[str] | None = None) -> int:
     opts = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        overrides = as_overrides(opts.overrides)  # --set's texts parsed once, here
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     settings = DistillSettings(
-        opts.config, opts.overrides, opts.data, opts.held_out, opts.max_tokens, opts.temperatures, opts.top_logprobs,
+        opts.config, overrides, opts.data, opts.held_out, opts.max_tokens, opts.temperatures, opts.top_logprobs,
         TrainSettings(epochs=opts.epochs, lr=opts.lr), opts.max_minutes, not opts.no_measure, sorted(set(opts.batches)),
         opts.measure_temperature, opts.repeat, opts.requests, opts.measure_max_tokens, opts.vllm_bench,
         opts.draft_out, opts.output, opts.out)

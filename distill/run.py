@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from deploy import free_port, load_config, plan_from_config, preflight, start_server
-from deploy.config import resolve_config_path
+from deploy.config import Override, overrides_as_text, resolve_config_path
 from deploy.config_text import with_speculation
 from deploy.preflight import target_tokenizer
 from distill import fit
@@ -43,7 +43,8 @@ CHARS_PER_TOKEN = 3.0  # to size the training set before tokenizing it (byte-lev
 @dataclass
 class DistillSettings:
     config: str
-    overrides: list[str] = field(default_factory=list)
+    overrides: list[Override] = field(default_factory=list)
+    """Config fields set for every server (`--set`, parsed by the command line)."""
     data: str = STDLIB_TESTS
     """Prompts of the user's domain (a workload file), or `stdlib-tests`: windows of the Python
     standard library's tests, which the embedded pair never trained on."""
@@ -117,7 +118,7 @@ def collect_from_target(settings: DistillSettings, checked: Checked) -> tuple[li
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(checked.tokenizer)
-    _, plan = plan_from_config(str(checked.config_path), [*settings.overrides, f"server.port={free_port()}"],
+    _, plan = plan_from_config(str(checked.config_path), [*settings.overrides, Override("server.port", free_port())],
                                no_speculation=True)
     key_env = load_config(str(checked.config_path), settings.overrides).server.api_key_env or ""
     log.info("starting the target to collect its continuations (log %s)", checked.out / "logs" / "target.log")
@@ -162,14 +163,7 @@ def distill(settings: DistillSettings) -> dict[str, Any]:
 
     draft_out = (settings.draft_out or out / "draft").resolve()
     save_draft(model, checked.draft_dir, draft_out)
-    write_json(draft_out / "distill.json", {
-        "base_draft": str(checked.draft_dir), "target_config": str(checked.config_path),
-        "overrides": settings.overrides, "data": result["data"], "collected": result["collected"],
-        "collection": {"max_tokens": settings.max_tokens, "temperatures": settings.temperatures,
-                       "top_logprobs": settings.top_logprobs},
-        "training": {**asdict(settings.train), **result["training"], "device": device},
-        "offline": result["offline"], "created": time.strftime(CREATED_FORMAT),
-        "torch": torch.__version__})
+    write_record(settings, checked, result, draft_out, device, torch.__version__)
     result["draft"] = str(draft_out)
     if after["loss"] >= before["loss"]:
         # A draft further from the target than the one deployed: keep it to look at, deploy nothing.
@@ -193,6 +187,19 @@ def distill(settings: DistillSettings) -> dict[str, Any]:
     return write_result(out, "distill", result, describe(result))
 
 
+def write_record(settings: DistillSettings, checked: Checked, result: dict[str, Any], draft_out: Path, device: str,
+                 torch_version: str) -> None:
+    """distill.json beside the distilled draft: what it was made from and how (the overrides as written)."""
+    write_json(draft_out / "distill.json", {
+        "base_draft": str(checked.draft_dir), "target_config": str(checked.config_path),
+        "overrides": overrides_as_text(settings.overrides), "data": result["data"], "collected": result["collected"],
+        "collection": {"max_tokens": settings.max_tokens, "temperatures": settings.temperatures,
+                       "top_logprobs": settings.top_logprobs},
+        "training": {**asdict(settings.train), **result["training"], "device": device},
+        "offline": result["offline"], "created": time.strftime(CREATED_FORMAT),
+        "torch": torch_version})
+
+
 def measure(settings: DistillSettings, checked: Checked, draft: Path, held_file: Path) -> dict[str, Any]:
     """One load test per temperature on the held-out prompts: the original draft (`spec-k<K>`), the
     distilled one and no speculation, taking turns at each batch size."""
@@ -200,7 +207,8 @@ def measure(settings: DistillSettings, checked: Checked, draft: Path, held_file:
     for temperature in settings.measure_temperatures:
         sweep_out = checked.out / f"measure-T{temperature:g}"
         results = Sweep(SweepSettings(
-            str(checked.config_path), overrides=settings.overrides, alternatives=[("distilled", [f"speculation.model={draft}"])],
+            str(checked.config_path), overrides=settings.overrides,
+            alternatives=[("distilled", [Override("speculation.model", str(draft))])],
             users=settings.batches, repeat=settings.repeat, requests=settings.requests,
             request=RequestSettings(workload=str(held_file), temperature=temperature,
                                     max_tokens=settings.measure_max_tokens),

@@ -25,7 +25,7 @@ from pathlib import Path
 from types import FrameType
 
 from deploy import ConfigError, load_config
-from deploy.config import DEFAULT_CONFIG
+from deploy.config import DEFAULT_CONFIG, as_overrides
 from loadtest import capacity_cli
 from loadtest.traffic import request_settings
 from loadtest.traffic import declared as traffic
@@ -138,7 +138,8 @@ def cmd_run(opts: argparse.Namespace) -> int:
         return 2
     config = opts.config or ("" if opts.url else DEFAULT_CONFIG)
     try:
-        declared, source = traffic.declared(config, opts.overrides)
+        overrides = as_overrides(opts.overrides)  # --set's texts parsed once, here
+        declared, source = traffic.declared(config, overrides)
     except (ConfigError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -147,7 +148,7 @@ def cmd_run(opts: argparse.Namespace) -> int:
     request = RequestSettings.from_options(opts, **traffic.chosen(opts, declared, TRAFFIC_NO_TEMPERATURE),
                                            temperature=opts.temperature[0])
     settings = SweepSettings(
-        config=config, overrides=opts.overrides, no_spec=opts.no_spec, baseline=not opts.no_baseline,
+        config=config, overrides=overrides, no_spec=opts.no_spec, baseline=not opts.no_baseline,
         extra_k=opts.k, users=sorted(dict.fromkeys(opts.users or [1, 32])),
         rates=sorted(dict.fromkeys(opts.rates or [])), repeat=opts.repeat, order=opts.order,
         requests=opts.requests,

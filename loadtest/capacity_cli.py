@@ -13,7 +13,7 @@ from types import FrameType
 from typing import Any
 
 from deploy import ConfigError
-from deploy.config import DEFAULT_CONFIG
+from deploy.config import DEFAULT_CONFIG, as_overrides
 from loadtest.traffic import request_settings
 from loadtest.traffic import declared as traffic
 from loadtest.arg_types import positive_int
@@ -112,9 +112,10 @@ def sweep_settings(opts: argparse.Namespace) -> Any:
     from loadtest.sweeps.settings import SweepSettings
 
     config = opts.config or ("" if opts.url else DEFAULT_CONFIG)
-    declared, source = traffic.declared(config, opts.overrides)
+    overrides = as_overrides(opts.overrides)  # --set's texts parsed once, here
+    declared, source = traffic.declared(config, overrides)
     return SweepSettings(
-        config=config, overrides=opts.overrides, no_spec=opts.no_spec, repeat=max(opts.repeat, 2),
+        config=config, overrides=overrides, no_spec=opts.no_spec, repeat=max(opts.repeat, 2),
         requests=opts.requests, duration_s=opts.duration, vllm_bench=False, warmup=opts.warmup,
         request=RequestSettings.from_options(opts, **traffic.chosen(opts, declared)),
         traffic_source=traffic.origin(source, traffic.given_options(opts)), workers=opts.workers,

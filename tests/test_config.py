@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from deploy import free_port, plan_from_config
-from deploy.config import CONFIGS_DIR, ConfigError, load_config, parse_config
+from deploy.config import CONFIGS_DIR, ConfigError, Override, load_config, parse_config
 from deploy.engine_args import build_launch_plan, engine_arguments
 from deploy.preflight import Machine, cpu_binding, preflight
 
@@ -159,6 +159,23 @@ def test_overrides_and_no_spec_from_the_command_line() -> None:
         load_config("default", ["server.prot=1"])
     with pytest.raises(ConfigError, match="no such config file; presets in"):
         load_config("no-such-preset")
+
+
+def test_an_override_is_a_field_path_and_a_value_that_gives_its_text_back() -> None:
+    given = Override.parse(" speculation.num_speculative_tokens = 2")
+    assert given.path == ("speculation", "num_speculative_tokens") and given.value == 2
+    assert given == Override("speculation.num_speculative_tokens", 2)  # a dotted path is split
+    assert str(given) == " speculation.num_speculative_tokens = 2"  # as written, for results and reports
+    made = [Override(("speculation", "schedule"), [[1, 64, 4]]), Override("speculation.model", None),
+            Override("server.host", "127.0.0.1"), Override("speculation.model", "null")]
+    assert [str(o) for o in made] == ["speculation.schedule=[[1, 64, 4]]", "speculation.model=null",
+                                      "server.host=127.0.0.1", 'speculation.model="null"']
+    assert all(Override.parse(str(o)) == o for o in made)
+    # The documented strings and the data give the same config.
+    assert (load_config("llama70b-7b", [Override("server.port", 9000), "speculation.num_speculative_tokens=6"])
+            == load_config("llama70b-7b", ["server.port=9000", "speculation.num_speculative_tokens=6"]))
+    with pytest.raises(ConfigError, match="'server.port.x': port is not a section"):
+        load_config("default", [Override("server.port.x", 1)])
 
 
 def test_missing_model_folder_says_how_to_fix(tmp_path: Path) -> None:

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 from deploy import ConfigError
-from deploy.config import DEFAULT_CONFIG
+from deploy.config import DEFAULT_CONFIG, as_overrides
 from loadtest.traffic import request_settings
 from loadtest.traffic import declared as traffic
 from loadtest.arg_types import int_list, positive_int, temperature_list
@@ -137,12 +137,13 @@ def cmd_advise(opts: argparse.Namespace) -> int:
     from tuning.advise import AdviceSettings, advise, describe
 
     try:
-        declared, source = traffic.declared(opts.config, opts.overrides)
+        overrides = as_overrides(opts.overrides)  # --set's texts parsed once, here
+        declared, source = traffic.declared(opts.config, overrides)
     except (ConfigError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     request = RequestSettings.from_options(opts, **traffic.chosen(opts, declared))
-    settings = AdviceSettings(opts.config, opts.overrides, sorted(set(opts.batches)), request,
+    settings = AdviceSettings(opts.config, overrides, sorted(set(opts.batches)), request,
                               opts.requests, opts.cost_repeats, opts.repeat, opts.vllm_bench, opts.out,
                               traffic_source=traffic.origin(source, traffic.given_options(opts)))
     if opts.dry_run:
@@ -165,12 +166,13 @@ def cmd_tune(opts: argparse.Namespace) -> int:
     from tuning.tune import TuneSettings, describe, tune
 
     try:
-        declared, source = traffic.declared(opts.config, opts.overrides)
+        overrides = as_overrides(opts.overrides)  # --set's texts parsed once, here
+        declared, source = traffic.declared(opts.config, overrides)
     except (ConfigError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     values = traffic.chosen(opts, declared, TUNE_TRAFFIC)
-    settings = TuneSettings(opts.config, opts.overrides, sorted(set(opts.batches)),
+    settings = TuneSettings(opts.config, overrides, sorted(set(opts.batches)),
                             RequestSettings.from_options(opts, only=(*TUNE_TRAFFIC, "max_tokens"), **values),
                             opts.temperature, opts.cost_repeats, not opts.no_prove, opts.proof_temperature,
                             opts.requests, opts.output, opts.out, proof_repeats=opts.proof_repeats,

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from deploy import ConfigError, load_config, preflight
-from deploy.config import resolve_config_path
+from deploy.config import Override, resolve_config_path
 from loadtest.reports import markdown
 from loadtest.files import bullet_sections, write_result
 from loadtest.measurement.derive import content_warnings, levels, summarize_speedups
@@ -50,7 +50,8 @@ NOT_SMALLER = "is not smaller than"
 @dataclass
 class AdviceSettings:
     config: str
-    overrides: list[str] = field(default_factory=list)
+    overrides: list[Override] = field(default_factory=list)
+    """Config fields set for every engine and load test (`--set`, parsed by the command line)."""
     batches: list[int] = field(default_factory=lambda: [1, 32])
     """Batch sizes (closed-loop users) to advise on."""
     request: RequestSettings = field(default_factory=RequestSettings)

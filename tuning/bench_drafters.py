@@ -228,36 +228,43 @@ def summarize(results: list[DrafterResult], names: list[str]) -> list[dict]:
     return rows
 
 
+def _fmt(value: float | None, spec: str) -> str:
+    return "n/a" if value is None else format(value, spec)
+
+
+def _equal_tokens(s: dict) -> str:
+    spread = s["vs_reference_at_equal_tokens_range"]
+    return "n/a" if spread is None else (f"{s['vs_reference_at_equal_tokens']:.3f}x "
+                                         f"[{spread[0]:.3f}-{spread[1]:.3f}]")
+
+
+def _degenerate(s: dict) -> str:
+    c = s.get("content")
+    return "n/a" if not c else f"{c['degenerate']}/{c['checked']}"
+
+
+def _drafter_row(s: dict) -> list[str]:
+    """A drafter's row of the first table: acceptance, speed, content."""
+    lo, hi = s["tokens_per_s_range"]
+    spread = (f" [{s['speedup_range'][0]:.2f}-{s['speedup_range'][1]:.2f}]" if s["speedup_range"] else "")
+    c = s.get("content") or {}
+    return [s["drafter"], _fmt(s["acceptance_rate"], ".1%"), _fmt(s["mean_acceptance_length"], ".2f"),
+            f"{s['tokens_per_s']:.1f} [{lo:.1f}-{hi:.1f}]", f"{_fmt(s['speedup'], '.2f')}x{spread}", _degenerate(s),
+            f"{_fmt(c.get('distinct_4'), '.2f')} ({_fmt((c.get('reference') or {}).get('distinct_4'), '.2f')})",
+            _fmt(c.get("acceptance_valid"), ".1%")]
+
+
+def _step_row(s: dict) -> list[str]:
+    """A drafter's row of the step-time table: where a step's time goes."""
+    ms = s["step_ms"]
+    per_step = s["mean_acceptance_length"] or 1.0
+    total = (ms.get("step") or 0) + (ms.get("post_step") or 0)
+    return [s["drafter"], _fmt(ms.get("step"), ".2f"), *(_fmt(ms.get(p), ".2f") for p, _ in PHASE_COLUMNS),
+            _fmt(total - (ms.get("forward") or 0) if total else None, ".2f"),
+            _fmt(per_step / total if total else None, ".3f"), _equal_tokens(s)]
+
+
 def markdown(summary: list[dict], cost: dict[str, float], meta: dict) -> str:
-    def fmt(value: float | None, spec: str) -> str:
-        return "n/a" if value is None else format(value, spec)
-
-    def equal_tokens(s: dict) -> str:
-        spread = s["vs_reference_at_equal_tokens_range"]
-        return "n/a" if spread is None else (f"{s['vs_reference_at_equal_tokens']:.3f}x "
-                                             f"[{spread[0]:.3f}-{spread[1]:.3f}]")
-
-    def degenerate(s: dict) -> str:
-        c = s.get("content")
-        return "n/a" if not c else f"{c['degenerate']}/{c['checked']}"
-
-    def drafter_row(s: dict) -> list[str]:
-        lo, hi = s["tokens_per_s_range"]
-        spread = (f" [{s['speedup_range'][0]:.2f}-{s['speedup_range'][1]:.2f}]" if s["speedup_range"] else "")
-        c = s.get("content") or {}
-        return [s["drafter"], fmt(s["acceptance_rate"], ".1%"), fmt(s["mean_acceptance_length"], ".2f"),
-                f"{s['tokens_per_s']:.1f} [{lo:.1f}-{hi:.1f}]", f"{fmt(s['speedup'], '.2f')}x{spread}", degenerate(s),
-                f"{fmt(c.get('distinct_4'), '.2f')} ({fmt((c.get('reference') or {}).get('distinct_4'), '.2f')})",
-                fmt(c.get("acceptance_valid"), ".1%")]
-
-    def step_row(s: dict) -> list[str]:
-        ms = s["step_ms"]
-        per_step = s["mean_acceptance_length"] or 1.0
-        total = (ms.get("step") or 0) + (ms.get("post_step") or 0)
-        return [s["drafter"], fmt(ms.get("step"), ".2f"), *(fmt(ms.get(p), ".2f") for p, _ in PHASE_COLUMNS),
-                fmt(total - (ms.get("forward") or 0) if total else None, ".2f"),
-                fmt(per_step / total if total else None, ".3f"), equal_tokens(s)]
-
     warnings = [f"- {content.label(s.get('content'))}: {s['drafter']}'s output {w}" for s in summary
                 if (w := content.warning(s.get("content")))]
     temperature = meta.get("temperature", 0)
@@ -274,7 +281,7 @@ def markdown(summary: list[dict], cost: dict[str, float], meta: dict) -> str:
         "the same length; acceptance over the requests that do not loop, from the server's per-request "
         "figures.", "",
         markdown_table(["drafter", "acceptance rate", "mean acceptance length", "output tok/s", "vs none", "degenerate",
-                        "distinct 4-grams (held-out)", "acceptance, content-valid"], map(drafter_row, summary),
+                        "distinct 4-grams (held-out)", "acceptance, content-valid"], map(_drafter_row, summary),
                        align="lrrrrrrr"),
         "", "## Where a step's time goes", "",
         "Milliseconds per engine step (median over rounds), from timers around vLLM's step phases "
@@ -289,7 +296,7 @@ def markdown(summary: list[dict], cost: dict[str, float], meta: dict) -> str:
         f"{REFERENCE}'s (step + post-step) over the drafter's in the same round, median [min-max]: the "
         f"drafter's speedup over {REFERENCE}'s if both made the same tokens per step.", "",
         markdown_table(["drafter", "step", *(title for _, title in PHASE_COLUMNS), "besides the forward",
-                        "tokens per ms", f"vs {REFERENCE} at equal tokens per step"], map(step_row, summary),
+                        "tokens per ms", f"vs {REFERENCE} at equal tokens per step"], map(_step_row, summary),
                        align="l" + "r" * (len(PHASE_COLUMNS) + 4)),
     ]
     lines += ["", f"Bigram proposal cost, 256 running requests, K = 8: {cost['median_us']:.0f} us per propose "

@@ -54,12 +54,14 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from tqdm import tqdm
 
 from deploy import load_config, plan_from_config
+from deploy.config import Override, as_overrides
 from deploy.engine_args import engine_arguments, is_secret
 from loadtest.measurement import content
 from loadtest.files import write_json
@@ -70,25 +72,27 @@ LENGTHS = (8, 72)
 """M1 and M2: output tokens of the short and the long generation."""
 
 
-def variant_overrides(k: int) -> dict[str, tuple[list[str], bool]]:
+def variant_overrides(k: int) -> dict[str, tuple[list[Override], bool]]:
     """Config overrides (and no-speculation) that turn the config into each variant."""
     return {
         "plain": ([], True),
-        "verify": (["speculation.drafter=probe", "speculation.model=null", "speculation.implementation=native",
-                    "speculation.draft_sampling=greedy",
-                    f"speculation.num_speculative_tokens={k}"], False),
-        "draft": ([f"speculation.num_speculative_tokens={k}"], False),
+        "verify": ([Override("speculation.drafter", "probe"), Override("speculation.model", None),
+                    Override("speculation.implementation", "native"), Override("speculation.draft_sampling", "greedy"),
+                    Override("speculation.num_speculative_tokens", k)], False),
+        "draft": ([Override("speculation.num_speculative_tokens", k)], False),
     }
 
 
 def measure_costs(config: str = "default", k: int | None = None, batches: tuple[int, ...] = (1, 32),
-                  repeats: int = 5, overrides: tuple[str, ...] = (),
+                  repeats: int = 5, overrides: Sequence[Override | str] = (),
                   free_running: dict[str, Any] | None = None) -> dict[str, Any]:
     """Step times of the three variants (module doc) at each batch size, and their ratios;
-    `overrides` (`field=value`) apply to the config before each variant's own. `free_running`
-    ({"prompts", "temperatures", "max_tokens", "embedded"}): the draft variant's engine also
-    generates those prompts, and the result gets their acceptance and content (`acceptance`)."""
-    base = load_config(config, list(overrides))
+    `overrides` (`Override`s, or their `field=value` texts) apply to the config before each
+    variant's own. `free_running` ({"prompts", "temperatures", "max_tokens", "embedded"}): the
+    draft variant's engine also generates those prompts, and the result gets their acceptance and
+    content (`acceptance`)."""
+    overrides = as_overrides(overrides)
+    base = load_config(config, overrides)
     if not base.speculation.enabled:
         raise ValueError(f"config {config} has no drafter; step costs compare a drafter with plain decoding")
     k = k or base.speculation.num_speculative_tokens
@@ -99,9 +103,9 @@ def measure_costs(config: str = "default", k: int | None = None, batches: tuple[
     return result
 
 
-def measure_steps(config: str, variants: dict[str, tuple[list[str], bool]], batches: tuple[int, ...],
-                  repeats: int, overrides: tuple[str, ...] = (), timed: str | None = None,
-                  acceptance: tuple[str, dict[str, Any]] | None = None,
+def measure_steps(config: str, variants: dict[str, tuple[Sequence[Override | str], bool]],
+                  batches: tuple[int, ...], repeats: int, overrides: Sequence[Override | str] = (),
+                  timed: str | None = None, acceptance: tuple[str, dict[str, Any]] | None = None,
                   k_sweep_variant: str | None = None, k_sweep: int = 0,
                   paymap: dict[str, Any] | None = None) -> dict[str, Any]:
     """Step time and tokens per step of each variant (name -> its overrides and no-speculation)

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from deploy import ConfigError, load_config, preflight
-from deploy.config import resolve_config_path
+from deploy.config import Override, as_overrides, resolve_config_path
 from deploy.config_text import with_speculation
 from loadtest.reports import markdown
 from loadtest.files import bullet_sections, write_atomic, write_json, write_result
@@ -56,6 +56,8 @@ PROOF_RATIO = 0.97
 the best fixed K's (every other batch) in the proof."""
 TIE = 0.01
 """Ks whose tokens per unit of time are within this share of the best count as a tie."""
+TUNED_FIELDS = (("speculation", "num_speculative_tokens"), ("speculation", "schedule"))
+"""The fields a tuned file sets (K and the schedule)."""
 ACCEPTANCE_PROMPTS = 32
 ACCEPTANCE_TOKENS = 96
 
@@ -63,7 +65,8 @@ ACCEPTANCE_TOKENS = 96
 @dataclass
 class TuneSettings:
     config: str
-    overrides: list[str] = field(default_factory=list)
+    overrides: list[Override] = field(default_factory=list)
+    """Config fields set for every engine and load test (`--set`; texts given here are parsed)."""
     batches: list[int] = field(default_factory=lambda: [1, 4, 16, 32])
     """Batch sizes (closed-loop users) to choose K for."""
     request: RequestSettings = field(default_factory=lambda: RequestSettings(max_tokens=64))
@@ -88,6 +91,9 @@ class TuneSettings:
     because the variants' order flips from one repeat to the next (`loadtest.sweeps.plan.run_order`): with one
     run the tuned server always goes first."""
 
+    def __post_init__(self) -> None:
+        self.overrides = as_overrides(self.overrides)  # data from here on, whoever gave texts
+
 
 def acceptance_prompts(request: RequestSettings) -> tuple[list[str], list[list[dict[str, str]]]]:
     """The workload's first prompts as the engine takes them: plain text, and chat conversations
@@ -109,13 +115,14 @@ def would_measure(settings: TuneSettings, k: int) -> list[str]:
             f"config, every fixed K and the baseline at batch {batches}"]
 
 
-def cost_variants(k: int, max_batch: int) -> dict[str, tuple[list[str], bool]]:
+def cost_variants(k: int, max_batch: int) -> dict[str, tuple[list[Override], bool]]:
     """The engines step 1 measures: name -> (config overrides, no speculation). The speculative one
     carries a schedule so that vLLM (or the plugin) takes the per-batch-size path a tuned server takes,
     and no temperature gate, so that acceptance is measured at every temperature asked for."""
     return {"plain": ([], True),
-            "spec": ([f"speculation.num_speculative_tokens={k}", f"speculation.schedule=[[1, {max_batch}, {k}]]",
-                      "speculation.draft_max_temperature=null"], False)}
+            "spec": ([Override("speculation.num_speculative_tokens", k),
+                      Override("speculation.schedule", [[1, max_batch, k]]),
+                      Override("speculation.draft_max_temperature", None)], False)}
 
 
 def tokens_per_step(per_position: list[float], k: int) -> float:
@@ -253,17 +260,7 @@ def tune(settings: TuneSettings) -> dict[str, Any]:
     if not (prompts or conversations) or not by_temperature:
         result.update(status="failed", problems=["no acceptance measured: the workload has no prompts"])
         return _finish(result, out)
-    per_position = [sum(t["per_position"][i] for t in by_temperature.values()) / len(by_temperature)
-                    for i in range(k_max)]
-    result["per_position"] = per_position
-    result["rows"] = rows = choose(costs, per_position, k_max)
-    result["schedule"] = schedule_from(rows, max_batch)
-    result["k"], result["written_schedule"] = deployed_k(result["schedule"])
-    # A plugin drafts only at the temperatures the tuning measured; hotter requests keep off (plugins.temperature_gate).
-    result["draft_max_temperature"] = max(temperatures) if spec.plugin_class else None
-    text = tuned_yaml(path.read_text(), result["k"], result["written_schedule"], comments(result),
-                      result["draft_max_temperature"])
-    write_atomic(output, text)
+    write_tuned(result, path, output, max_batch, bool(spec.plugin_class))
     try:
         load_config(output, settings.overrides)
     except ConfigError as exc:  # a bug here, not the user's: say so and keep the file to look at
@@ -281,6 +278,23 @@ def tune(settings: TuneSettings) -> dict[str, Any]:
         result["status"] = "proven" if result["proof"]["passed"] else "not_proven"
         result["notes"] = result.get("notes", []) + result["proof"]["notes"]
     return _finish(result, out)
+
+
+def write_tuned(result: dict[str, Any], source: Path, output: Path, max_batch: int, plugin: bool) -> None:
+    """Steps 2 and 3: from the measurements in `result` (its `costs`), K for each batch size and the
+    schedule (into `result`), and the tuned YAML written to `output`."""
+    by_temperature = result["costs"]["acceptance"]
+    per_position = [sum(t["per_position"][i] for t in by_temperature.values()) / len(by_temperature)
+                    for i in range(result["k_max"])]
+    result["per_position"] = per_position
+    result["rows"] = rows = choose(result["costs"], per_position, result["k_max"])
+    result["schedule"] = schedule_from(rows, max_batch)
+    result["k"], result["written_schedule"] = deployed_k(result["schedule"])
+    # A plugin drafts only at the temperatures the tuning measured; hotter requests keep off (plugins.temperature_gate).
+    result["draft_max_temperature"] = max(result["temperatures"]) if plugin else None
+    text = tuned_yaml(source.read_text(), result["k"], result["written_schedule"], comments(result),
+                      result["draft_max_temperature"])
+    write_atomic(output, text)
 
 
 def comments(result: dict[str, Any]) -> list[str]:
@@ -310,8 +324,7 @@ def prove(settings: TuneSettings, tuned: Path, k_max: int, out: Path, tuned_name
     checks, reports, warnings = [], [], []
     largest = max(settings.batches)
     # The tuned file carries K and the schedule; an override of either would undo the tuning.
-    overrides = [o for o in settings.overrides
-                 if o.split("=", 1)[0].strip() not in ("speculation.num_speculative_tokens", "speculation.schedule")]
+    overrides = [o for o in settings.overrides if o.path not in TUNED_FIELDS]
     for temperature in settings.proof_temperatures:
         sweep_out = out / f"proof-T{temperature:g}"
         results = Sweep(SweepSettings(

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from deploy.config import Override
 from loadtest.files import write_json
 
 log = logging.getLogger("specdeploy.loadtest")
@@ -118,12 +119,12 @@ class ServerInfo:
     """A server already running there (the sweep starts none)."""
 
 
-def server_key(config_name: str, variant: str, device: str, overrides: Sequence[str] = (),
+def server_key(config_name: str, variant: str, device: str, overrides: Sequence[Override | str] = (),
                plumbing: bool = False) -> str:
     """`Timings` key of a server: what changes its start time and speed."""
     parts = [config_name, variant, device + ("-plumbing" if plumbing else "")]
     if overrides:
-        parts.append("set " + " ".join(sorted(overrides)))
+        parts.append("set " + " ".join(sorted(map(str, overrides))))  # as written on the command line
     return "|".join(parts)
 
 

@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 
-from deploy import ConfigError, Server, ServerStartError, free_port, load_config, plan_from_config
+from deploy import ConfigError, Override, Server, ServerStartError, free_port, load_config, plan_from_config
 from deploy.embedded_pair import is_built
 from deploy.preflight import GIB, Machine, ResolvedDeployment, choose_device
 from deploy.footprint import first_start_lines
@@ -427,7 +427,7 @@ class Sweep:
                                  "drafter": variant.drafter, "status": "starting", "levels": []}
         self.results["variants"].append(entry)
         state = _Running(entry)
-        overrides = [*self.settings.overrides, *variant.overrides, f"server.port={free_port()}"]
+        overrides = [*self.settings.overrides, *variant.overrides, Override("server.port", free_port())]
         try:
             config = load_config(self.settings.config, overrides, variant.no_speculation)
             if plan_only and is_embedded(config) and not is_built():

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from deploy import load_config
+from deploy.config import Override, as_overrides
 from deploy.embedded_pair import is_pair_folder
 from deploy.preflight import ResolvedDeployment
 from loadtest.measurement.results import LevelResult
@@ -20,14 +21,15 @@ from loadtest.traffic.request_settings import RequestSettings
 @dataclass
 class SweepSettings:
     config: str
-    overrides: list[str] = field(default_factory=list)
+    overrides: list[Override] = field(default_factory=list)
+    """Config fields set for every variant (`--set`; texts given here are parsed: `as_overrides`)."""
     no_spec: bool = False
     """Run the baseline only."""
     baseline: bool = True
     """Also run the baseline (speculation off) beside the speculative variants."""
     extra_k: list[int] = field(default_factory=list)
     """More speculative variants with these K (num_speculative_tokens)."""
-    alternatives: list[tuple[str, list[str]]] = field(default_factory=list)
+    alternatives: list[tuple[str, list[Override]]] = field(default_factory=list)
     """More speculative variants, each (name, overrides) of the config: another draft model, say."""
     users: list[int] = field(default_factory=lambda: [1, 32])
     rates: list[float] = field(default_factory=list)
@@ -70,6 +72,11 @@ class SweepSettings:
     api_key_env: str | None = None
     """With `url`: variable holding the API key (default: the config's server.api_key_env)."""
     out: Path | None = None
+
+    def __post_init__(self) -> None:
+        # Overrides are data from here on; a caller may still give their `field=value` texts.
+        self.overrides = as_overrides(self.overrides)
+        self.alternatives = [(name, as_overrides(overrides)) for name, overrides in self.alternatives]
 
 
 def is_embedded(config: Any = None, folder: str = "") -> bool:
@@ -117,7 +124,7 @@ SCHEDULE_VARIANT = "spec-schedule"
 class Variant:
     name: str
     label: str
-    overrides: tuple[str, ...]
+    overrides: tuple[Override, ...]
     no_speculation: bool
     k: int | None
     drafter: str | None
@@ -136,22 +143,23 @@ def plan_variants(settings: SweepSettings) -> list[Variant]:
         gate = "" if spec.draft_max_temperature is None else f", drafts at T <= {spec.draft_max_temperature:g}"
         tuned = Variant(SCHEDULE_VARIANT, f"{spec.drafter} K by batch size ({schedule}{gate})", (), False,
                         spec.num_speculative_tokens, spec.drafter)
-        fixed = [Variant(f"spec-k{k}", f"{spec.drafter} K={k}", ("speculation.schedule=null",
-                                                                 "speculation.draft_max_temperature=null",
-                                                                 f"speculation.num_speculative_tokens={k}"),
+        fixed = [Variant(f"spec-k{k}", f"{spec.drafter} K={k}", (Override("speculation.schedule", None),
+                                                                 Override("speculation.draft_max_temperature", None),
+                                                                 Override("speculation.num_speculative_tokens", k)),
                          False, k, spec.drafter) for k in dict.fromkeys(settings.extra_k)]
         return [tuned, *fixed, *_alternatives(settings, spec)] + ([baseline] if settings.baseline else [])
     ks = [spec.num_speculative_tokens] + [k for k in settings.extra_k if k != spec.num_speculative_tokens]
     variants = []
     for k in dict.fromkeys(ks):
-        extra = () if k == spec.num_speculative_tokens else (f"speculation.num_speculative_tokens={k}",)
+        extra = () if k == spec.num_speculative_tokens else (Override("speculation.num_speculative_tokens", k),)
         variants.append(Variant(f"spec-k{k}", f"{spec.drafter} K={k}", extra, False, k, spec.drafter))
     return variants + _alternatives(settings, spec) + ([baseline] if settings.baseline else [])
 
 
 def _alternatives(settings: SweepSettings, spec: Any) -> list[Variant]:
-    return [Variant(name, f"{spec.drafter} K={spec.num_speculative_tokens}, " + " ".join(overrides), tuple(overrides),
-                    False, spec.num_speculative_tokens, spec.drafter) for name, overrides in settings.alternatives]
+    return [Variant(name, f"{spec.drafter} K={spec.num_speculative_tokens}, " + " ".join(map(str, overrides)),
+                    tuple(overrides), False, spec.num_speculative_tokens, spec.drafter)
+            for name, overrides in settings.alternatives]
 
 
 def configured_k(resolved: ResolvedDeployment | None, variant: Variant, users: int) -> int | None:

@@ -13,7 +13,7 @@ from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any
 
-from deploy.config import TrafficConfig, load_config
+from deploy.config import Override, TrafficConfig, load_config
 from loadtest.traffic.workloads import Workload, load_workload, uses_chat
 
 # RequestSettings fields a config's `traffic` section sets (`fixed_length` is its `lengths`).
@@ -24,7 +24,7 @@ FIXED_CAVEAT = ("fixed lengths (ignore_eos) keep a chat model writing past its a
                 "traffic.lengths: natural, or --no-fixed-length)")
 
 
-def declared(config: str, overrides: Sequence[str] = ()) -> tuple[TrafficConfig, str]:
+def declared(config: str, overrides: Sequence[Override | str] = ()) -> tuple[TrafficConfig, str]:
     """The config's traffic section and where it came from (the kit's defaults without a config).
     Raises ConfigError for a config that does not validate."""
     if not config:

@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from deploy.config import overrides_as_text
 from loadtest.traffic.workloads import BUILTIN
 
 API_CHOICES = ("auto", "completions", "chat")
@@ -102,9 +103,15 @@ def add_options(parser: Any, only: Collection[str] | None = None, skip: Collecti
                                 help=f"{text} (default: %(default)s)", **meta["argparse"])
 
 
+OVERRIDE_FIELDS = ("overrides", "alternatives")
+"""Settings fields holding config overrides (`deploy.config.Override`), alone or in (name, overrides)
+pairs: result files keep them as written (`--set`'s text)."""
+
+
 def settings_record(settings: Any) -> dict[str, Any]:
     """A command's settings dataclass as its result files keep them: flat (the request settings
-    beside the command's own, as readers of older reports expect), paths as text."""
+    beside the command's own, as readers of older reports expect), paths and config overrides as text."""
     flat = asdict(settings)
+    flat.update({name: overrides_as_text(getattr(settings, name)) for name in OVERRIDE_FIELDS if name in flat})
     flat.update(flat.pop("request", {}))
     return {k: (str(v) if isinstance(v, Path) else v) for k, v in flat.items()}
