@@ -243,7 +243,7 @@ def run_temperatures_cli(settings: SweepSettings, temperatures: list[float]) -> 
 
 def cmd_rejudge(opts: argparse.Namespace) -> int:
     from loadtest.reports.report import write_report
-    from loadtest.sweeps.runner import rejudge
+    from loadtest.sweeps.judging import rejudge
 
     results = json.loads((opts.report / "results.json").read_text())
     results.pop("comparisons", None)  # derived again by write_report

@@ -128,7 +128,8 @@ def sweep_settings(opts: argparse.Namespace) -> Any:
 def cmd_capacity(opts: argparse.Namespace) -> int:
     from loadtest.reports import capacity_report
     from loadtest.sweeps.capacity import SweepLevels
-    from loadtest.sweeps.runner import Sweep, machine_info
+    from loadtest.sweeps.provenance import machine_info
+    from loadtest.sweeps.runner import Sweep
 
     if opts.baseline_url and not opts.url:
         print("--baseline-url needs --url (the speculative server)", file=sys.stderr)

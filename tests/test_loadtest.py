@@ -40,7 +40,8 @@ from loadtest.sweeps.plan import run_order
 from loadtest.reports.report import compare_table, write_report
 from loadtest.reports.sweep_summary import headline
 from loadtest.sweeps.settings import SweepSettings, plan_variants, requests_for
-from loadtest.sweeps.runner import Sweep, load_records
+from loadtest.sweeps.judging import load_records
+from loadtest.sweeps.runner import Sweep
 from loadtest.traffic.workloads import BUILTIN, load_workload, request_for
 
 REPO = Path(__file__).resolve().parent.parent
@@ -166,7 +167,7 @@ def test_speculation_analysis_cost_model():
 
 def test_notes_say_where_latency_is_lost():
     from loadtest.traffic.locust_run import LocustOutcome
-    from loadtest.sweeps.runner import delivery_notes, load_generator_notes
+    from loadtest.sweeps.judging import delivery_notes, load_generator_notes
 
     client = {"ttft_ms": {"mean": 300.0}}
     server = {"histograms": {"ttft_s": {"mean": 0.010}}}
@@ -409,7 +410,7 @@ def test_request_settings_reach_every_command_line_unchanged():
 def test_runner_never_imports_locust():
     # Importing locust monkey-patches the whole process with gevent: only its subprocesses may.
     code = ("import sys; import loadtest.__main__, loadtest.sweeps.runner, loadtest.reports.report; "
-            "from loadtest.sweeps.runner import machine_info; machine_info(); "
+            "from loadtest.sweeps.provenance import machine_info; machine_info(); "
             "assert 'locust' not in sys.modules and 'gevent' not in sys.modules, 'locust imported'")
     subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True, timeout=120)
 

@@ -20,7 +20,8 @@ from loadtest.measurement.records import RequestRecord
 from loadtest.traffic.endpoint import EndpointError, discover
 from loadtest.traffic.locust_run import LocustOutcome
 from loadtest.sweeps.settings import SweepSettings
-from loadtest.sweeps.runner import Sweep, load_generator_lag, load_generator_notes
+from loadtest.sweeps.judging import load_generator_lag, load_generator_notes
+from loadtest.sweeps.runner import Sweep
 from loadtest.measurement.stats import percentile
 from loadtest.reports.sweep_summary import exit_code, headline
 

@@ -46,7 +46,7 @@ class LevelResult(TypedDict, total=False):
     client: dict[str, Any]
     """What the client measured (`stats.summarize` over the request records)."""
     load_generator: dict[str, Any]
-    """How late Locust itself was (`runner.load_generator_lag`)."""
+    """How late Locust itself was (`loadtest.sweeps.judging.load_generator_lag`)."""
     slo: dict[str, Any]
     server: dict[str, Any]
     """The engine's counters and histograms over the run (`prom.Delta.to_json`)."""

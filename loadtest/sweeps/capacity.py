@@ -541,15 +541,9 @@ class SweepLevels:
 
     def measure(self, variant: str, rate: float, repeat: int, *, vllm_bench: bool = False,
                 duration_s: float | None = None) -> dict[str, Any]:
-        s = self.sweep.settings
-        saved = (s.vllm_bench, s.requests, s.duration_s)
-        s.vllm_bench = vllm_bench
-        if duration_s:
-            s.requests, s.duration_s = None, duration_s
-        try:
-            return dict(self.sweep.rate_level(variant, rate, repeat))
-        finally:
-            s.vllm_bench, s.requests, s.duration_s = saved
+        """One level; `duration_s`: the requests arriving in this long instead of the sweep's own
+        count or duration (the sweep's settings stay as they are)."""
+        return dict(self.sweep.rate_level(variant, rate, repeat, vllm_bench=vllm_bench, duration_s=duration_s))
 
     def alive(self, variant: str) -> str | None:
         return self.sweep.server_health(variant)

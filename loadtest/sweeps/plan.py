@@ -22,10 +22,13 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from deploy.config import Override
 from loadtest.files import write_json
+
+if TYPE_CHECKING:  # a type only: the plan needs nothing of the settings' imports (deploy)
+    from loadtest.sweeps.settings import Loop
 
 log = logging.getLogger("specdeploy.loadtest")
 
@@ -231,13 +234,15 @@ class SweepPlan:
     rates: list[float] = field(default_factory=list)
     """Open loop: the levels are these arrival rates (requests/s) instead of `users`; `requests`
     is keyed by rate."""
+    loop: Loop = "closed"
+    """The sweep's `SweepSettings.loop`: `open`, the levels are `rates`; `closed`, `users`."""
     traffic: list[str] = field(default_factory=list)
     """What every request looks like and where that came from (`loadtest.traffic.declared.describe`)."""
 
     @property
     def levels(self) -> list[Any]:
         """The levels each variant runs at: the rates (open loop), else the concurrencies."""
-        return list(self.rates) or list(self.users)
+        return list(self.rates) if self.loop == "open" else list(self.users)
 
     # ------------------------------------------------------------------ the steps
     @property
@@ -267,7 +272,7 @@ class SweepPlan:
 
     def run_tokens(self, server: ServerInfo, users: int) -> float:
         """Output tokens a run generates: warm-up, the measured requests, and vLLM's benchmark's."""
-        if self.rates:  # `users` is a rate
+        if self.loop == "open":  # `users` is a rate
             return (RATE_WARMUP_USERS * self.warmup + self.requests[users] * (2 if self.vllm_bench else 1)) \
                 * self.max_tokens
         if self.duration_s:
@@ -277,7 +282,7 @@ class SweepPlan:
         return (users * self.warmup + measured * (2 if self.vllm_bench else 1)) * self.max_tokens
 
     def run_estimate(self, server: ServerInfo, users: int) -> Estimate:
-        if self.rates:
+        if self.loop == "open":
             return Estimate(self.rate_run_s(server, users), False)
         tokens = self.run_tokens(server, users)
         per_token = self.timings.seconds_per_token(server.key, users)
@@ -345,25 +350,15 @@ class SweepPlan:
             lines += self._per_server("    each starts in {}", "    {} starts in {}",
                                       {s.name: self.start_text(s) for s in self.servers})
         temps = ", ".join(f"{t:g}" for t in self.temperatures)
+        open_loop = self.loop == "open"
         levels = (f"rates {', '.join(f'{r:g}' for r in self.rates)} requests/s (open loop: Poisson arrivals, "
-                  f"nothing caps the requests in flight)" if self.rates else
+                  f"nothing caps the requests in flight)" if open_loop else
                   f"concurrency {', '.join(map(str, self.users))}")
         lines.append(f"  levels: {levels}; temperature {temps}"
                      + (" (one sweep each, servers started anew)" if sweeps > 1 else "")
                      + f"; {self.repeat} repeat(s); {len(self.steps) * sweeps} runs")
-        if self.rates:
-            per_run = ", ".join(f"{self.requests[r]} requests at {r:g}/s" for r in self.rates)
-            lines.append(f"  each run: {self.warmup * RATE_WARMUP_USERS} warm-up request(s) (closed loop, "
-                         f"{RATE_WARMUP_USERS} users), then {per_run} (the same arrival times for every variant of "
-                         f"a repeat), {self.max_tokens} output tokens each"
-                         + (", then vLLM's benchmark with the same requests and arrivals" if self.vllm_bench else ""))
-        else:
-            per_run = (f"{self.duration_s:g} s measured" if self.duration_s else
-                       ", ".join(f"{self.requests[c]} requests at c={c}" for c in self.users))
-            lines.append(f"  each run: {self.warmup} warm-up request(s) per user, then {per_run}, {self.max_tokens} "
-                         f"output tokens each"
-                         + (", then vLLM's benchmark with the same requests" if self.vllm_bench else ""))
-        name = (lambda x: f"{x:g}/s") if self.rates else (lambda x: f"c={x}")
+        lines.append(self._each_run())
+        name = (lambda x: f"{x:g}/s") if open_loop else (lambda x: f"c={x}")
         runs = {s.name: ", ".join(f"{name(c)} {duration_text(e.seconds)}{'' if e.measured else '*'}"
                                   for c in self.levels for e in [self.run_estimate(s, c)]) for s in self.servers}
         lines += self._per_server("    a run takes about {} (each variant)", "    a run of {} takes about {}", runs)
@@ -380,6 +375,20 @@ class SweepPlan:
                         else "; partly assumed, see above"))
         lines += [f"  note: {n}" for n in self.notes]
         return "\n".join(lines)
+
+    def _each_run(self) -> str:
+        """The plan's line on what one run does: warm-up, the measured requests, vLLM's benchmark."""
+        if self.loop == "open":
+            per_run = ", ".join(f"{self.requests[r]} requests at {r:g}/s" for r in self.rates)
+            return (f"  each run: {self.warmup * RATE_WARMUP_USERS} warm-up request(s) (closed loop, "
+                    f"{RATE_WARMUP_USERS} users), then {per_run} (the same arrival times for every variant of "
+                    f"a repeat), {self.max_tokens} output tokens each"
+                    + (", then vLLM's benchmark with the same requests and arrivals" if self.vllm_bench else ""))
+        per_run = (f"{self.duration_s:g} s measured" if self.duration_s else
+                   ", ".join(f"{self.requests[c]} requests at c={c}" for c in self.users))
+        return (f"  each run: {self.warmup} warm-up request(s) per user, then {per_run}, {self.max_tokens} "
+                f"output tokens each"
+                + (", then vLLM's benchmark with the same requests" if self.vllm_bench else ""))
 
     @staticmethod
     def _per_server(all_same: str, each: str, texts: dict[str, str]) -> list[str]:

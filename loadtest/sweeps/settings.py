@@ -8,14 +8,18 @@ import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from deploy import load_config
 from deploy.config import Override, as_overrides
 from deploy.embedded_pair import is_pair_folder
 from deploy.preflight import ResolvedDeployment
 from loadtest.measurement.results import LevelResult
-from loadtest.traffic.request_settings import RequestSettings
+from loadtest.traffic.request_settings import RequestSettings, settings_record
+
+Loop = Literal["closed", "open"]
+"""How a sweep's load comes: `closed`, a fixed number of users each sending its next request when
+its last one ended; `open`, requests arriving at a rate whether or not earlier ones finished."""
 
 
 @dataclass
@@ -34,6 +38,10 @@ class SweepSettings:
     users: list[int] = field(default_factory=lambda: [1, 32])
     rates: list[float] = field(default_factory=list)
     """Open loop: the levels are these arrival rates (requests/s), not `users`; empty: closed loop."""
+    loop: Loop = field(init=False)
+    """`open` (the levels are `rates`) or `closed` (the levels are `users`): set from `rates` when the
+    settings are made, never given; read this, not `rates`, for the kind of load. Not in results.json
+    (`record`): its `rates` say it there, as in reports made before this field."""
     repeat: int = 3
     """Runs of every (variant, concurrency); speedups get a 95% interval over them."""
     order: str = "auto"
@@ -77,6 +85,12 @@ class SweepSettings:
         # Overrides are data from here on; a caller may still give their `field=value` texts.
         self.overrides = as_overrides(self.overrides)
         self.alternatives = [(name, as_overrides(overrides)) for name, overrides in self.alternatives]
+        self.loop = "open" if self.rates else "closed"
+
+    def record(self) -> dict[str, Any]:
+        """The settings as results.json keeps them: flat (`settings_record`), without `loop` (a
+        reader tells the loop by `rates`, in older results too)."""
+        return {k: v for k, v in settings_record(self).items() if k != "loop"}
 
 
 def is_embedded(config: Any = None, folder: str = "") -> bool:

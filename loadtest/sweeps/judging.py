@@ -1,0 +1,180 @@
+"""Judging a level once it ran: its Locust run against vLLM's benchmark (`judge_second_opinion`,
+and `rejudge` of a finished sweep from what it kept), the load generator's own lateness and load
+(`load_generator_lag`, `load_generator_notes`, `delivery_notes`), and a sweep's overall status.
+Also reading a run's kept records (`load_records`) and an open loop's schedule start."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from loadtest.measurement import stats
+from loadtest.measurement.records import RequestRecord
+from loadtest.measurement.results import LevelResult, SweepResults
+from loadtest.traffic import vllm_bench
+from loadtest.traffic.arrivals import poisson_arrivals
+from loadtest.traffic.locust_run import LocustOutcome
+from loadtest.traffic.workloads import Workload, load_workload
+
+
+DISAGREE = "Locust and vLLM's benchmark disagree: "
+
+
+def judge_second_opinion(level: LevelResult, bench: dict[str, Any], records: list[RequestRecord],
+                         workload: Workload, workers: int) -> None:
+    """Compare a level's Locust run with the benchmark's (`vllm_bench.compare`, request by request
+    where the two match) and keep the verdict, and a problem where they disagree, in the level."""
+    open_loop = "rate" in level
+    # Open loop: request i is the workload's i-th prompt in one process's order, whatever the workers.
+    sequence = [item.id for item in workload.sequence(level["requests"] if open_loop else level["client"]["requests"],
+                                                      0 if open_loop else workers)]
+    matched = vllm_bench.matched_ratios(records, bench, sequence)
+    agreement = vllm_bench.compare(level["client"], bench, level.get("server"), level.get("vllm_bench_server"),
+                                   matched, open_loop=open_loop)
+    level["vllm_bench_agreement"] = agreement
+    off = [f"{k} {100 * (v['difference_adjusted'] if v['difference_adjusted'] is not None else v['difference']):+.1f}%"
+           f" (tolerance {100 * v['tolerance']:.0f}%"
+           + (f"; the engine itself {100 * v['engine_drift']:+.1f}% between the two windows, taken out)"
+              if v["engine_drift"] is not None else ")")
+           for k, v in agreement.items() if isinstance(v, dict) and v["agrees"] is False]
+    level["problems"] = [p for p in level["problems"] if not p.startswith(DISAGREE)]
+    if off:
+        level["problems"].append(DISAGREE + ", ".join(off))
+
+
+def rejudge(results: SweepResults, out: Path) -> SweepResults:
+    """Judge a finished sweep's second opinions again with this code, from what it kept: Locust's
+    records and the benchmark's own result file of every level (a report made before a change of
+    method gets the current one; its measurements stay as they were)."""
+    s = results["settings"]
+    workload = load_workload(s["workload"])
+    for variant in results["variants"]:
+        for level in variant["levels"]:
+            raw_file = out / "vllm-bench" / Path(level.get("locust", {}).get("records", "")).name / "result.json"
+            if "vllm_bench_agreement" not in level or not raw_file.is_file():
+                continue
+            level["vllm_bench"] = {**level["vllm_bench"],
+                                   **vllm_bench.summarize(json.loads(raw_file.read_text()), level.get("concurrency"))}
+            records = load_records(out / level["locust"]["records"])
+            judge_second_opinion(level, level["vllm_bench"], records, workload, s.get("workers", 0))
+            if level["status"] != "failed":
+                level["status"] = "flagged" if level["problems"] else "ok"
+        if variant["status"] in ("ok", "flagged"):
+            variant["status"] = "flagged" if any(lv["status"] == "flagged" for lv in variant["levels"]) else "ok"
+    results["problems"] = [p for p in results["problems"] if "Locust against vLLM's benchmark" not in p]
+    for entry in vllm_bench.systematic_by_level(results):
+        if entry["agrees"] is False:
+            results["problems"].append(vllm_bench.describe_systematic(entry))
+    if results["status"] in ("ok", "flagged"):
+        results["status"] = overall_status(results)
+    return results
+
+
+def schedule_start(records: list[RequestRecord], rate: float, requests: int, seed: int) -> float | None:
+    """Epoch time an open-loop run's schedule began (its offsets count from there): a record's
+    scheduled arrival less its offset (`loadtest.traffic.arrivals`); None without one."""
+    offsets = poisson_arrivals(requests, rate, seed)
+    for r in records:
+        if r.planned_start is not None and r.arrival is not None and 0 <= r.arrival < len(offsets):
+            return r.planned_start - offsets[r.arrival]
+    return None
+
+
+def load_records(folder: Path) -> list[RequestRecord]:
+    records = []
+    for path in sorted(folder.glob("records-*.jsonl")):
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                records.append(RequestRecord.from_json(json.loads(line)))
+            except ValueError:
+                continue  # a line cut short by a killed process
+    return records
+
+
+def delivery_notes(client: dict[str, Any], server: dict[str, Any] | None, outcome: LocustOutcome,
+                   workers: int) -> list[str]:
+    """Warn when responses reach the client much later than the engine produced them, and say where."""
+    hist = (server or {}).get("histograms") or {}
+    mine = (client.get("ttft_ms") or {}).get("mean")
+    theirs = (hist.get("ttft_s") or {}).get("mean")
+    if mine is None or theirs is None:
+        return []
+    theirs *= 1000
+    if mine <= 2 * theirs + 50:
+        return []
+    busy = locust_share(outcome, workers)
+    where = ("the load generator was busy too" if busy > 0.6 else
+             f"the load generator was mostly idle ({100 * busy:.0f}% of a core), so the API server is the likely "
+             f"cause (short of CPU?)")
+    return [f"client TTFT mean {mine:.0f} ms vs the engine's {theirs:.0f} ms: chunks reach the client late; {where}. "
+            f"Client-side latencies include that delay; the engine's are in brackets in the compare table"]
+
+
+def locust_share(outcome: LocustOutcome, workers: int) -> float:
+    """Busy cores per Locust process over the run (its start-up and quit included)."""
+    return outcome.cpu_s / outcome.wall_s / max(workers, 1) if outcome.wall_s > 0 else 0.0
+
+
+def load_generator_lag(records: list[RequestRecord], folder: Path) -> dict[str, Any]:
+    """How late the load generator was: requests leaving after their user's previous response
+    (closed loop: they should leave at once), and gevent's loop waking later than asked."""
+    lags: list[float] = []
+    stalls: list[list[float]] = []  # [lag, run-queue wait] of each loop stall over 50 ms
+    for path in folder.glob("loop-lag-*.json"):
+        try:
+            saved = json.loads(path.read_text())
+            lags += saved["lags_s"]
+            stalls += saved.get("stalls_s", [])
+        except (OSError, ValueError, KeyError):
+            continue
+    stalled = sum(lag for lag, _ in stalls)
+    # The wait is read over the whole sleep, so some of it can fall in the asked interval (other
+    # greenlets runnable then): only up to the stall itself explains the stall.
+    explained = sum(min(wait, lag) for lag, wait in stalls)
+    return {"send_lag_ms": stats.distribution([r.send_lag_s for r in records if r.send_lag_s is not None], 1000),
+            "loop_lag_ms": {**stats.distribution(lags, 1000), "max": 1000 * max(lags) if lags else None,
+                            "over_50ms": sum(x > 0.05 for x in lags)},
+            # How much of the stalled time the OS had Locust runnable but off the CPU (None: not known).
+            "stall_runqueue_share": explained / stalled if stalled else None}
+
+
+# Beyond these the client, not the server, may be what a latency percentile measures.
+SEND_LAG_P99_MS = 20.0
+LOOP_LAG_MAX_MS = 100.0
+
+
+def load_generator_notes(outcome: LocustOutcome, workers: int, lag: dict[str, Any] | None = None,
+                         open_loop: bool = False) -> list[str]:
+    """Warn when Locust itself was busy or late enough to limit the numbers (it shares the machine)."""
+    notes = []
+    share = locust_share(outcome, workers)
+    if share > 0.6:
+        notes.append(f"the load generator used {100 * share:.0f}% of a core per Locust process: it may limit the "
+                     f"measurement; use more Locust workers (--workers N) or another machine")
+    send = ((lag or {}).get("send_lag_ms") or {}).get("p99")
+    if open_loop:
+        pass  # an open loop's send lag is judged by `stats.open_loop` (`behind`), against its schedule
+    elif send is not None and send > SEND_LAG_P99_MS:
+        notes.append(f"the load generator sent requests late (p99 {send:.0f} ms after the previous response "
+                     f"ended): the offered load was lower than the concurrency says")
+    loop = (lag or {}).get("loop_lag_ms") or {}
+    if loop.get("max") is not None and loop["max"] > LOOP_LAG_MAX_MS:
+        runq = (lag or {}).get("stall_runqueue_share")
+        cause = "" if runq is None else (
+            f"; for {100 * runq:.0f}% of that time the OS kept it runnable but off the CPU (run-queue wait): "
+            f"the machine's cores were taken, not Locust busy" if runq >= 0.5 else
+            f"; only {100 * runq:.0f}% of that time was run-queue wait: something in Locust's process held its loop")
+        notes.append(f"the load generator's event loop stalled (longest {loop['max']:.0f} ms, {loop['over_50ms']} "
+                     f"stalls over 50 ms{cause}): chunks that arrived meanwhile were timed late, so client latency "
+                     f"tails include the client's own delay")
+    return notes
+
+
+def overall_status(results: SweepResults) -> str:
+    statuses = [v["status"] for v in results["variants"]]
+    if results["problems"] and not statuses:
+        return "failed"
+    if "failed" in statuses:
+        return "failed"
+    return "flagged" if "flagged" in statuses or results["problems"] else "ok"

@@ -1,0 +1,303 @@
+"""One level of one variant on its running server: warm-up (not measured), a settled `/metrics`
+snapshot, the measured Locust run (closed loop at a concurrency, or open loop at an arrival
+rate), another snapshot, then the judging: the client's figures against the server's counters,
+notes on the load generator, and vLLM's serving benchmark on the same server as a second opinion.
+The sweep (`loadtest.sweeps.runner`) chooses the levels and keeps their results."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from deploy import Server
+from loadtest.measurement import prom, slo, stats
+from loadtest.measurement.records import RequestRecord
+from loadtest.measurement.results import LevelResult
+from loadtest.progress import Progress
+from loadtest.sweeps.judging import (delivery_notes, judge_second_opinion, load_generator_lag, load_generator_notes,
+                                     load_records, schedule_start)
+from loadtest.sweeps.plan import RATE_WARMUP_USERS
+from loadtest.sweeps.servers import Running
+from loadtest.sweeps.settings import (SweepSettings, Variant, configured_k, requests_for, requests_for_rate,
+                                      seed_for)
+from loadtest.traffic import vllm_bench
+from loadtest.traffic.client import auth_headers
+from loadtest.traffic.endpoint import RemoteServer
+from loadtest.traffic.locust_run import LocustJob, LocustOutcome, run_locust
+from loadtest.traffic.workloads import Workload
+
+log = logging.getLogger("specdeploy.loadtest")
+
+
+@dataclass(frozen=True)
+class Measured:
+    """How much an open-loop level measures and whether vLLM's benchmark follows it: the sweep's
+    settings' by default (`Measured.of`); a search that picks its levels asks for its own
+    (`Sweep.rate_level`), the settings unchanged."""
+
+    requests: int | None
+    """Measured requests (None: those arriving in `duration_s`, else the default length)."""
+    duration_s: float | None
+    """The requests arriving in this long at the level's rate are measured (None: `requests`)."""
+    vllm_bench: bool
+    """vLLM's serving benchmark after the Locust run, on the same server, as a second opinion."""
+
+    @classmethod
+    def of(cls, settings: SweepSettings) -> Measured:
+        return cls(settings.requests, settings.duration_s, settings.vllm_bench)
+
+
+@dataclass
+class LevelRun:
+    """One level's context: the variant's server, the concurrency, names and the request count."""
+
+    state: Running
+    users: int
+    tag: str
+    """Names its files: `<variant>-c<users>[-r<repeat>]`."""
+    title: str
+    total: int
+    """Measured requests (0: a run of `duration_s`)."""
+    duration_s: float | None
+    """The measured length asked (closed loop: the run lasts this long where `total` is 0; open
+    loop: its requests are those arriving in it); shown by the progress bar."""
+    vllm_bench: bool
+    """vLLM's benchmark follows the Locust run."""
+    rate: float = 0.0
+    """Open loop: the arrival rate of the measured run (requests/s); 0: closed loop at `users`."""
+    seed: int = 0
+
+    @property
+    def server(self) -> Server | RemoteServer:
+        assert self.state.server is not None
+        return self.state.server
+
+    @property
+    def metrics(self) -> bool:
+        """Whether the server's /metrics can be read (a running server given by URL may hide it)."""
+        return bool(self.state.entry.get("metrics", True))
+
+    @property
+    def auth(self) -> dict[str, str] | None:
+        return auth_headers(self.state.api_key_env)
+
+    def server_gone(self) -> str | None:
+        return None if self.server.alive() else self.server.exit_reason()
+
+
+class LevelRunner:
+    """Runs the levels of one sweep: `closed` (a concurrency) and `open` (an arrival rate), each
+    warm-up -> settled /metrics snapshot -> measured Locust run -> snapshot -> judge, into a
+    `LevelResult`; files under `out` (records/, locust/, logs/, vllm-bench/)."""
+
+    def __init__(self, settings: SweepSettings, out: Path, workload: Workload, targets: list[slo.Target]):
+        self.settings = settings
+        self.out = out
+        self.workload = workload
+        """The sweep's workload (vLLM's benchmark's dataset, and the prompts' order it is matched by)."""
+        self.targets = targets
+        """Service targets each level is held to (`loadtest.measurement.slo`); empty: none."""
+
+    def closed(self, state: Running, variant: Variant, users: int, repeat: int, title: str) -> LevelResult:
+        """warm-up -> settled /metrics snapshot -> measured Locust run -> snapshot -> judge."""
+        s = self.settings
+        run = LevelRun(state, users, f"{variant.name}-c{users}" + (f"-r{repeat}" if s.repeat > 1 else ""),
+                       title, 0 if s.duration_s else requests_for(users, s.requests), s.duration_s, s.vllm_bench)
+        level: LevelResult = {"concurrency": users, "repeat": repeat, "requests": run.total or None,
+                              "duration_target_s": s.duration_s,
+                              "configured_k": configured_k(state.resolved, variant, users), "problems": []}
+        return self.run(run, level)
+
+    def open(self, state: Running, variant: Variant, rate: float, repeat: int, title: str, tag_suffix: str = "",
+             measured: Measured | None = None) -> LevelResult:
+        """An open-loop level: closed-loop warm-up -> settled snapshot -> the open-loop Locust run
+        at `rate` -> snapshot -> judge (vLLM's benchmark at the same rate and seed). `measured`:
+        its length and second opinion (default: the settings')."""
+        s = self.settings
+        m = measured or Measured.of(s)
+        total = requests_for_rate(rate, m.requests, m.duration_s)
+        tag = f"{variant.name}-rate{rate:g}" + (f"-r{repeat}" if s.repeat > 1 else "") + tag_suffix
+        run = LevelRun(state, RATE_WARMUP_USERS, tag, title, total, m.duration_s, m.vllm_bench, rate=rate,
+                       seed=seed_for(repeat))
+        level: LevelResult = {"rate": rate, "repeat": repeat, "seed": run.seed, "requests": total,
+                              "configured_k": None if variant.no_speculation else variant.k, "problems": []}
+        return self.run(run, level)
+
+    def run(self, run: LevelRun, level: LevelResult) -> LevelResult:
+        """What every level does: warm-up -> settled /metrics snapshot -> the measured Locust run
+        (closed or open loop) -> snapshot -> judge."""
+        failed = self._warm_up(run)
+        before = None
+        if not failed and run.metrics:
+            before, failed = self._snapshot(run, "/metrics before the run")
+        if failed:
+            level.update(status="failed", problems=[failed])
+            return level
+        outcome, records = self._measure(run, level)
+        after = None
+        if before is not None and run.server.alive():
+            after, problem = self._snapshot(run, "/metrics after the run")
+            if problem:
+                level["problems"].append(problem)
+        ol = level.get("open_loop")
+        if ol and ol["behind"]:
+            level["problems"].append("the load generator fell behind the arrival schedule: "
+                                     + "; ".join(ol["behind_reasons"]) + " (the offered load was not the rate asked)")
+        # An open loop's unsent requests were never sent: nothing of theirs to judge (they count in its outcomes).
+        self._judge(run, level, outcome, [r for r in records if r.outcome != "unsent"], before, after)
+        _log_level(run.tag, level)
+        return level
+
+    def _locust_job(self, run: LevelRun, phase: str, requests: int, measured: bool) -> LocustJob:
+        s, tag = self.settings, run.tag
+        return LocustJob(
+            host=run.server.base_url, users=run.users, records_dir=self.out / "records" / f"{tag}{phase}",
+            model=run.state.served_name, request=s.request, requests=requests,
+            # Open loop: the measured run only (the warm-up is a closed loop), a request count, no duration.
+            rate=run.rate if measured else 0.0, seed=run.seed,
+            duration_s=run.duration_s if measured and not run.rate else None, workers=s.workers,
+            log_path=self.out / "logs" / f"locust-{tag}{phase}.log", api_key_env=run.state.api_key_env,
+            csv_prefix=self.out / "locust" / tag if measured else None,
+            html=self.out / "locust" / f"{tag}.html" if measured else None)
+
+    def _warm_up(self, run: LevelRun) -> str | None:
+        """Requests not measured, so the run starts on a warm server; why the level fails, or None."""
+        count = run.users * self.settings.warmup
+        if count <= 0:
+            return None
+        warm = self._locust_job(run, "-warmup", count, measured=False)
+        with Progress(f"{run.title} warm-up", count, warm.records_dir) as bar:
+            outcome = run_locust(warm, self.settings.level_timeout_s, run.server_gone, bar.tick)
+        if outcome.aborted:
+            return f"warm-up: {outcome.aborted}"
+        records = load_records(warm.records_dir)
+        if not any(r.ok for r in records):
+            # Nothing works (wrong model name, no chat template, ...): say why instead of
+            # running the measured phase into the same wall.
+            first = records[0].error if records else "no request finished"
+            log.error("%s: every warm-up request failed: %s", run.tag, first)
+            return f"every warm-up request failed: {first}"
+        return None
+
+    @staticmethod
+    def _snapshot(run: LevelRun, what: str) -> tuple[prom.Snapshot | None, str | None]:
+        """The server's counters once they stopped moving; or why they could not be read."""
+        try:
+            return prom.scrape_settled(run.server.base_url, headers=run.auth), None
+        except Exception as exc:  # noqa: BLE001 - any scrape failure is reported the same way
+            return None, f"{what}: {exc}"
+
+    def _measure(self, run: LevelRun, level: LevelResult) -> tuple[LocustOutcome, list[RequestRecord]]:
+        """The measured Locust run: its outcome, its records, and the client's figures in `level`."""
+        s, tag = self.settings, run.tag
+        job = self._locust_job(run, "", run.total, measured=True)
+        with Progress(run.title, run.total or None, job.records_dir, run.duration_s) as bar:
+            outcome = run_locust(job, s.level_timeout_s, run.server_gone, bar.tick)
+        level["locust"] = {"exit_code": outcome.exit_code, "wall_s": outcome.wall_s, "cpu_s": outcome.cpu_s,
+                           "csv": f"locust/{tag}_stats.csv", "html": f"locust/{tag}.html",
+                           "log": f"logs/locust-{tag}.log", "records": f"records/{tag}"}
+        if outcome.aborted:
+            level["problems"].append(outcome.aborted)
+        records = load_records(job.records_dir)
+        if run.rate:
+            # Every request of the schedule ends as one outcome; the client's figures are over those
+            # sent, timed from the schedule's start as vLLM's benchmark times its run.
+            sent = [r for r in records if r.outcome != "unsent"]
+            level["client"] = stats.summarize(sent, run.state.embedded, schedule_start(sent, run.rate, run.total,
+                                                                                       run.seed))
+            level["open_loop"] = stats.open_loop(records, run.rate, run.total)
+            level["outcomes"] = level["open_loop"]["outcomes"]
+            level["load_generator"] = load_generator_lag(sent, job.records_dir)
+        else:
+            level["client"] = stats.summarize(records, run.state.embedded)
+            level["load_generator"] = load_generator_lag(records, job.records_dir)
+        if self.targets and records:
+            # Open loop: unsent requests are in `records` too, and meet no target.
+            level["slo"] = slo.evaluate(records, self.targets, level["client"].get("duration_s") or 0.0)
+        return outcome, records
+
+    def _judge(self, run: LevelRun, level: LevelResult, outcome: LocustOutcome, records: list[RequestRecord],
+               before: prom.Snapshot | None, after: prom.Snapshot | None) -> None:
+        """The client's figures against the server's counters, notes on what limits them, vLLM's
+        benchmark as a second opinion, and the level's status."""
+        s, client = self.settings, level["client"]
+        if before is not None and after is not None:
+            d = prom.delta(before, after)
+            level["server"] = d.to_json()
+            level["server"]["output_tokens_per_s"] = (d.generation_tokens / client["duration_s"]
+                                                      if client.get("duration_s") else None)
+            check = stats.agreement(client.get("output_tokens", 0), d.generation_tokens, s.tolerance)
+            check["client_output_tokens"] = client.get("output_tokens", 0)
+            check["server_generation_tokens"] = d.generation_tokens
+            level["consistency"] = check
+            if not check["ok"]:
+                level["problems"].append(
+                    f"throughput disagrees with the server: client {check['client_output_tokens']} tokens vs "
+                    f"server counter {d.generation_tokens:.0f} over the same interval")
+        level["notes"] = (delivery_notes(client, level.get("server"), outcome, s.workers)
+                          + load_generator_notes(outcome, s.workers, level["load_generator"], open_loop=bool(run.rate)))
+        if not run.metrics:
+            level["notes"].append("the server's /metrics could not be read: the engine's histograms, acceptance "
+                                  "and the token-count check are missing for this run")
+        if client["failed"]:
+            level["problems"].append(f"{client['failed']} of {client['requests']} requests failed: "
+                                     f"{client['failure_reasons']}")
+        if run.total and client["requests"] < run.total and not outcome.aborted:
+            level["problems"].append(f"only {client['requests']} of {run.total} requests finished")
+        broken = outcome.aborted or not client["ok"] or (run.metrics and after is None)
+        if run.vllm_bench and not broken:
+            self._second_opinion(run.state, level, run.users, run.tag, run.title, after, run.auth, records,
+                                 rate=run.rate, seed=run.seed)
+        level["status"] = "failed" if broken else ("flagged" if level["problems"] else "ok")
+
+    def _second_opinion(self, state: Running, level: LevelResult, users: int, tag: str, title: str,
+                        before: prom.Snapshot | None, auth: dict[str, str] | None,
+                        records: list[RequestRecord], rate: float = 0.0, seed: int = 0) -> None:
+        """vLLM's serving benchmark on the same server, prompts, length and concurrency (open loop:
+        the same rate and seed, so the same arrival times); compared, with the engine's counters
+        over its window (from `before`, the snapshot that closed Locust's run) telling how far the
+        server itself drifted between the two clients."""
+        s, server = self.settings, state.server
+        assert server is not None
+        if not state.tokenizer:
+            level["notes"].append("vLLM's benchmark skipped: no tokenizer for the served model on this machine "
+                                  "(give --tokenizer or the deployment's YAML)")
+            return
+        print(f"{title}: vLLM's serving benchmark, {level['client']['requests']} requests", file=sys.stderr,
+              flush=True)
+        job = vllm_bench.BenchJob(
+            base_url=server.base_url, model=state.served_name, tokenizer=state.tokenizer,
+            workload=self.workload, request=s.request, concurrency=users,
+            # Open loop: the whole schedule (its length fixes the arrival times), prompts in arrival order.
+            num_prompts=level["requests"] if rate else level["client"]["requests"],
+            out_dir=self.out / "vllm-bench" / tag, workers=0 if rate else s.workers,
+            api_key_env=state.api_key_env, timeout_s=s.level_timeout_s, embedded=state.embedded, rate=rate, seed=seed)
+        bench = vllm_bench.run(job)
+        level["vllm_bench"] = bench
+        if "error" in bench:
+            level["problems"].append(bench["error"])
+            return
+        if bench.get("open_loop_requests") and not rate:
+            level["problems"].append(
+                f"vLLM's benchmark: {bench['open_loop_requests']} requests found a free slot on arrival, so it ran "
+                f"below {users} users at times; its arrivals ({1 / s.request.arrival_gap_s:.0f}/s) did not outpace the "
+                f"server: lower --arrival-gap")
+        if before is not None and server.alive():
+            try:  # the benchmark's requests exactly: it runs no warm-ups (see `vllm_bench.bench_args`)
+                level["vllm_bench_server"] = prom.delta(before, prom.scrape_settled(server.base_url, headers=auth)).to_json()
+            except Exception as exc:  # noqa: BLE001 - the comparison then stays unadjusted
+                level["notes"].append(f"/metrics after vLLM's benchmark: {exc}; its figures are compared unadjusted")
+        judge_second_opinion(level, bench, records, self.workload, s.workers)
+
+
+def _log_level(tag: str, level: LevelResult) -> None:
+    c = level.get("client", {})
+    server = level.get("server") or {}
+    accept = server.get("acceptance_rate")
+    msg = (f"{tag}: {level['status']}, {c.get('ok', 0)}/{c.get('requests', 0)} ok, "
+           f"{(c.get('output_tokens_per_s') or 0):.1f} tok/s"
+           + (f", acceptance {accept:.2f}" if accept is not None else ""))
+    (log.warning if level["problems"] else log.info)("%s%s", msg,
+                                                     "; " + "; ".join(level["problems"]) if level["problems"] else "")
