@@ -161,14 +161,7 @@ def distill(settings: DistillSettings) -> dict[str, Any]:
 
     draft_out = (settings.draft_out or out / "draft").resolve()
     save_draft(model, checked.draft_dir, draft_out)
-    write_json(draft_out / "distill.json", {
-        "base_draft": str(checked.draft_dir), "target_config": str(checked.config_path),
-        "overrides": settings.overrides, "data": result["data"], "collected": result["collected"],
-        "collection": {"max_tokens": settings.max_tokens, "temperatures": settings.temperatures,
-                       "top_logprobs": settings.top_logprobs},
-        "training": {**asdict(settings.train), **result["training"], "device": device},
-        "offline": result["offline"], "created": time.strftime(CREATED_FORMAT),
-        "torch": torch.__version__})
+    write_draft_record(settings, checked, result, device, draft_out)
     result["draft"] = str(draft_out)
     if after["loss"] >= before["loss"]:
         # A draft further from the target than the one deployed: keep it to look at, deploy nothing.
@@ -190,6 +183,21 @@ def distill(settings: DistillSettings) -> dict[str, Any]:
         failed = [m for m in result["measured"]["reports"] if m["status"] == "failed"]
         result["status"] = "failed" if failed else "measured"
     return write_result(out, "distill", result, describe(result))
+
+
+def write_draft_record(settings: DistillSettings, checked: Checked, result: dict[str, Any], device: str,
+                       draft_out: Path) -> None:
+    """`distill.json` beside the distilled draft: where it came from, how it was trained, what it reached."""
+    import torch
+
+    write_json(draft_out / "distill.json", {
+        "base_draft": str(checked.draft_dir), "target_config": str(checked.config_path),
+        "overrides": settings.overrides, "data": result["data"], "collected": result["collected"],
+        "collection": {"max_tokens": settings.max_tokens, "temperatures": settings.temperatures,
+                       "top_logprobs": settings.top_logprobs},
+        "training": {**asdict(settings.train), **result["training"], "device": device},
+        "offline": result["offline"], "created": time.strftime(CREATED_FORMAT),
+        "torch": torch.__version__})
 
 
 def measure(settings: DistillSettings, checked: Checked, draft: Path, held_file: Path) -> dict[str, Any]:

@@ -46,7 +46,7 @@ from typing import Any
 
 
 from deploy import ConfigError, Server, ServerStartError, free_port, load_config, plan_from_config
-from deploy.embedded_pair import is_built
+from models.embedded_pair import is_built
 from deploy.preflight import GIB, Machine, ResolvedDeployment, choose_device
 from deploy.footprint import first_start_lines
 from loadtest.measurement import prom

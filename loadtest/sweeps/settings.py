@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from deploy import load_config
-from deploy.embedded_pair import is_pair_folder
+from models.embedded_pair import is_pair_folder
 from deploy.preflight import ResolvedDeployment
 from loadtest.measurement.results import LevelResult
 from loadtest.traffic.request_settings import RequestSettings
