@@ -94,8 +94,9 @@ def lr_factor(recipe: Recipe, step: int, steps: int) -> float:
 def optimize(recipe: Recipe, model: Any, *, lr: float, steps: int, loss_fn: Callable[[Any], Any], batches: Windows,
              desc: str, checkpoints: Checkpoints, phase: str, bf16: bool,
              curve: Callable[[], float] | None = None, stop: int | None = None) -> dict:
-    """AdamW under `lr_factor` for a fixed number of steps, resuming from the phase's checkpoint;
-    `stop`: end after that many steps of the same schedule (a prefix of the full run)."""
+    """AdamW (`models.training.Loop`, weight decay on matrices only) under `lr_factor` for a fixed
+    number of steps, resuming from the phase's checkpoint; `stop`: end after that many steps of the
+    same schedule (a prefix of the full run)."""
     loop = Loop(model, lr=lr, weight_decay=recipe.weight_decay, betas=recipe.betas, matrices_only=True,
                 schedule=lambda s: lr_factor(recipe, s, steps), grad_clip=recipe.grad_clip, bf16=bf16)
     run = PhaseRun(recipe, model, loop, batches, checkpoints, phase, desc, steps)
