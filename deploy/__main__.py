@@ -186,7 +186,7 @@ def cmd_reference(opts: argparse.Namespace) -> int:
 
 
 def cmd_models(opts: argparse.Namespace) -> int:
-    from deploy.embedded_pair import main as build_main
+    from models.embedded_pair import main as build_main
 
     return build_main((["--force"] if opts.force else []) + (["--retrain"] if opts.retrain else [])) or 0
 

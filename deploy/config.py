@@ -69,7 +69,7 @@ class BigramOptions(Section):
     """Options of specdeploy's bigram drafter (`plugins/`)."""
 
     table: str | None = None
-    """Bigram table file (.npz) built for the target's tokenizer by `python -m deploy.bigram_tables
+    """Bigram table file (.npz) built for the target's tokenizer by `python -m models.bigram_tables
     --tokenizer MODEL_DIR --out FILE TEXT_FILES...` (a relative path is taken from the working
     directory); default: the table of the embedded pair's corpus (built on first use)."""
     context_weight: float = Field(default=BIGRAM_DEFAULTS["context_weight"], ge=0)

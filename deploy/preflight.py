@@ -127,7 +127,7 @@ def resolve_model_ref(ref: str, config_dir: Path | None = None) -> str:
         which = ref.removeprefix(EMBEDDED_PREFIX)
         if which not in ("target", "draft"):
             raise ConfigError(ref, [f"unknown embedded model '{which}': use embedded:target or embedded:draft"])
-        from deploy.embedded_pair import ensure_pair
+        from models.embedded_pair import ensure_pair
 
         pair = ensure_pair()
         return str(pair.served_target() if which == "target" else pair.draft)
@@ -444,7 +444,7 @@ def resolve_table_path(resolved: ResolvedDeployment) -> Path:
                 f"{name}: not set, and only the embedded pair has a built-in table. Build one for the target's "
                 f"tokenizer from text like what it will serve: "
                 f"`{BUILD_HINT.format(tokenizer=tokenizer, out='bigram.npz')}`, then set {name}: bigram.npz"])
-        from deploy.bigram_tables import embedded_table
+        from models.bigram_tables import embedded_table
 
         path = embedded_table()
     else:
@@ -501,7 +501,7 @@ def preflight(config: DeploymentConfig, config_dir: Path | None = None, machine:
     if spec.plugin_class and DRAFTERS[spec.drafter].takes_model and not (target.local and draft and draft.local):
         problems.append("speculation.implementation: the small-model plugin loads the draft from a local folder")
     problems += check_parallelism(config, target, draft, device, notes)
-    from deploy.embedded_pair import pair_kind
+    from models.embedded_pair import pair_kind
 
     plumbing = config.target.model == f"{EMBEDDED_PREFIX}target" and pair_kind() == "plumbing"
     if plumbing:

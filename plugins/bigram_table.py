@@ -1,6 +1,6 @@
 """Bigram tables: the most likely successors of every token, for the bigram drafter.
 
-    python -m deploy.bigram_tables --tokenizer MODEL_DIR --out table.npz [FILES...]
+    python -m models.bigram_tables --tokenizer MODEL_DIR --out table.npz [FILES...]
 
 counts every pair of adjacent tokens in the text files (tokenized with the target's tokenizer;
 default corpus: the embedded pair's training files) and keeps, per token, its `top_k` most
@@ -11,7 +11,7 @@ merges and added tokens), and `load_table` refuses it for any other tokenizer.
 
 This module is what the proposer in vLLM's workers imports, so it imports nothing of `deploy`.
 The deployment side lives there: `deploy.preflight.resolve_table_path` builds the embedded
-pair's table on first use (`deploy.bigram_tables`) and refuses a missing, corrupt or mismatched
+pair's table on first use (`models.bigram_tables`) and refuses a missing, corrupt or mismatched
 table before any engine starts. The proposer checks the same again when the server starts.
 """
 
@@ -33,7 +33,7 @@ log = logging.getLogger("specdeploy")
 FORMAT = "specdeploy-bigram-v1"
 DEFAULT_TOP_K = 8
 DEFAULT_ALPHA = 1.0
-BUILD_HINT = "python -m deploy.bigram_tables --tokenizer {tokenizer} --out {out} FILES..."
+BUILD_HINT = "python -m models.bigram_tables --tokenizer {tokenizer} --out {out} FILES..."
 _MERGE_EVERY = 16_000_000  # pair keys collected before they are reduced to unique counts (memory bound)
 
 

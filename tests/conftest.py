@@ -30,7 +30,7 @@ import pytest
 import requests
 
 from deploy import Server, free_port, plan_from_config, start_server
-from deploy.embedded_pair import PAIR_ENV
+from models.embedded_pair import PAIR_ENV
 from deploy.launcher import START_LOG_ENV
 
 LOG_DIR = Path(os.environ.get("SPECDEPLOY_TEST_LOGS", "logs/tests"))
@@ -196,7 +196,7 @@ def running_sweep(servers, tmp_path_factory) -> tuple[dict, dict, Path]:
 
 @pytest.fixture(scope="session")
 def embedded_pair():
-    from deploy.embedded_pair import ensure_pair
+    from models.embedded_pair import ensure_pair
 
     return ensure_pair()
 

@@ -16,7 +16,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from deploy.bigram_tables import main
+from models.bigram_tables import main
 from deploy.config import ConfigError, parse_config
 from deploy.preflight import Machine, ModelInfo, ResolvedDeployment, resolve_table_path
 from plugins.bigram import BigramDrafter, BigramProposer, ContextCounts, pair_hash
@@ -140,7 +140,7 @@ def test_another_tokenizer_is_refused(corpus: dict, table_path: Path) -> None:
 
 
 def test_missing_and_corrupt_files_are_refused(tmp_path: Path, table_path: Path) -> None:
-    with pytest.raises(BigramTableError, match="does not exist.*deploy.bigram_tables"):
+    with pytest.raises(BigramTableError, match="does not exist.*models.bigram_tables"):
         load_table(tmp_path / "nope.npz")
     garbage = tmp_path / "garbage.npz"
     garbage.write_bytes(b"not a zip file at all")

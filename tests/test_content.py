@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from deploy.embedded_pair import heldout_tokens
+from models.embedded_pair import heldout_tokens
 from loadtest.measurement import content
 
 

@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from deploy import plan_from_config
-from deploy.cpu_dtype import native_bf16
-from deploy.embedded_pair import GOALS, check_goals, free_running_goal, goal_lines, greedy_goals
+from models.cpu_dtype import native_bf16
+from models.embedded_pair import GOALS, check_goals, free_running_goal, goal_lines, greedy_goals
 from deploy.engine_args import engine_arguments
-from deploy.widen import widen_llama
+from models.widen import widen_llama
 from loadtest.traffic import vllm_bench
 from loadtest.measurement.derive import summarize_speedups
 from loadtest.reports.sweep_summary import headline

@@ -27,7 +27,7 @@ import torch
 
 from conftest import BASELINE, CODE_PROMPTS, LOG_DIR, auth_headers, complete, greedy_token_ids, metric_total
 from deploy import ConfigError, ServerStartError, free_port, plan_from_config, start_server
-from deploy.bigram_tables import embedded_table
+from models.bigram_tables import embedded_table
 from plugins.bigram_table import build_arrays, save_table
 from plugins.llama_draft import LlamaDraft
 from plugins.small_model import SmallModelDrafter, TransformersDraft

@@ -8,8 +8,9 @@ import json
 import pytest
 import torch
 
-from deploy.embedded_pair import GOALS, WEIGHTS, Serving
-from deploy.pair_training import RECIPE, recipe_hash, train
+from models.embedded_pair import GOALS, WEIGHTS, Serving
+from models.pair_training import train
+from models.recipe import RECIPE, recipe_hash
 
 
 def _logits(folder, ids: torch.Tensor) -> torch.Tensor:
@@ -43,7 +44,7 @@ def test_both_served_targets_predict_what_the_shipped_one_does(embedded_pair) ->
     # The served pair comes from the shipped weights, and the shipped weights from the code's recipe.
     assert report["training"] == json.loads((WEIGHTS / "training.json").read_text())
     assert report["training"]["recipe_hash"] == recipe_hash(RECIPE), \
-        "the recipe changed since the weights were trained: `make models REBUILD=1` and commit deploy/embedded_weights"
+        "the recipe changed since the weights were trained: `make models REBUILD=1` and commit models/embedded_weights"
     assert report["heldout"]["greedy_agreement"] >= GOALS["greedy_agreement"][0]
     # The served pair is evaluated as the goals read it: bits per byte on the held-out code.
     assert 0.3 < report["heldout"]["target_bits_per_byte"] < 3.0

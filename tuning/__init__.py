@@ -10,5 +10,6 @@ Modules: step_costs (what one engine step costs: plain decode, verification, dra
 (is this draft worth deploying, at which batch sizes), tune (K for each batch size, written into
 a tuned YAML and proven by load tests), bench_drafters (each drafter against no speculation on
 the embedded default), soak (each drafter's memory and latency over thousands of requests, judged
-in soak_report). They use loadtest's sweeps and reports; loadtest does not use them.
+in soak_report), pair_samples (what the embedded pair's target writes on held-out prompts, judged
+by loadtest's content check). They use loadtest's sweeps and reports; loadtest does not use them.
 """

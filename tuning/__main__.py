@@ -248,10 +248,10 @@ def k_list(values: list[int] | None) -> list[int] | None:
 
 
 def cmd_costs(opts: argparse.Namespace) -> int:
-    from deploy.embedded_pair import COSTS_FILE, FREE_RUNNING_TEMPERATURE, engine_costs, ensure_pair, goal_lines
+    from models.embedded_pair import COSTS_FILE, FREE_RUNNING_TEMPERATURE, engine_costs, ensure_pair, goal_lines
     from tuning import step_costs
 
-    # The pair's free-running goal: held-out prompts at vLLM's default temperature (deploy.embedded_pair.GOALS).
+    # The pair's free-running goal: held-out prompts at vLLM's default temperature (models.embedded_pair.GOALS).
     # Greedy too, on the same prompts and on the code workload's: how often the pair loops.
     free_running = {"prompts": bench_drafters.code_prompts(8, 600), "temperatures": [FREE_RUNNING_TEMPERATURE, 0.0],
                     "max_tokens": 128, "embedded": True,

@@ -92,7 +92,7 @@ class DrafterResult:
 
 def code_prompts(count: int, chars: int) -> list[str]:
     """Beginnings of held-out standard-library files (the pair never trained on them), cut at a line end."""
-    from deploy.embedded_pair import corpus_files
+    from models.embedded_pair import corpus_files
 
     prompts = []
     for path in corpus_files("heldout"):
@@ -180,7 +180,7 @@ def settled_profile(folder: str) -> dict[str, dict[str, float]]:
 
 
 def bigram_cost() -> dict[str, float]:
-    from deploy.bigram_tables import embedded_table
+    from models.bigram_tables import embedded_table
     from plugins.bigram import benchmark_propose
     from plugins.bigram_table import load_table
 

@@ -99,7 +99,7 @@ def reference_vocabulary() -> frozenset[str]:
 
     from english_words import get_english_words_set
 
-    from deploy.pair_training import read, stdlib_split
+    from models.corpus import read, stdlib_split
 
     words = set(get_english_words_set(["web2"], lower=True))
     words.update(w.lower() for w in (*keyword.kwlist, *dir(builtins)))
@@ -156,7 +156,7 @@ def reference_from_stream(stream: Sequence[int], length: int, windows: int = REF
 @functools.lru_cache(maxsize=8)
 def embedded_reference(length: int) -> float | None:
     """Mean distinct 4-grams of the embedded pair's held-out code in windows of `length` tokens."""
-    from deploy.embedded_pair import heldout_tokens
+    from models.embedded_pair import heldout_tokens
 
     return reference_from_stream(heldout_tokens(), length)
 

@@ -141,7 +141,7 @@ def servers_fit_together(servers: Sequence[ServerInfo], host_memory_gib: float) 
 
 
 def default_timings_file() -> Path:
-    from deploy.embedded_pair import cache_root
+    from models.cache import cache_root
 
     return cache_root() / "loadtest-timings.json"
 

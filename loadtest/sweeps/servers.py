@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from deploy import ConfigError, Override, Server, free_port, load_config, plan_from_config
-from deploy.embedded_pair import is_built
+from models.embedded_pair import is_built
 from deploy.preflight import GIB, Machine, ResolvedDeployment, choose_device
 from loadtest.measurement.results import VariantResult
 from loadtest.sweeps.plan import ServerInfo, server_key

@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from deploy import load_config
 from deploy.config import Override, as_overrides
-from deploy.embedded_pair import is_pair_folder
+from models.embedded_pair import is_pair_folder
 from deploy.preflight import ResolvedDeployment
 from loadtest.measurement.results import LevelResult
 from loadtest.traffic.request_settings import RequestSettings, settings_record

@@ -1,7 +1,7 @@
 """What the embedded pair's target writes on the held-out prompts: greedy and sampled at T=1, beside
 the real continuation of the same file, each judged by the content check (loops and noise).
 
-`python -m deploy.pair_samples [--weights DIR] [--out FILE]`: 8 prompts (bench-drafters' held-out
+`python -m tuning.pair_samples [--weights DIR] [--out FILE]`: 8 prompts (bench-drafters' held-out
 prompts), 128 tokens each, T=1 seeded by the prompt's index. It runs the trained target itself
 (transformers, float32): the served one is the same function, widened. The JSON it writes has the
 shape of `tests/fixtures/embedded_pair_e987624_heldout.json`, the outputs of the pair before it.
@@ -31,7 +31,7 @@ def samples(weights: Path, count: int = PROMPTS, tokens: int = TOKENS) -> list[d
     import torch
     from transformers import AutoTokenizer, LlamaForCausalLM
 
-    from deploy.embedded_pair import corpus_files
+    from models.embedded_pair import corpus_files
     from tuning.bench_drafters import code_prompts
 
     tok = AutoTokenizer.from_pretrained(weights / "tokenizer")
@@ -58,9 +58,9 @@ def samples(weights: Path, count: int = PROMPTS, tokens: int = TOKENS) -> list[d
 
 
 def main(argv: list[str] | None = None) -> int:
-    from deploy.embedded_pair import WEIGHTS
+    from models.embedded_pair import WEIGHTS
 
-    parser = argparse.ArgumentParser(prog="python -m deploy.pair_samples", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m tuning.pair_samples", description=__doc__.split("\n\n")[0])
     parser.add_argument("--weights", type=Path, default=WEIGHTS, help="trained weights folder (default: shipped)")
     parser.add_argument("--out", type=Path, default=None, help="write the samples as JSON here")
     opts = parser.parse_args(argv)

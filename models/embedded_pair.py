@@ -2,15 +2,15 @@
 
 Two steps, so that a first `make serve` takes minutes, not the hours training takes:
 
-1. **Training** (`make models REBUILD=1`, about 80 min on 2 cores, resumable: `deploy.pair_training`):
+1. **Training** (`make models REBUILD=1`, about 80 min on 2 cores, resumable: `models.pair_training`):
    a byte-level BPE tokenizer of 4,096 tokens, a 4.5M-parameter target trained on Python code (the
    standard library's training split and the sources of the packages installed beside the engine),
    and a draft of half its depth that starts from the target's first and last layers and is
    distilled to it. The result is small (about 12 MB in bf16) and is shipped in the repository
-   (`deploy/embedded_weights/`, with `training.json`: the recipe, the loss curve and the held-out
+   (`models/embedded_weights/`, with `training.json`: the recipe, the loss curve and the held-out
    figures it reached); a full-tier test retraces the start of the shipped curve.
 2. **Building the served pair** (every machine, on first use, well under a minute): the shipped
-   target is widened without changing its function (`deploy.widen`) into what is served, saved in
+   target is widened without changing its function (`models.widen`) into what is served, saved in
    the serving dtype, and evaluated on held-out code. Cached under `$SPECDEPLOY_CACHE` (default
    `$XDG_CACHE_HOME/specdeploy` or `~/.cache/specdeploy`) in a folder keyed by the shipped weights
    and `Serving`.
@@ -34,7 +34,7 @@ serve` and every measurement use the cost-faithful one (the default, `SPECDEPLOY
     pair = ensure_pair()        # builds on first use (under a file lock), else loads the report
     pair.target, pair.draft     # folders vLLM loads (`--model`, speculative_config["model"])
 
-CLI: `python -m deploy.embedded_pair [--force] [--retrain] [--json]`.
+CLI: `python -m models.embedded_pair [--force] [--retrain] [--json]` (`python -m deploy models`).
 """
 
 from __future__ import annotations
@@ -52,10 +52,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from deploy.cpu_dtype import native_bf16
-from deploy.pair_training import (RECIPE, corpus_listing, evaluate, heldout_windows, progress,
-                                  recipe_hash, run_folder, stdlib_split, token_bytes, token_ids, train)
-from deploy.widen import widen_llama
+from models.cache import cache_root
+from models.corpus import corpus_listing, stdlib_split, token_bytes, token_ids
+from models.cpu_dtype import native_bf16
+from models.pair_training import evaluate, heldout_windows, run_folder, train
+from models.recipe import RECIPE, recipe_hash
+from models.training import progress
+from models.widen import widen_llama
 
 log = logging.getLogger("specdeploy")
 
@@ -179,14 +182,6 @@ def _build_hash(serving: Serving, weights: Path) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
-def cache_root() -> Path:
-    """specdeploy's cache folder: `$SPECDEPLOY_CACHE`, else `$XDG_CACHE_HOME/specdeploy` or `~/.cache/specdeploy`."""
-    if os.environ.get("SPECDEPLOY_CACHE"):
-        return Path(os.environ["SPECDEPLOY_CACHE"]).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "specdeploy"
-
-
 @functools.lru_cache(maxsize=None)
 def pair_dir() -> Path:
     """Where the pair for the shipped weights and this machine's `Serving` lives (it may not be built yet)."""
@@ -215,7 +210,7 @@ def _shipped_training() -> dict:
     path = WEIGHTS / "training.json"
     if not path.is_file():
         raise FileNotFoundError(f"{path} is missing: the embedded pair's trained weights are part of the repository "
-                                f"(git checkout deploy/embedded_weights), or train them with `make models REBUILD=1`")
+                                f"(git checkout models/embedded_weights), or train them with `make models REBUILD=1`")
     return json.loads(path.read_text())
 
 
@@ -452,7 +447,7 @@ def _table(pair: EmbeddedPair) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m deploy.embedded_pair",
+    parser = argparse.ArgumentParser(prog="python -m models.embedded_pair",
                                      description="Build (or show the cached) embedded target/draft pair.")
     parser.add_argument("--force", action="store_true", help="rebuild the served pair even if it is cached")
     parser.add_argument("--retrain", action="store_true",

@@ -1,11 +1,11 @@
-"""Bigram tables on the deployment side: the embedded pair's table, and the command that builds one.
+"""Bigram tables beside the models: the embedded pair's table, and the command that builds one.
 
-    python -m deploy.bigram_tables --tokenizer MODEL_DIR --out table.npz [FILES...]
+    python -m models.bigram_tables --tokenizer MODEL_DIR --out table.npz [FILES...]
 
 builds a table for the target's tokenizer from text files (default: the embedded pair's training
 corpus). The table format, building and checking are `plugins.bigram_table`'s, which the drafter
 in vLLM's workers imports; what needs the embedded pair lives here, so that module imports
-nothing of `deploy`.
+nothing of `models` or `deploy`.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import logging
 import sys
 from pathlib import Path
 
-from deploy.embedded_pair import corpus_files, ensure_pair
+from models.embedded_pair import corpus_files, ensure_pair
 from plugins.bigram_table import (DEFAULT_ALPHA, DEFAULT_TOP_K, BigramTableError, build_table, load_table,
                                   tokenizer_fingerprint)
 
@@ -46,7 +46,7 @@ def embedded_table(progress: bool = True) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m deploy.bigram_tables", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m models.bigram_tables", description=__doc__.split("\n\n")[0])
     parser.add_argument("--tokenizer", required=True, help="the target's model or tokenizer folder (or cached hub id)")
     parser.add_argument("--out", required=True, help="table file to write (.npz)")
     parser.add_argument("--top-k", type=int, default=DEFAULT_TOP_K, help="successors kept per token (%(default)s)")

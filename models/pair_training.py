@@ -5,11 +5,9 @@ every few minutes under `$SPECDEPLOY_CACHE/training/<recipe hash>/` from which a
 resumes (same batches, same schedule: the result is the one an uninterrupted run gives), and a
 loss curve (train loss, held-out bits per byte) kept in `training.json` and drawn beside it.
 
-Corpus: the Python standard library's training split (the held-out split is fixed by a hash of
-each file's path) plus the sources of the packages installed beside the engine (`Recipe.packages`:
-torch, transformers, vLLM, numpy...: tens of millions of tokens), tests excluded, exact duplicates dropped, and any file
-whose text equals a held-out file's dropped. Windows are drawn from the standard library with
-probability `stdlib_weight`, so the style the held-out split is in is not drowned out.
+The recipe's knobs are `models.recipe`'s, its corpus and tokenizer `models.corpus`'s, and its
+AdamW loop `models.training`'s. Windows are drawn from the standard library with probability
+`stdlib_weight`, else from site-packages.
 
 Schedule: warm-up, a long constant learning rate, then a linear decay over the last
 `decay_fraction` of the steps (warmup-stable-decay): a stable-phase checkpoint can be cooled down
@@ -18,218 +16,24 @@ and evaluated at any time, and a longer run only moves the decay.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import logging
 import math
-import os
 import sys
-import sysconfig
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from models.cache import cache_root
+from models.cpu_dtype import native_bf16
+from models.corpus import (BOS, EOS, PAD, corpus, corpus_hash, site_packages, stdlib, token_bytes, token_ids,
+                           train_tokenizer)
+from models.recipe import RECIPE, TRAIN_VERSION, Recipe, recipe_hash
+from models.training import Checkpoints, Loop, autocast, progress
+
 log = logging.getLogger("specdeploy")
-
-TRAIN_VERSION = 3  # bump when the code changes what a recipe produces (the hash covers the knobs)
-SPECIALS = ("<s>", "</s>", "<pad>")  # ids 0, 1, 2: bos, eos, pad
-BOS, EOS, PAD = 0, 1, 2
-# Never train on tests (they are mostly fixtures).
-SKIP_DIRS = frozenset({"test", "tests", "idle_test", "testing", "__pycache__"})
-STDLIB_SKIP_DIRS = SKIP_DIRS | {"site-packages", "dist-packages"}
-
-
-@dataclass(frozen=True)
-class Recipe:
-    """Every knob of the training. bf16 autocast where the CPU computes bf16 natively, float32
-    elsewhere (the same recipe; rounding differs, the quality does not)."""
-
-    seed: int = 1234  # torch.manual_seed before each model's init; the batch generator's seed
-    threads: int = 2  # torch intra-op threads: fixed and recorded, as BLAS reductions may depend on it
-    heldout_percent: int = 5  # stdlib files whose path hash mod 100 falls below this are held out
-    max_file_kb: int = 300  # skips pydoc_data/topics.py (English prose) and generated tables
-    packages: tuple[str, ...] = ("torch", "transformers", "vllm", "numpy", "scipy", "pandas", "matplotlib", "sympy",
-                                 "networkx")  # sources installed beside the engine (make venv): a fixed list,
-    # so that a tool installed later into the environment does not change the corpus
-    stdlib_weight: float = 0.3  # share of training windows drawn from the stdlib's training split
-    vocab_size: int = 4096  # byte-level BPE incl. 3 specials + 256 bytes: 3.5 bytes a token on stdlib code
-    tokenizer_sample_mb: int = 40  # text the BPE is learned from (stdlib first, then site-packages)
-    seq_len: int = 512  # training window: code repeats its identifiers over hundreds of tokens
-    batch_size: int = 16  # windows per step (8,192 tokens)
-    lr: float = 3e-3  # AdamW peak learning rate
-    betas: tuple[float, float] = (0.9, 0.95)
-    weight_decay: float = 0.1  # decoupled, on matrices only
-    warmup_steps: int = 100  # linear warm-up
-    decay_fraction: float = 0.2  # linear decay to min_lr_ratio * lr over the last fifth of the steps
-    min_lr_ratio: float = 0.02
-    grad_clip: float = 1.0
-    head_dim: int = 64  # vLLM's CPU attention supports 64
-    max_position_embeddings: int = 2048  # serving uses max_model_len up to 2048
-    target_layers: int = 4
-    target_width: int = 256  # 4 heads of 64: widened 6x (bf16) or 3x (float32) for serving
-    target_ffn: int = 768  # SwiGLU inner size
-    target_steps: int = 1600  # fixed (not a time budget) so that builds are reproducible: 13M tokens
-    # (2,800 steps reached 0.99 bits/byte against 1.1 here, in 75% more time)
-    draft_layers: int = 2  # half the target's depth: a 2x128 draft trained from scratch agreed only 44%
-    draft_width: int = 256  # the target's width, so that the draft starts from the target's own layers
-    draft_ffn: int = 768
-    draft_init_layers: tuple[int, ...] = (0, 3)  # target layers copied into the draft (with embeddings,
-    # final norm and head) before distillation: a layer-dropped target is a far better start than noise
-    draft_steps: int = 1000  # distillation steps (KL to the target's logits): 4M tokens
-    draft_batch_size: int = 16
-    draft_seq_len: int = 256
-    draft_lr: float = 2e-3  # lower than the target's: it starts trained
-    eval_windows: int = 256  # held-out windows of seq_len tokens for the final figures
-    curve_every: int = 200  # steps between points of the held-out loss curve
-    curve_windows: int = 32  # held-out windows per curve point
-    checkpoint_every_s: int = 300  # seconds between checkpoints
-
-
-RECIPE = Recipe()
-
-
-def recipe_hash(recipe: Recipe) -> str:
-    """The training recipe (`training.json` records the one its weights came from)."""
-    blob = json.dumps({"version": TRAIN_VERSION, "recipe": asdict(recipe)}, sort_keys=True)
-    return hashlib.sha256(blob.encode()).hexdigest()[:12]
-
-
-# ----------------------------------------------------------------------------- corpus
-
-
-def stdlib() -> Path:
-    return Path(sysconfig.get_paths()["stdlib"])
-
-
-def site_packages() -> Path:
-    return Path(sysconfig.get_paths()["purelib"])
-
-
-def _python_files(root: Path, skip: frozenset[str], max_kb: int) -> list[Path]:
-    files = []
-    for folder, dirs, names in os.walk(root):
-        dirs[:] = sorted(d for d in dirs if d not in skip)  # pruned, not filtered: site-packages is big
-        for name in names:
-            path = Path(folder) / name
-            if name.endswith(".py") and path.is_file() and path.stat().st_size <= max_kb * 1024:
-                files.append(path)
-    return sorted(files, key=lambda p: p.relative_to(root).as_posix())
-
-
-def _digest(path: Path) -> bytes:
-    return hashlib.sha1(path.read_bytes()).digest()
-
-
-@functools.lru_cache(maxsize=None)
-def stdlib_split(recipe: Recipe = RECIPE) -> dict[str, tuple[Path, ...]]:
-    """The stdlib's `train` and `heldout` files (a fast walk: no site-packages)."""
-    root = stdlib()
-    files = _python_files(root, STDLIB_SKIP_DIRS, recipe.max_file_kb)
-
-    # Split by a hash of the relative path: stable across machines and when files come or go.
-    def held(p: Path) -> bool:
-        digest = hashlib.sha1(p.relative_to(root).as_posix().encode()).digest()
-        return int.from_bytes(digest[:4], "big") % 100 < recipe.heldout_percent
-
-    return {"train": tuple(p for p in files if not held(p)), "heldout": tuple(p for p in files if held(p))}
-
-
-@functools.lru_cache(maxsize=None)
-def corpus(recipe: Recipe = RECIPE) -> dict[str, tuple[Path, ...]]:
-    """`train` and `heldout` (the stdlib's two splits) and `extra` (site-packages, deduplicated)."""
-    split = dict(stdlib_split(recipe))
-    files = split["train"] + split["heldout"]
-    extra: list[Path] = []
-    seen = {_digest(p) for p in files}  # held-out texts (and stdlib copies) never enter training twice
-    for package in recipe.packages:
-        if not (site_packages() / package).is_dir():
-            raise FileNotFoundError(f"{site_packages() / package} is missing: the recipe trains on the sources of "
-                                    f"{', '.join(recipe.packages)} as `make venv` installs them")
-        for path in _python_files(site_packages() / package, SKIP_DIRS, recipe.max_file_kb):
-            digest = _digest(path)
-            if digest not in seen:
-                seen.add(digest)
-                extra.append(path)
-    split["extra"] = tuple(extra)
-    return split
-
-
-def corpus_listing(recipe: Recipe, splits: tuple[str, ...]) -> list[tuple[str, int]]:
-    out = []
-    for name in splits:
-        root = stdlib() if name != "extra" else site_packages()
-        out += [(p.relative_to(root).as_posix(), p.stat().st_size) for p in corpus(recipe)[name]]
-    return out
-
-
-def corpus_hash(recipe: Recipe) -> str:
-    """The files the recipe reads here (another Python release or package version differs a little)."""
-    blob = json.dumps(corpus_listing(recipe, ("train", "heldout", "extra")))
-    return hashlib.sha256(blob.encode()).hexdigest()[:12]
-
-
-def read(path: Path) -> str:
-    return path.read_text(encoding="utf-8", errors="replace")
-
-
-def progress(iterable: Any = None, **kwargs: Any) -> Any:
-    from tqdm import tqdm
-
-    return tqdm(iterable, file=sys.stderr, mininterval=2.0, dynamic_ncols=True, **kwargs)
-
-
-def token_ids(tok: Any, files: tuple[Path, ...], desc: str | None = None) -> list[int]:
-    """All files as one token stream, each file framed by <s> ... </s>."""
-    ids: list[int] = []
-    chunk = 256
-    bar = progress(total=len(files), desc=desc, unit="file") if desc else None
-    for i in range(0, len(files), chunk):
-        part = files[i:i + chunk]
-        for enc in tok.encode_batch([read(p) for p in part], add_special_tokens=False):
-            ids += [BOS, *enc.ids, EOS]
-        if bar is not None:
-            bar.update(len(part))
-    if bar is not None:
-        bar.close()
-    return ids
-
-
-def train_tokenizer(recipe: Recipe, split: dict[str, tuple[Path, ...]]) -> Any:
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-
-    budget, texts = recipe.tokenizer_sample_mb * 1 << 20, []
-    # The stdlib first (the held-out style), then site-packages spread evenly over its files.
-    extra = split["extra"]
-    step = max(1, len(extra) // 4000)
-    for path in (*split["train"], *extra[::step]):
-        texts.append(read(path))
-        budget -= len(texts[-1])
-        if budget <= 0:
-            break
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=recipe.vocab_size, min_frequency=2, special_tokens=list(SPECIALS),
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    log.info("tokenizer: byte-level BPE of %d tokens from %.0f MB of code", recipe.vocab_size,
-             sum(map(len, texts)) / 1e6)
-    tok.train_from_iterator(texts, trainer=trainer, length=len(texts))
-    # Prompts get a leading <s> like every training document, as Llama tokenizers do.
-    tok.post_processor = processors.TemplateProcessing(single="<s> $A", pair="<s> $A <s> $B",
-                                                       special_tokens=[("<s>", BOS)])
-    return tok
-
-
-def token_bytes(tok: Any) -> list[int]:
-    """UTF-8 bytes each token id stands for (0 for the specials): byte-level BPE maps one character
-    of a token's string to one byte."""
-    vocab = tok.get_vocab()
-    out = [0] * tok.get_vocab_size()
-    for text, idx in vocab.items():
-        out[idx] = 0 if text in SPECIALS else len(text)
-    return out
 
 
 # ----------------------------------------------------------------------------- models & loop
@@ -287,101 +91,82 @@ def lr_factor(recipe: Recipe, step: int, steps: int) -> float:
     return 1.0 - (1.0 - recipe.min_lr_ratio) * progress_
 
 
-def autocast(enabled: bool) -> Any:
-    import torch
-
-    return torch.autocast("cpu", dtype=torch.bfloat16, enabled=enabled)
-
-
-class Checkpoints:
-    """One file per training phase under the run's folder, written atomically."""
-
-    def __init__(self, folder: Path):
-        self.folder = folder
-
-    def path(self, phase: str) -> Path:
-        return self.folder / f"{phase}.pt"
-
-    def load(self, phase: str) -> dict | None:
-        import torch
-
-        path = self.path(phase)
-        return torch.load(path, weights_only=False) if path.is_file() else None
-
-    def save(self, phase: str, state: dict) -> None:
-        import torch
-
-        self.folder.mkdir(parents=True, exist_ok=True)
-        tmp = self.path(phase).with_suffix(".tmp")
-        torch.save(state, tmp)
-        tmp.replace(self.path(phase))
-
-
 def optimize(recipe: Recipe, model: Any, *, lr: float, steps: int, loss_fn: Callable[[Any], Any], batches: Windows,
              desc: str, checkpoints: Checkpoints, phase: str, bf16: bool,
              curve: Callable[[], float] | None = None, stop: int | None = None) -> dict:
-    """AdamW under `lr_factor` for a fixed number of steps, resuming from the phase's checkpoint;
-    `stop`: end after that many steps of the same schedule (a prefix of the full run)."""
-    import torch
-
-    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
-    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": recipe.weight_decay},
-                             {"params": no_decay, "weight_decay": 0.0}], lr=lr, betas=recipe.betas)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(recipe, s, steps))
-    history: dict[str, list] = {"loss": [], "curve": []}
-    start_step, spent = 0, 0.0
-    if (state := checkpoints.load(phase)) is not None:
-        model.load_state_dict(state["model"])
-        opt.load_state_dict(state["optimizer"])
-        sched.load_state_dict(state["scheduler"])
-        batches.gen.set_state(state["generator"])
-        start_step, spent, history = state["step"], state["seconds"], state["history"]
-        log.info("%s: resuming from step %d of %d (%s)", desc, start_step, steps, checkpoints.path(phase))
-
-    def save(step: int) -> None:
-        checkpoints.save(phase, {"model": model.state_dict(), "optimizer": opt.state_dict(),
-                                 "scheduler": sched.state_dict(), "generator": batches.gen.get_state(),
-                                 "step": step, "seconds": spent + time.perf_counter() - t0, "history": history})
-
-    model.train()
-    t0 = last_save = time.perf_counter()
+    """AdamW (`models.training.Loop`, weight decay on matrices only) under `lr_factor` for a fixed
+    number of steps, resuming from the phase's checkpoint; `stop`: end after that many steps of the
+    same schedule (a prefix of the full run)."""
+    loop = Loop(model, lr=lr, weight_decay=recipe.weight_decay, betas=recipe.betas, matrices_only=True,
+                schedule=lambda s: lr_factor(recipe, s, steps), grad_clip=recipe.grad_clip, bf16=bf16)
+    run = PhaseRun(recipe, model, loop, batches, checkpoints, phase, desc, steps)
     end = steps if stop is None else min(stop, steps)
-    bar = progress(range(start_step, end), desc=desc, unit="step", initial=start_step, total=end)
-    tokens = batches.batch * batches.seq_len
-    for step in bar:
-        batch = next(batches)
-        with autocast(bf16):
-            loss = loss_fn(batch)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), recipe.grad_clip)
-        opt.step()
-        sched.step()
-        history["loss"].append(round(loss.item(), 4))
-        if curve is not None and ((step + 1) % recipe.curve_every == 0 or step + 1 == end):
-            model.eval()
-            history["curve"].append([step + 1, round(curve(), 4)])
-            model.train()
-        if step % 10 == 0 or step == steps - 1:
-            done = step + 1 - start_step
-            rate = done * tokens / (time.perf_counter() - t0)
+    run.start(end, curve)
+    bar = progress(range(run.start_step, end), desc=desc, unit="step", initial=run.start_step, total=end)
+    loop.run(batches, loss_fn, bar, on_step=lambda step, loss: run.after_step(step, loss, bar))
+    run.save(end)
+    return run.summary()
+
+
+class PhaseRun:
+    """One phase of the recipe (the target's training, the draft's distillation) across checkpoints:
+    resumed from the phase's checkpoint if there is one; after each step its loss, the held-out
+    curve, the progress bar's figures and a checkpoint every `checkpoint_every_s`."""
+
+    def __init__(self, recipe: Recipe, model: Any, loop: Loop, batches: Windows, checkpoints: Checkpoints,
+                 phase: str, desc: str, steps: int):
+        self.recipe, self.model, self.loop, self.batches = recipe, model, loop, batches
+        self.checkpoints, self.phase, self.steps = checkpoints, phase, steps
+        self.history: dict[str, list] = {"loss": [], "curve": []}
+        self.start_step, self.spent = 0, 0.0
+        if (state := checkpoints.load(phase)) is not None:
+            model.load_state_dict(state["model"])
+            loop.load_state_dict(state)
+            batches.gen.set_state(state["generator"])
+            self.start_step, self.spent, self.history = state["step"], state["seconds"], state["history"]
+            log.info("%s: resuming from step %d of %d (%s)", desc, self.start_step, steps, checkpoints.path(phase))
+
+    def start(self, end: int, curve: Callable[[], float] | None) -> None:
+        """The clock starts; steps run up to `end`; `curve()`: the held-out figure the curve plots."""
+        self.end, self.curve = end, curve
+        self.t0 = self.last_save = time.perf_counter()
+        self.tokens = self.batches.batch * self.batches.seq_len
+
+    def save(self, step: int) -> None:
+        self.checkpoints.save(self.phase, {"model": self.model.state_dict(), **self.loop.state_dict(),
+                                           "generator": self.batches.gen.get_state(), "step": step,
+                                           "seconds": self.spent + time.perf_counter() - self.t0,
+                                           "history": self.history})
+
+    def after_step(self, step: int, loss: float, bar: Any) -> None:
+        recipe, history = self.recipe, self.history
+        history["loss"].append(round(loss, 4))
+        if self.curve is not None and ((step + 1) % recipe.curve_every == 0 or step + 1 == self.end):
+            self.model.eval()
+            history["curve"].append([step + 1, round(self.curve(), 4)])
+            self.model.train()
+        if step % 10 == 0 or step == self.steps - 1:
+            done = step + 1 - self.start_step
+            rate = done * self.tokens / (time.perf_counter() - self.t0)
             last = history["loss"][-20:]
             post = {"loss": f"{sum(last) / len(last):.3f}", "tok_s": f"{rate:,.0f}"}
             if history["curve"]:
                 post["heldout_bpb"] = f"{history['curve'][-1][1]:.3f}"
             bar.set_postfix(post)
-        if time.perf_counter() - last_save >= recipe.checkpoint_every_s and step + 1 < end:
-            save(step + 1)
-            last_save = time.perf_counter()
-    save(end)
-    model.eval()
-    seconds = spent + time.perf_counter() - t0
-    return {"steps": end, "seconds": round(seconds, 1),
-            "final_loss": round(sum(history["loss"][-50:]) / len(history["loss"][-50:]), 4),
-            "tokens_per_s": round((end - start_step) * tokens / max(1e-9, time.perf_counter() - t0)),
-            "loss_every_50": _every(history["loss"], 50),
-            "heldout_bpb_curve": history["curve"]}
+        if time.perf_counter() - self.last_save >= recipe.checkpoint_every_s and step + 1 < self.end:
+            self.save(step + 1)
+            self.last_save = time.perf_counter()
+
+    def summary(self) -> dict:
+        """What `training.json` keeps of the phase."""
+        seconds = self.spent + time.perf_counter() - self.t0
+        losses = self.history["loss"]
+        return {"steps": self.end, "seconds": round(seconds, 1),
+                "final_loss": round(sum(losses[-50:]) / len(losses[-50:]), 4),
+                "tokens_per_s": round((self.end - self.start_step) * self.tokens
+                                      / max(1e-9, time.perf_counter() - self.t0)),
+                "loss_every_50": _every(losses, 50),
+                "heldout_bpb_curve": self.history["curve"]}
 
 
 def init_from_layers(draft: Any, target: Any, layers: tuple[int, ...]) -> None:
@@ -467,8 +252,6 @@ def evaluate(target: Any, draft: Any | None, windows: Any, nbytes: Any, desc: st
 
 
 def run_folder(recipe: Recipe) -> Path:
-    from deploy.embedded_pair import cache_root
-
     return cache_root() / "training" / f"{recipe_hash(recipe)}-{corpus_hash(recipe)}"
 
 
@@ -492,8 +275,6 @@ def _streams(recipe: Recipe) -> tuple[Any, dict[str, Any]]:
     import torch
     from tokenizers import Tokenizer
 
-    from deploy.embedded_pair import cache_root
-
     split = corpus(recipe)
     knobs = {k: getattr(recipe, k) for k in ("heldout_percent", "max_file_kb", "packages", "vocab_size",
                                              "tokenizer_sample_mb")}
@@ -516,13 +297,8 @@ def _streams(recipe: Recipe) -> tuple[Any, dict[str, Any]]:
 
 
 def _train(recipe: Recipe, out: Path, stop_after: int | None) -> dict:
-    import tokenizers
     import torch
     import torch.nn.functional as F
-    import transformers
-    from transformers import PreTrainedTokenizerFast
-
-    from deploy.cpu_dtype import native_bf16
 
     bf16 = native_bf16()
     folder = run_folder(recipe) if stop_after is None else out / "run"
@@ -550,43 +326,68 @@ def _train(recipe: Recipe, out: Path, stop_after: int | None) -> dict:
     log.info("target: loss %.3f, %s tokens/s", target_train["final_loss"], f"{target_train['tokens_per_s']:,}")
     target.requires_grad_(False)
 
-    draft = llama(recipe, recipe.draft_layers, recipe.draft_width, recipe.draft_ffn)
-    init_from_layers(draft, target, recipe.draft_init_layers)
-    distill_loss = kl_to(target, draft)
-    draft_train = optimize(
-        recipe, draft, lr=recipe.draft_lr, steps=recipe.draft_steps, loss_fn=distill_loss,
-        batches=Windows(recipe, parts, weights, recipe.draft_seq_len, recipe.draft_batch_size),
-        desc="distill draft", checkpoints=checkpoints, phase="draft", bf16=bf16)
-    log.info("draft: KL to target %.3f, %s tokens/s", draft_train["final_loss"], f"{draft_train['tokens_per_s']:,}")
+    draft, draft_train = _distill_draft(recipe, target, Windows(recipe, parts, weights, recipe.draft_seq_len,
+                                                                recipe.draft_batch_size), checkpoints, bf16)
     # Evaluated as shipped: 16-bit storage (the repository stays small), computed in float32.
     for model in (target, draft):
         model.to(torch.bfloat16).to(torch.float32)
     windows = heldout_windows(streams["heldout"], recipe.seq_len, recipe.eval_windows)
     evaluation = evaluate(target, draft, windows, nbytes, "evaluate trained", bf16=False)
 
+    _save_weights(recipe, tok, target, draft, out)
+    training = _training_record(recipe, streams, evaluation, {"target": target_train, "draft": draft_train},
+                                {"target": target, "draft": draft}, bf16)
+    plot_curve(training, out / "loss_curve.png")
+    (out / "training.json").write_text(json.dumps(training, indent=2) + "\n")  # written last: marks it complete
+    return training
+
+
+def _distill_draft(recipe: Recipe, target: Any, batches: Windows, checkpoints: Checkpoints,
+                   bf16: bool) -> tuple[Any, dict]:
+    """The draft, started from the target's layers and distilled to it (KL), and its phase's summary."""
+    draft = llama(recipe, recipe.draft_layers, recipe.draft_width, recipe.draft_ffn)
+    init_from_layers(draft, target, recipe.draft_init_layers)
+    distill_loss = kl_to(target, draft)
+    draft_train = optimize(
+        recipe, draft, lr=recipe.draft_lr, steps=recipe.draft_steps, loss_fn=distill_loss, batches=batches,
+        desc="distill draft", checkpoints=checkpoints, phase="draft", bf16=bf16)
+    log.info("draft: KL to target %.3f, %s tokens/s", draft_train["final_loss"], f"{draft_train['tokens_per_s']:,}")
+    return draft, draft_train
+
+
+def _save_weights(recipe: Recipe, tok: Any, target: Any, draft: Any, out: Path) -> None:
+    """The tokenizer, and the target and draft in bf16 (the repository stays small)."""
+    import torch
+    from transformers import PreTrainedTokenizerFast
+
     out.mkdir(parents=True, exist_ok=True)
     PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
                             model_max_length=recipe.max_position_embeddings).save_pretrained(out / "tokenizer")
     target.to(torch.bfloat16).save_pretrained(out / "target")
     draft.to(torch.bfloat16).save_pretrained(out / "draft")
+
+
+def _training_record(recipe: Recipe, streams: dict[str, Any], evaluation: dict, train: dict[str, dict],
+                     models: dict[str, Any], bf16: bool) -> dict:
+    """`training.json`: the recipe, the corpus, each phase's curve, the held-out figures, the versions."""
+    import tokenizers
+    import torch
+    import transformers
+
     split = corpus(recipe)
-    training = {
+    return {
         "recipe_hash": recipe_hash(recipe), "recipe": asdict(recipe), "corpus_hash": corpus_hash(recipe),
-        "params": {"target": sum(p.numel() for p in target.parameters()),
-                   "draft": sum(p.numel() for p in draft.parameters())},
-        "heldout": evaluation, "train": {"target": target_train, "draft": draft_train},
+        "params": {name: sum(p.numel() for p in model.parameters()) for name, model in models.items()},
+        "heldout": evaluation, "train": train,
         "corpus": {"stdlib": str(stdlib()), "site_packages": str(site_packages()),
                    "train_files": len(split["train"]), "extra_files": len(split["extra"]),
                    "heldout_files": len(split["heldout"]), "train_tokens": len(streams["train"]),
                    "extra_tokens": len(streams["extra"]), "heldout_tokens": len(streams["heldout"])},
-        "seconds": round(target_train["seconds"] + draft_train["seconds"], 1),
+        "seconds": round(train["target"]["seconds"] + train["draft"]["seconds"], 1),
         "threads": recipe.threads, "precision": "bf16 autocast" if bf16 else "float32",
         "torch": torch.__version__, "transformers": transformers.__version__, "tokenizers": tokenizers.__version__,
         "python": sys.version.split()[0], "cpu_bf16": bf16,
     }
-    plot_curve(training, out / "loss_curve.png")
-    (out / "training.json").write_text(json.dumps(training, indent=2) + "\n")  # written last: marks it complete
-    return training
 
 
 def plot_curve(training: dict, path: Path) -> None:
@@ -616,10 +417,10 @@ def plot_curve(training: dict, path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m deploy.pair_training [--out DIR]`: run (or resume) the recipe into DIR."""
+    """`python -m models.pair_training [--out DIR]`: run (or resume) the recipe into DIR."""
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m deploy.pair_training", description=main.__doc__)
+    parser = argparse.ArgumentParser(prog="python -m models.pair_training", description=main.__doc__)
     parser.add_argument("--out", type=Path, default=None,
                         help="where the trained weights go (default: the run folder's weights/)")
     opts = parser.parse_args(argv)
