@@ -23,94 +23,39 @@ import signal
 import sys
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 from deploy import ConfigError, load_config
-from deploy.config import DEFAULT_CONFIG, as_overrides
 from loadtest import capacity_cli
-from loadtest.traffic import request_settings
-from loadtest.traffic import declared as traffic
-from loadtest.arg_types import int_list, positive_int, rate_list, temperature_list
-from loadtest.sweeps.plan import ORDERS
+from loadtest.arg_types import int_list
 from loadtest.reports.report import compare_table, load_results, newest_report, write_report
-from loadtest.traffic.request_settings import RequestSettings
 from loadtest.sweeps.settings import SweepSettings
 from loadtest.sweeps.runner import Sweep
-from loadtest.measurement.slo import parse_targets
 from loadtest.reports.sweep_summary import announce, exit_code
-
-
-TRAFFIC_NO_TEMPERATURE = [f for f in traffic.TRAFFIC_FIELDS if f != "temperature"]  # run's is a list
-
-
-def _slo(text: str) -> str:
-    try:
-        parse_targets(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    return text
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m loadtest", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
+    add_run_parser(sub)
+    add_compare_parser(sub)
+    capacity_cli.add_parser(sub)
+    again = sub.add_parser("rejudge", help="judge a report's Locust-vs-benchmark agreement again with this code, "
+                                            "from its kept records and benchmark results, and rewrite the report")
+    again.add_argument("report", type=Path, help="report folder")
+    return parser
 
+
+def add_run_parser(sub: Any) -> None:
+    """`run`: the sweep's options (declared by `SweepSettings`), several temperatures allowed."""
     run = sub.add_parser("run", help="start each variant's server, load it at each concurrency, write a report")
-    run.add_argument("config", nargs="?", default=None,
-                     help=f"config file or preset name (default: {DEFAULT_CONFIG}; with --url: read only when given, "
-                          f"for the model name, API key variable and tokenizer)")
-    run.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
-                     help="override a config field for every variant (repeatable)")
-    run.add_argument("--no-spec", action="store_true", help="run the baseline (speculation off) only")
-    run.add_argument("--no-baseline", action="store_true", help="skip the baseline variant")
-    run.add_argument("--k", type=int_list, default=[], metavar="K,K", help="extra speculative variants with these K")
-    levels = run.add_mutually_exclusive_group()
-    levels.add_argument("--users", type=int_list, default=None, metavar="C,C",
-                        help="concurrency levels (closed-loop users) (default: 1,32)")
-    levels.add_argument("--rates", type=rate_list, default=None, metavar="R,R",
-                        help="open loop instead: arrival rates in requests/s; requests arrive by a Poisson process "
-                             "whether or not earlier ones finished, nothing caps those in flight (so queueing shows); "
-                             "speculation and baseline get the same arrivals (docs/load-tests.md)")
-    run.add_argument("--repeat", type=positive_int, default=3,
-                     help="runs of every variant at every concurrency; speedups get a 95%% interval (default: 3)")
-    run.add_argument("--order", choices=ORDERS, default="auto",
-                     help="alternate: the variants take turns every repeat (who goes first flips); grouped: each "
-                          "variant's server starts once and runs all its levels and repeats; auto: grouped where "
-                          "servers cannot be up together on GPUs, else alternate (default: auto)")
+    SweepSettings.add_cli_args(run, several_temperatures=True)
     run.add_argument("--dry-run", action="store_true",
                      help="print the plan (servers, starts, levels, estimated duration) and exit; starts nothing")
-    run.add_argument("--requests", type=int, default=None,
-                     help="measured requests per run (default: max(32, 8 x concurrency); with --rates: "
-                          "max(32, 60 s x rate))")
-    run.add_argument("--duration", type=float, default=None, metavar="S",
-                     help="measure each level for S seconds instead of a request count (with --rates: the "
-                          "requests arriving in S seconds)")
-    run.add_argument("--warmup", type=int, default=1, help="warm-up requests per user before each level (default: 1)")
-    request_settings.add_options(run, skip=("temperature",), from_config=traffic.TRAFFIC_FIELDS)
-    run.add_argument("--temperature", type=temperature_list, default=None, metavar="T,T",
-                     help="sampling temperatures (default: the config's traffic.temperature; 0: greedy); several, e.g. 0,0.7,1 (the config's "
-                          "speculation.temperatures), run one sweep each and add a summary of acceptance and "
-                          "speedup against temperature (temperature.md)")
-    run.add_argument("--workers", type=int, default=0, help="Locust worker processes (0: one local process)")
-    run.add_argument("--no-vllm-bench", action="store_true",
-                     help="skip vLLM's serving benchmark after each Locust run (the independent check)")
-    run.add_argument("--level-timeout", type=float, default=1800, help="seconds before a level is abandoned")
-    run.add_argument("--startup-timeout", type=float, default=None, help="seconds to wait for each server")
-    run.add_argument("--tolerance", type=float, default=0.05,
-                     help="allowed difference between our token counts and the server's (default: 0.05)")
-    run.add_argument("--slo", type=_slo, default=None, metavar="TARGETS",
-                     help="service targets, e.g. ttft_p95=500ms,tpot_p95=50ms (metrics ttft, tpot, e2e): per run the "
-                          "share of requests meeting each, the goodput, and the highest concurrency meeting all")
-    remote = run.add_argument_group("servers already running (instead of starting them)")
-    remote.add_argument("--url", default="", help="load this running server, e.g. one started by `make serve`")
-    remote.add_argument("--baseline-url", default="", help="a running server without speculation to compare with")
-    remote.add_argument("--model", default="", help="served model name (default: the config's, else the server's only one)")
-    remote.add_argument("--tokenizer", default="",
-                        help="tokenizer for vLLM's benchmark (default: the served model's folder when it is on this machine)")
-    remote.add_argument("--api-key-env", default=None, metavar="VAR",
-                        help="variable holding the servers' API key (default: the config's server.api_key_env)")
-    run.add_argument("--out", type=Path, default=None, help="report folder (default: reports/<config>-<time>)")
 
+
+def add_compare_parser(sub: Any) -> None:
     cmp = sub.add_parser("compare", help="print the batch comparison table of a report, or put several side by side")
     cmp.add_argument("report", nargs="*", type=Path, default=[],
                      help="report folder or results.json (default: the newest under reports/); two or more: side by "
@@ -121,11 +66,6 @@ def build_parser() -> argparse.ArgumentParser:
                      help="with several reports: folder for compare.md/html (default: reports/compare-<time>)")
     cmp.add_argument("--users", type=int_list, default=None,
                      help="concurrency levels to show (default: all in the report)")
-    capacity_cli.add_parser(sub, _slo)
-    again = sub.add_parser("rejudge", help="judge a report's Locust-vs-benchmark agreement again with this code, "
-                                            "from its kept records and benchmark results, and rewrite the report")
-    again.add_argument("report", type=Path, help="report folder")
-    return parser
 
 
 def cmd_run(opts: argparse.Namespace) -> int:
@@ -136,39 +76,23 @@ def cmd_run(opts: argparse.Namespace) -> int:
         print("--set, --k and --no-spec change the servers the sweep starts; with --url they run already",
               file=sys.stderr)
         return 2
-    config = opts.config or ("" if opts.url else DEFAULT_CONFIG)
     try:
-        overrides = as_overrides(opts.overrides)  # --set's texts parsed once, here
-        declared, source = traffic.declared(config, overrides)
+        settings = SweepSettings.from_cli_args(opts)
     except (ConfigError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    given = traffic.given_options(opts)
-    opts.temperature = opts.temperature or [declared.temperature]
-    request = RequestSettings.from_options(opts, **traffic.chosen(opts, declared, TRAFFIC_NO_TEMPERATURE),
-                                           temperature=opts.temperature[0])
-    settings = SweepSettings(
-        config=config, overrides=overrides, no_spec=opts.no_spec, baseline=not opts.no_baseline,
-        extra_k=opts.k, users=sorted(dict.fromkeys(opts.users or [1, 32])),
-        rates=sorted(dict.fromkeys(opts.rates or [])), repeat=opts.repeat, order=opts.order,
-        requests=opts.requests,
-        duration_s=opts.duration, vllm_bench=not opts.no_vllm_bench,
-        warmup=opts.warmup, request=request, traffic_source=traffic.origin(source, given),
-        workers=opts.workers, level_timeout_s=opts.level_timeout,
-        startup_timeout_s=opts.startup_timeout, tolerance=opts.tolerance, slo=opts.slo or "", url=opts.url,
-        baseline_url=opts.baseline_url, model=opts.model, tokenizer=opts.tokenizer, api_key_env=opts.api_key_env,
-        out=opts.out)
+    temperatures = opts.temperature or [settings.request.temperature]  # not given: the config's
 
     if opts.dry_run:
-        return dry_run(settings, opts.temperature)
+        return dry_run(settings, temperatures)
 
     def on_term(signum: int, _frame: FrameType | None) -> None:
         raise KeyboardInterrupt  # same clean-up path as Ctrl-C: servers and Locust stopped
 
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGHUP, on_term)  # a closed terminal: stop the servers, keep the report
-    if len(opts.temperature) > 1:
-        return run_temperatures_cli(settings, opts.temperature)
+    if len(temperatures) > 1:
+        return run_temperatures_cli(settings, temperatures)
     sweep = Sweep(settings)
     try:
         results = sweep.run()

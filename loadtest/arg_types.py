@@ -55,3 +55,22 @@ def parse_temperatures(text: str) -> list[float]:
     if not values or any(v < 0 or v != v or v == float("inf") for v in values):
         raise ValueError(f"--temperature needs one or more finite temperatures >= 0 (got {text!r})")
     return values
+
+
+def positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a number") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"give a positive number, not {text}")
+    return value
+
+
+def share(text: str) -> float:
+    """15% or 0.15."""
+    value = positive_float(text.removesuffix("%"))
+    value = value / 100 if text.endswith("%") or value >= 1 else value
+    if not value < 1:
+        raise argparse.ArgumentTypeError(f"give a share below 100%, e.g. 15% or 0.15, not {text}")
+    return value

@@ -13,36 +13,33 @@ from types import FrameType
 from typing import Any
 
 from deploy import ConfigError
-from deploy.config import DEFAULT_CONFIG, as_overrides
-from loadtest.traffic import request_settings
+from deploy.config import DEFAULT_CONFIG
 from loadtest.traffic import declared as traffic
-from loadtest.arg_types import positive_int
 from loadtest.measurement.capacity_figures import headline
 from loadtest.sweeps.capacity import Capacity, CapacitySettings
+from loadtest.sweeps.settings import SweepSettings
 from loadtest.traffic.endpoint import EndpointError
-from loadtest.traffic.request_settings import RequestSettings
 
 
-def positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"'{text}' is not a number") from None
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"give a positive number, not {text}")
-    return value
+CAPACITY_HELPS = {
+    "config": f"config file or preset name (default: {DEFAULT_CONFIG}; with --url: read only when given)",
+    "slo": "service targets every run must meet, e.g. ttft_p95=500ms,tpot_p95=50ms (metrics ttft, tpot, e2e)",
+    "no_spec": "the baseline (speculation off) only: its capacity, no speedup",
+    "requests": "measured requests per level (default: max(32, 60 s x rate))",
+    "duration": "instead: the requests arriving in S seconds at the level's rate",
+    "warmup": "warm-up requests per warm-up user (default: 1)",
+    "url": "the running server with speculation",
+    "baseline_url": "a running server without speculation",
+    "tokenizer": "tokenizer for vLLM's benchmark",
+    "api_key_env": "variable holding the servers' API key",
+    "out": "report folder (default: reports/<config>-capacity-<time>)",
+}
+"""How `capacity` words the sweep's options it takes (`SWEEP_OPTIONS`): its levels are a search's."""
+EACH_LEVEL = ("requests", "duration", "warmup", "request", "workers", "level_timeout", "startup_timeout", "tolerance")
+"""The sweep's options for each level, in their own group of `--help`."""
 
 
-def share(text: str) -> float:
-    """15% or 0.15."""
-    value = positive_float(text.removesuffix("%"))
-    value = value / 100 if text.endswith("%") or value >= 1 else value
-    if not value < 1:
-        raise argparse.ArgumentTypeError(f"give a share below 100%, e.g. 15% or 0.15, not {text}")
-    return value
-
-
-def add_parser(sub: Any, slo_type: Any) -> None:
+def add_parser(sub: Any) -> None:
     p = sub.add_parser("capacity", help="the highest request rate each variant sustains within service targets, "
                                         "and where speculation stops paying",
                        description="Open-loop Poisson arrivals at rates chosen by a search: for speculation and "
@@ -50,52 +47,13 @@ def add_parser(sub: Any, slo_type: Any) -> None:
                                    "the rate where speculation stops paying; vLLM's benchmark as a second opinion "
                                    "below capacity; each variant at twice its capacity (overload). Writes "
                                    "capacity.json, capacity.md and report.html (docs/load-tests.md).")
-    p.add_argument("config", nargs="?", default=None,
-                   help=f"config file or preset name (default: {DEFAULT_CONFIG}; with --url: read only when given)")
-    p.add_argument("--slo", type=slo_type, required=True, metavar="TARGETS",
-                   help="service targets every run must meet, e.g. ttft_p95=500ms,tpot_p95=50ms (metrics ttft, tpot, e2e)")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
-                   help="override a config field for every variant (repeatable)")
-    p.add_argument("--no-spec", action="store_true", help="the baseline (speculation off) only: its capacity, no speedup")
-    search = p.add_argument_group("the search")
-    search.add_argument("--start-rate", type=positive_float, default=0.5, metavar="R",
-                        help="first rate tried, requests/s; doubled until a rate fails, halved while it fails "
-                             "(default: 0.5)")
-    search.add_argument("--max-rate", type=positive_float, default=None, metavar="R",
-                        help="never ask more than this; a variant passing here has a capacity of at least it")
-    search.add_argument("--repeat", type=positive_int, default=2,
-                        help="runs of the boundary rates (highest passing, lowest failing); a rate passes when "
-                             "every run meets every target (default: 2)")
-    search.add_argument("--precision", type=share, default=0.15, metavar="P",
-                        help="stop bisecting when lowest failing <= (1 + P) x highest passing (default: 15%%)")
-    search.add_argument("--max-steps", type=positive_int, default=8,
-                        help="distinct rates a variant's search may ask for, repeats not counted (default: 8)")
-    search.add_argument("--scan-steps", type=int, default=3, metavar="N",
-                        help="rates above the search's, sqrt(2) apart, measured on both variants while speculation "
-                             "still pays, to locate the crossover (default: 3; 0: none)")
-    search.add_argument("--overload-s", type=float, default=180, metavar="S",
-                        help="seconds of each variant at twice its capacity after the search (0: none; default: 180)")
-    search.add_argument("--no-second-opinion", action="store_true",
-                        help="skip vLLM's benchmark beside Locust at 50%% and 80%% of the smaller capacity")
-    level = p.add_argument_group("each level")
-    level.add_argument("--requests", type=int, default=None,
-                       help="measured requests per level (default: max(32, 60 s x rate))")
-    level.add_argument("--duration", type=float, default=None, metavar="S",
-                       help="instead: the requests arriving in S seconds at the level's rate")
-    level.add_argument("--warmup", type=int, default=1, help="warm-up requests per warm-up user (default: 1)")
-    request_settings.add_options(level, skip=("arrival_gap_s",), from_config=traffic.TRAFFIC_FIELDS)
-    level.add_argument("--workers", type=int, default=0, help="Locust worker processes (0: one local process)")
-    level.add_argument("--level-timeout", type=float, default=1800, help="seconds before a level is abandoned")
-    level.add_argument("--startup-timeout", type=float, default=None, help="seconds to wait for each server")
-    level.add_argument("--tolerance", type=float, default=0.05,
-                       help="allowed difference between our token counts and the server's (default: 0.05)")
-    remote = p.add_argument_group("servers already running (instead of starting them)")
-    remote.add_argument("--url", default="", help="the running server with speculation")
-    remote.add_argument("--baseline-url", default="", help="a running server without speculation")
-    remote.add_argument("--model", default="", help="served model name (default: the config's, else the server's only one)")
-    remote.add_argument("--tokenizer", default="", help="tokenizer for vLLM's benchmark")
-    remote.add_argument("--api-key-env", default=None, metavar="VAR", help="variable holding the servers' API key")
-    p.add_argument("--out", type=Path, default=None, help="report folder (default: reports/<config>-capacity-<time>)")
+    SweepSettings.add_cli_args(p, only=("slo",), helps=CAPACITY_HELPS, required=("slo",))
+    SweepSettings.add_cli_args(p, only=("config", "overrides", "no_spec"), helps=CAPACITY_HELPS)
+    CapacitySettings.add_cli_args(p)
+    SweepSettings.add_cli_args(p.add_argument_group("each level"), only=EACH_LEVEL, helps=CAPACITY_HELPS,
+                               request_skip=("arrival_gap_s",))
+    SweepSettings.add_cli_args(p, only=("url", "baseline_url", "model", "tokenizer", "api_key_env", "out"),
+                               helps=CAPACITY_HELPS)
     p.add_argument("--dry-run", action="store_true",
                    help="print the plan (traffic, servers, starts, the search's levels at most, estimated duration) "
                         "and exit; starts nothing")
@@ -106,29 +64,15 @@ def default_out(config: str) -> Path:
     return Path("reports") / f"{stem}-capacity-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
-def sweep_settings(opts: argparse.Namespace) -> Any:
+def sweep_settings(opts: argparse.Namespace) -> SweepSettings:
     """The sweep that serves the variants: open loop, vLLM's benchmark off (the second opinion
     turns it on for its own levels), levels chosen by the search."""
-    from loadtest.sweeps.settings import SweepSettings
-
-    config = opts.config or ("" if opts.url else DEFAULT_CONFIG)
-    overrides = as_overrides(opts.overrides)  # --set's texts parsed once, here
-    declared, source = traffic.declared(config, overrides)
-    return SweepSettings(
-        config=config, overrides=overrides, no_spec=opts.no_spec, repeat=max(opts.repeat, 2),
-        requests=opts.requests, duration_s=opts.duration, vllm_bench=False, warmup=opts.warmup,
-        request=RequestSettings.from_options(opts, **traffic.chosen(opts, declared)),
-        traffic_source=traffic.origin(source, traffic.given_options(opts)), workers=opts.workers,
-        level_timeout_s=opts.level_timeout,
-        startup_timeout_s=opts.startup_timeout, tolerance=opts.tolerance, slo=opts.slo, url=opts.url,
-        baseline_url=opts.baseline_url, model=opts.model, tokenizer=opts.tokenizer, api_key_env=opts.api_key_env,
-        out=opts.out or default_out(config or "running-servers"))
+    settings = SweepSettings.from_cli_args(opts, repeat=max(opts.repeat, 2), vllm_bench=False)
+    settings.out = settings.out or default_out(settings.config or "running-servers")
+    return settings
 
 
 def cmd_capacity(opts: argparse.Namespace) -> int:
-    from loadtest.reports import capacity_report
-    from loadtest.sweeps.capacity import SweepLevels
-    from loadtest.sweeps.provenance import machine_info
     from loadtest.sweeps.runner import Sweep
 
     if opts.baseline_url and not opts.url:
@@ -137,10 +81,7 @@ def cmd_capacity(opts: argparse.Namespace) -> int:
     if opts.url and (opts.overrides or opts.no_spec):
         print("--set and --no-spec change the servers the command starts; with --url they run already", file=sys.stderr)
         return 2
-    settings = CapacitySettings(opts.slo, start_rate=opts.start_rate, max_rate=opts.max_rate, repeat=opts.repeat,
-                                precision=opts.precision, max_steps=opts.max_steps, scan_steps=opts.scan_steps,
-                                overload_s=opts.overload_s,
-                                second_opinion=not opts.no_second_opinion)
+    settings = CapacitySettings.from_cli_args(opts)
     try:
         settings.check()
     except ValueError as exc:
@@ -160,6 +101,15 @@ def cmd_capacity(opts: argparse.Namespace) -> int:
     except (ConfigError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    return search(sweep, settings)
+
+
+def search(sweep: Any, settings: CapacitySettings) -> int:
+    """Serve the sweep's variants, search each one's capacity, write and print the report."""
+    from loadtest.reports import capacity_report
+    from loadtest.sweeps.capacity import SweepLevels
+    from loadtest.sweeps.provenance import machine_info
+
     out = sweep.out
     request = sweep.settings.request
     said = traffic.describe(request, sweep.settings.traffic_source)

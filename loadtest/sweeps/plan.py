@@ -337,31 +337,44 @@ class SweepPlan:
             lines.append(f"    {s.name:<{width}}  {s.label}; {s.url or s.models}")
         lines.append(f"  order: {self.order_name} ({self.why})")
         starts = self.starts()
+        lines += self._describe_starts(starts, sweeps)
+        lines += self._describe_levels(sweeps)
+        lines += self._describe_duration(starts, sweeps)
+        lines += [f"  note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+    def _describe_starts(self, starts: list[ServerInfo], sweeps: int) -> list[str]:
+        """The plan's server starts (per temperature where there are several sweeps)."""
         if any(s.url for s in self.servers):
-            lines.append("  server starts: none (servers already running)")
-        else:
-            counts = {s.name: sum(x is s for x in starts) * sweeps for s in self.servers}
-            each = ", ".join(f"{n} {c}" for n, c in counts.items())
-            other = "alternate" if self.order_name == "grouped" else "grouped"
-            lines.append(f"  server starts: {len(starts) * sweeps} ({each}"
-                         + (f"; {len(starts)} per temperature" if sweeps > 1 else "") + ")"
-                         + (f"; --order {other} would take {self.starts_if(other) * sweeps}"
-                            if self.starts_if(other) != len(starts) and not self.together else ""))
-            lines += self._per_server("    each starts in {}", "    {} starts in {}",
-                                      {s.name: self.start_text(s) for s in self.servers})
+            return ["  server starts: none (servers already running)"]
+        counts = {s.name: sum(x is s for x in starts) * sweeps for s in self.servers}
+        each = ", ".join(f"{n} {c}" for n, c in counts.items())
+        other = "alternate" if self.order_name == "grouped" else "grouped"
+        lines = [f"  server starts: {len(starts) * sweeps} ({each}"
+                 + (f"; {len(starts)} per temperature" if sweeps > 1 else "") + ")"
+                 + (f"; --order {other} would take {self.starts_if(other) * sweeps}"
+                    if self.starts_if(other) != len(starts) and not self.together else "")]
+        return lines + self._per_server("    each starts in {}", "    {} starts in {}",
+                                        {s.name: self.start_text(s) for s in self.servers})
+
+    def _describe_levels(self, sweeps: int) -> list[str]:
+        """The plan's levels, temperatures and runs, and what each run sends."""
         temps = ", ".join(f"{t:g}" for t in self.temperatures)
         open_loop = self.loop == "open"
         levels = (f"rates {', '.join(f'{r:g}' for r in self.rates)} requests/s (open loop: Poisson arrivals, "
                   f"nothing caps the requests in flight)" if open_loop else
                   f"concurrency {', '.join(map(str, self.users))}")
-        lines.append(f"  levels: {levels}; temperature {temps}"
-                     + (" (one sweep each, servers started anew)" if sweeps > 1 else "")
-                     + f"; {self.repeat} repeat(s); {len(self.steps) * sweeps} runs")
-        lines.append(self._each_run())
-        name = (lambda x: f"{x:g}/s") if open_loop else (lambda x: f"c={x}")
+        lines = [f"  levels: {levels}; temperature {temps}"
+                 + (" (one sweep each, servers started anew)" if sweeps > 1 else "")
+                 + f"; {self.repeat} repeat(s); {len(self.steps) * sweeps} runs"]
+        return lines + [self._each_run()]
+
+    def _describe_duration(self, starts: list[ServerInfo], sweeps: int) -> list[str]:
+        """How long each run and the whole plan take, and which of it is assumed."""
+        name = (lambda x: f"{x:g}/s") if self.loop == "open" else (lambda x: f"c={x}")
         runs = {s.name: ", ".join(f"{name(c)} {duration_text(e.seconds)}{'' if e.measured else '*'}"
                                   for c in self.levels for e in [self.run_estimate(s, c)]) for s in self.servers}
-        lines += self._per_server("    a run takes about {} (each variant)", "    a run of {} takes about {}", runs)
+        lines = self._per_server("    a run takes about {} (each variant)", "    a run of {} takes about {}", runs)
         guessed = any(not self.run_estimate(s, c).measured for s in self.servers for c in self.levels)
         if guessed:
             assumed = "; ".join(f"{d}: {a:g} tok/s per user at batch 1, {b:g} at 32"
@@ -373,8 +386,7 @@ class SweepPlan:
                      f"{duration_text(total - start_s)} running load)"
                      + ("" if not guessed and all(self.start_estimate(s).measured for s in self.servers)
                         else "; partly assumed, see above"))
-        lines += [f"  note: {n}" for n in self.notes]
-        return "\n".join(lines)
+        return lines
 
     def _each_run(self) -> str:
         """The plan's line on what one run does: warm-up, the measured requests, vLLM's benchmark."""

@@ -3,18 +3,27 @@ at each K, the tuned schedule, alternatives, the baseline), and the sizes of its
 
 from __future__ import annotations
 
+import argparse
 import math
+import operator
 import re
 import time
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 from deploy import load_config
-from deploy.config import Override, as_overrides
+from deploy.config import DEFAULT_CONFIG, Override, as_overrides
 from models.embedded_pair import is_pair_folder
 from deploy.preflight import ResolvedDeployment
+from loadtest.arg_types import int_list, positive_int, rate_list
+from loadtest.cli_options import CliOption, add_cli_options, cli_values
 from loadtest.measurement.results import LevelResult
+from loadtest.measurement.slo import parse_targets
+from loadtest.sweeps.plan import ORDERS
+from loadtest.traffic import declared as traffic
+from loadtest.traffic.declared import TRAFFIC_FIELDS
 from loadtest.traffic.request_settings import RequestSettings, settings_record
 
 Loop = Literal["closed", "open"]
@@ -91,6 +100,119 @@ class SweepSettings:
         """The settings as results.json keeps them: flat (`settings_record`), without `loop` (a
         reader tells the loop by `rates`, in older results too)."""
         return {k: v for k, v in settings_record(self).items() if k != "loop"}
+
+    @classmethod
+    def add_cli_args(cls, parser: Any, only: Collection[str] | None = None, skip: Collection[str] = (),
+                     helps: Mapping[str, str] | None = None, defaults: Mapping[str, Any] | None = None,
+                     required: Collection[str] = (), request_skip: Collection[str] = (),
+                     several_temperatures: bool = False) -> None:
+        """Register the sweep's options (`SWEEP_OPTIONS`: those in `only`, less `skip`) on an argparse
+        parser or group; `helps`/`defaults`/`required` as a command words them. "request" stands for
+        the request's options (`RequestSettings`, less `request_skip`, their defaults the config's
+        traffic section); `several_temperatures`: --temperature takes several, one sweep each."""
+        expand = {"request": lambda where: RequestSettings.add_cli_args(
+            where, skip=request_skip, from_config=TRAFFIC_FIELDS, several_temperatures=several_temperatures,
+            helps={"temperature": TEMPERATURES_HELP} if several_temperatures else None)}
+        add_cli_options(parser, SWEEP_OPTIONS, only, skip, helps, defaults, required, expand)
+
+    @classmethod
+    def from_cli_args(cls, opts: argparse.Namespace, **changes: Any) -> SweepSettings:
+        """The settings the options of `add_cli_args` ask for (those `opts` lacks keep their defaults;
+        `changes` replace any). The config: the one given, else without --url the default config;
+        its traffic section gives each request option not given (several temperatures: the request
+        is the first's). Raises ConfigError (or OSError) for a config that cannot be read."""
+        config = opts.config or ("" if opts.url else DEFAULT_CONFIG)
+        overrides = as_overrides(opts.overrides)  # --set's texts parsed once, here
+        declared, source = traffic.declared(config, overrides)
+        given = traffic.given_options(opts)
+        values = traffic.chosen(opts, declared)
+        if isinstance(values["temperature"], list):
+            values["temperature"] = values["temperature"][0]
+        asked = cli_values(SWEEP_OPTIONS, opts)
+        asked.update(config=config, overrides=overrides, request=RequestSettings.from_cli_args(opts, **values),
+                     traffic_source=traffic.origin(source, given))
+        return cls(**{**asked, **changes})
+
+
+def slo_targets(text: str) -> str:
+    """--slo: service targets `loadtest.measurement.slo` reads, refused before any work if it cannot."""
+    try:
+        parse_targets(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
+TEMPERATURES_HELP = ("sampling temperatures (default: the config's traffic.temperature; 0: greedy); several, e.g. "
+                     "0,0.7,1 (the config's speculation.temperatures), run one sweep each and add a summary of "
+                     "acceptance and speedup against temperature (temperature.md)")
+"""--temperature where a sweep takes several (`loadtest run`)."""
+
+REMOTE = "servers already running (instead of starting them)"
+
+SWEEP_OPTIONS: dict[str, CliOption] = {
+    "config": CliOption(("config",), f"config file or preset name (default: {DEFAULT_CONFIG}; with --url: read only "
+                                     f"when given, for the model name, API key variable and tokenizer)",
+                        {"nargs": "?", "default": None}),
+    "overrides": CliOption(("--set",), "override a config field for every variant (repeatable)",
+                           {"dest": "overrides", "action": "append", "default": [], "metavar": "FIELD=VALUE"}),
+    "no_spec": CliOption(("--no-spec",), "run the baseline (speculation off) only", {"action": "store_true"}),
+    "no_baseline": CliOption(("--no-baseline",), "skip the baseline variant", {"action": "store_true"},
+                             field="baseline", value=operator.not_),
+    "k": CliOption(("--k",), "extra speculative variants with these K",
+                   {"type": int_list, "default": [], "metavar": "K,K"}, field="extra_k"),
+    "users": CliOption(("--users",), "concurrency levels (closed-loop users) (default: 1,32)",
+                       {"type": int_list, "default": None, "metavar": "C,C"}, exclusive="levels",
+                       value=lambda users: sorted(dict.fromkeys(users or [1, 32]))),
+    "rates": CliOption(("--rates",), "open loop instead: arrival rates in requests/s; requests arrive by a Poisson "
+                                     "process whether or not earlier ones finished, nothing caps those in flight (so "
+                                     "queueing shows); speculation and baseline get the same arrivals "
+                                     "(docs/load-tests.md)",
+                       {"type": rate_list, "default": None, "metavar": "R,R"}, exclusive="levels",
+                       value=lambda rates: sorted(dict.fromkeys(rates or []))),
+    "repeat": CliOption(("--repeat",), "runs of every variant at every concurrency; speedups get a 95%% interval "
+                                       "(default: 3)", {"type": positive_int, "default": 3}),
+    "order": CliOption(("--order",), "alternate: the variants take turns every repeat (who goes first flips); "
+                                     "grouped: each variant's server starts once and runs all its levels and "
+                                     "repeats; auto: grouped where servers cannot be up together on GPUs, else "
+                                     "alternate (default: auto)", {"choices": ORDERS, "default": "auto"}),
+    "requests": CliOption(("--requests",), "measured requests per run (default: max(32, 8 x concurrency); with "
+                                           "--rates: max(32, 60 s x rate))", {"type": int, "default": None}),
+    "duration": CliOption(("--duration",), "measure each level for S seconds instead of a request count (with "
+                                           "--rates: the requests arriving in S seconds)",
+                          {"type": float, "default": None, "metavar": "S"}, field="duration_s"),
+    "warmup": CliOption(("--warmup",), "warm-up requests per user before each level (default: 1)",
+                        {"type": int, "default": 1}),
+    "request": CliOption((), "the request's options (RequestSettings)"),
+    "workers": CliOption(("--workers",), "Locust worker processes (0: one local process)", {"type": int, "default": 0}),
+    "no_vllm_bench": CliOption(("--no-vllm-bench",), "skip vLLM's serving benchmark after each Locust run (the "
+                                                     "independent check)", {"action": "store_true"},
+                               field="vllm_bench", value=operator.not_),
+    "level_timeout": CliOption(("--level-timeout",), "seconds before a level is abandoned",
+                               {"type": float, "default": 1800}, field="level_timeout_s"),
+    "startup_timeout": CliOption(("--startup-timeout",), "seconds to wait for each server",
+                                 {"type": float, "default": None}, field="startup_timeout_s"),
+    "tolerance": CliOption(("--tolerance",), "allowed difference between our token counts and the server's "
+                                             "(default: 0.05)", {"type": float, "default": 0.05}),
+    "slo": CliOption(("--slo",), "service targets, e.g. ttft_p95=500ms,tpot_p95=50ms (metrics ttft, tpot, e2e): per "
+                                 "run the share of requests meeting each, the goodput, and the highest concurrency "
+                                 "meeting all", {"type": slo_targets, "default": None, "metavar": "TARGETS"},
+                     value=lambda slo: slo or ""),
+    "url": CliOption(("--url",), "load this running server, e.g. one started by `make serve`", {"default": ""},
+                     group=REMOTE),
+    "baseline_url": CliOption(("--baseline-url",), "a running server without speculation to compare with",
+                              {"default": ""}, group=REMOTE),
+    "model": CliOption(("--model",), "served model name (default: the config's, else the server's only one)",
+                       {"default": ""}, group=REMOTE),
+    "tokenizer": CliOption(("--tokenizer",), "tokenizer for vLLM's benchmark (default: the served model's folder "
+                                             "when it is on this machine)", {"default": ""}, group=REMOTE),
+    "api_key_env": CliOption(("--api-key-env",), "variable holding the servers' API key (default: the config's "
+                                                 "server.api_key_env)", {"default": None, "metavar": "VAR"},
+                             group=REMOTE),
+    "out": CliOption(("--out",), "report folder (default: reports/<config>-<time>)", {"type": Path, "default": None}),
+}
+"""Every option of a sweep, by its dest, in the order `loadtest run --help` lists them: declared here
+once, taken by `loadtest run`, `loadtest capacity` and where `tuning` starts sweeps."""
 
 
 def is_embedded(config: Any = None, folder: str = "") -> bool:

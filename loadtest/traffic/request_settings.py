@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Collection, Mapping
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import Field, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from deploy.config import overrides_as_text
+from loadtest.arg_types import temperature_list
 from loadtest.traffic.workloads import BUILTIN
 
 API_CHOICES = ("auto", "completions", "chat")
@@ -51,7 +52,7 @@ class RequestSettings:
     fall would move TTFT from run to run more than anything measured."""
 
     def as_options(self) -> list[str]:
-        """The command-line options that `add_options` reads back into these settings."""
+        """The command-line options that `add_cli_args` reads back into these settings."""
         args: list[str] = []
         for f in fields(self):
             value = getattr(self, f.name)
@@ -63,44 +64,63 @@ class RequestSettings:
         return args
 
     @classmethod
-    def from_options(cls, opts: argparse.Namespace, only: Collection[str] | None = None,
-                     **changes: Any) -> RequestSettings:
-        """The settings parsed by `add_options` (or those in `only`); the others keep their defaults."""
+    def from_cli_args(cls, opts: argparse.Namespace, only: Collection[str] | None = None,
+                      **changes: Any) -> RequestSettings:
+        """The settings parsed by `add_cli_args` (or those in `only`); the others keep their defaults."""
         known = {f.name: getattr(opts, f.name) for f in fields(cls)  # None: not given, nor defaulted
                  if getattr(opts, f.name, None) is not None and (only is None or f.name in only)}
         return cls(**{**known, **changes})
 
+    from_options = from_cli_args
+    """The name the locustfile and the soak know it by."""
 
-def add_options(parser: Any, only: Collection[str] | None = None, skip: Collection[str] = (),
-                defaults: Mapping[str, Any] | None = None, helps: Mapping[str, str] | None = None,
-                from_config: Collection[str] = ()) -> None:
-    """Register an option for each field of `RequestSettings` (or those in `only`, less `skip`) on
-    an argparse-like parser (Locust's configargparse too); `defaults`/`helps` replace a field's.
-    `from_config`: fields (of a config's `traffic` section) whose options default to None, so that
-    `loadtest.traffic.declared.chosen` takes the config's value for each option not given."""
+    @classmethod
+    def add_cli_args(cls, parser: Any, only: Collection[str] | None = None, skip: Collection[str] = (),
+                     defaults: Mapping[str, Any] | None = None, helps: Mapping[str, str] | None = None,
+                     from_config: Collection[str] = (), several_temperatures: bool = False) -> None:
+        """Register an option for each field (or those in `only`, less `skip`) on an argparse-like
+        parser (Locust's configargparse too); `defaults`/`helps` replace a field's. `from_config`:
+        fields (of a config's `traffic` section) whose options default to None, so that
+        `loadtest.traffic.declared.chosen` takes the config's value for each option not given.
+        `several_temperatures`: --temperature takes a list (T,T), default None, its help (in `helps`)
+        saying whose default it is."""
+        defaults, helps = defaults or {}, helps or {}
+        for f in fields(cls):
+            if (only is not None and f.name not in only) or f.name in skip:
+                continue
+            if f.name == "temperature" and several_temperatures:
+                parser.add_argument(f.metadata["flag"], dest=f.name, type=temperature_list, default=None,
+                                    metavar="T,T", help=helps.get(f.name, f.metadata["help"]))
+            elif f.name in from_config:
+                _add_from_config(parser, f, helps.get(f.name, f.metadata["help"]))
+            else:
+                _add_with_default(parser, f, defaults.get(f.name, f.default), helps.get(f.name, f.metadata["help"]))
+
+
+def _add_from_config(parser: Any, f: Field, text: str) -> None:
+    """A field's option whose default is the config's `traffic` section (None here)."""
     from loadtest.traffic.declared import add_fixed_length_flags
 
-    defaults, helps = defaults or {}, helps or {}
-    for f in fields(RequestSettings):
-        if (only is not None and f.name not in only) or f.name in skip:
-            continue
-        if f.name in from_config:
-            if f.name == "fixed_length":
-                add_fixed_length_flags(parser)
-            else:
-                parser.add_argument(f.metadata["flag"], dest=f.name, type=type(f.default), default=None,
-                                    help=f"{helps.get(f.name, f.metadata['help'])} (default: the config's "
-                                         f"traffic.{f.name})", **f.metadata["argparse"])
-            continue
-        default = defaults.get(f.name, f.default)
-        meta = f.metadata
-        text = helps.get(f.name, meta["help"])
-        if isinstance(f.default, bool):
-            parser.add_argument(meta["flag"], dest=f.name, action="store_false" if f.default else "store_true",
-                                help=text)
-        else:
-            parser.add_argument(meta["flag"], dest=f.name, type=type(f.default), default=default,
-                                help=f"{text} (default: %(default)s)", **meta["argparse"])
+    if f.name == "fixed_length":
+        add_fixed_length_flags(parser)
+    else:
+        parser.add_argument(f.metadata["flag"], dest=f.name, type=type(f.default), default=None,
+                            help=f"{text} (default: the config's traffic.{f.name})", **f.metadata["argparse"])
+
+
+def _add_with_default(parser: Any, f: Field, default: Any, text: str) -> None:
+    """A field's option with its own default (a bool's flag turns the default off)."""
+    meta = f.metadata
+    if isinstance(f.default, bool):
+        parser.add_argument(meta["flag"], dest=f.name, action="store_false" if f.default else "store_true",
+                            help=text)
+    else:
+        parser.add_argument(meta["flag"], dest=f.name, type=type(f.default), default=default,
+                            help=f"{text} (default: %(default)s)", **meta["argparse"])
+
+
+add_options = RequestSettings.add_cli_args
+"""The name the locustfile and the soak know it by."""
 
 
 OVERRIDE_FIELDS = ("overrides", "alternatives")
