@@ -376,7 +376,9 @@ def test_overload_counts_requests_without_an_outcome() -> None:
 @pytest.mark.engine
 def test_capacity_command_on_running_servers(servers, tmp_path: Path) -> None:
     """`make capacity URL=... BASELINE_URL=...` with a tiny budget: a loose target, one rate
-    (start and max), few short requests, a few seconds of overload; the files and the first line are there."""
+    (start and max), few short requests, a few seconds of overload; the files and the first line are there.
+    At 1 req/s the 4 requests span ~3 s, so a load generator a few tens of ms late (a busy 2-core
+    machine) still keeps its schedule; where it does not, the search must say so and go on below."""
     import signal
 
     from conftest import BASELINE, TEST_KEY_ENV
@@ -386,8 +388,8 @@ def test_capacity_command_on_running_servers(servers, tmp_path: Path) -> None:
     handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP)}
     try:
         code = main(["capacity", "--url", spec.base_url, "--baseline-url", baseline.base_url,
-                     "--api-key-env", TEST_KEY_ENV, "--slo", "ttft_p95=60s,tpot_p95=10s", "--start-rate", "4",
-                     "--max-rate", "4", "--repeat", "1", "--requests", "4", "--warmup", "0", "--max-tokens", "16",
+                     "--api-key-env", TEST_KEY_ENV, "--slo", "ttft_p95=60s,tpot_p95=10s", "--start-rate", "1",
+                     "--max-rate", "1", "--repeat", "1", "--requests", "4", "--warmup", "0", "--max-tokens", "16",
                      "--request-timeout", "120", "--overload-s", "2", "--no-second-opinion", "--scan-steps", "0",
                      "--out", str(tmp_path)])
     finally:
@@ -396,18 +398,25 @@ def test_capacity_command_on_running_servers(servers, tmp_path: Path) -> None:
     result = json.loads((tmp_path / "capacity.json").read_text())
     assert code == 0, (result["status"], result["problems"], [lv["why"] for lv in result["levels"]])
     assert result["variants"] == ["spec-k4", "baseline"]
+    late = [lv for lv in result["levels"] if lv["why"].startswith("the load generator fell behind")]
     for variant in result["variants"]:
-        assert result["capacity"][variant]["status"] == "at least" and result["capacity"][variant]["capacity"] == 4
+        capacity = result["capacity"][variant]
+        if any(lv["variant"] == variant for lv in late):  # this machine's generator, not the server: searched below
+            assert capacity["status"] == "found" and 0 < capacity["capacity"] < 1, capacity
+            continue
+        assert capacity["status"] == "at least" and capacity["capacity"] == 1, capacity
         over = result["overload"][variant]
-        assert over["rate"] == 8 and over["server_up_after"] and over["accounted"], over
+        assert over["rate"] == 2 and over["server_up_after"] and over["accounted"], over
         assert over["memory"]["locust_peak_mib"] > 0
+    if late:
+        return
     assert {(lv["variant"], lv["rate"]) for lv in result["levels"] if lv["phase"] == "search"} == \
-        {(v, 4.0) for v in ("spec-k4", "baseline")}
+        {(v, 1.0) for v in ("spec-k4", "baseline")}
     md = (tmp_path / "capacity.md").read_text()
     assert "- traffic: code-completion prompts through the completions API (/v1/completions), fixed lengths (16 " \
            "output tokens each, ignore_eos)" in md
     assert "- At ttft_p95 <= 60000 ms and tpot_p95 <= 10000 ms, speculation leaves capacity unchanged: at least " \
-           "4 req/s (+0%)" in md
+           "1 req/s (+0%)" in md
     assert (tmp_path / "report.html").is_file() and (tmp_path / capacity_report.PARETO).is_file()
 
 

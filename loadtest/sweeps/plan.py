@@ -22,13 +22,15 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Literal
 
 from deploy.config import Override
 from loadtest.files import write_json
 
-if TYPE_CHECKING:  # a type only: the plan needs nothing of the settings' imports (deploy)
-    from loadtest.sweeps.settings import Loop
+
+LoopKind = Literal["closed", "open"]
+"""How a sweep's load comes: `closed`, a fixed number of users each sending its next request when
+its last one ended; `open`, requests arriving at a rate whether or not earlier ones finished."""
 
 log = logging.getLogger("specdeploy.loadtest")
 
@@ -234,7 +236,7 @@ class SweepPlan:
     rates: list[float] = field(default_factory=list)
     """Open loop: the levels are these arrival rates (requests/s) instead of `users`; `requests`
     is keyed by rate."""
-    loop: Loop = "closed"
+    loop: LoopKind = "closed"
     """The sweep's `SweepSettings.loop`: `open`, the levels are `rates`; `closed`, `users`."""
     traffic: list[str] = field(default_factory=list)
     """What every request looks like and where that came from (`loadtest.traffic.declared.describe`)."""

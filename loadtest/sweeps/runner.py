@@ -57,7 +57,8 @@ from loadtest.sweeps.judging import overall_status
 from loadtest.sweeps.level import LevelRunner, Measured
 from loadtest.sweeps.provenance import machine_info
 from loadtest.sweeps.servers import Running, finish_variant, health, prepare, running_servers, stop
-from loadtest.sweeps.settings import (Loop, SweepSettings, Variant, default_out_dir, level_key, plan_variants,
+from loadtest.sweeps.plan import LoopKind
+from loadtest.sweeps.settings import (SweepSettings, Variant, default_out_dir, level_key, plan_variants,
                                       requests_for, requests_for_rate)
 
 log = logging.getLogger("specdeploy.loadtest")
@@ -218,7 +219,7 @@ class Sweep:
 
     def _step(self, running: dict[str, Running], plan: SweepPlan, variant: Variant, at: float, repeat: int,
               sequence: int, where: Callable[[bool], str], position: str,
-              clock: Callable[[], str], loop: Loop, tag_suffix: str = "",
+              clock: Callable[[], str], loop: LoopKind, tag_suffix: str = "",
               measured: Measured | None = None) -> LevelResult | None:
         """One run of `variant` at level `at` (a concurrency, or a rate where `loop` is open): its
         server started first where needed; the level appended to the results, or None where the

@@ -11,7 +11,7 @@ import time
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from deploy import load_config
 from deploy.config import DEFAULT_CONFIG, Override, as_overrides
@@ -21,14 +21,11 @@ from loadtest.arg_types import int_list, positive_int, rate_list
 from loadtest.cli_options import CliOption, add_cli_options, cli_values
 from loadtest.measurement.results import LevelResult
 from loadtest.measurement.slo import parse_targets
-from loadtest.sweeps.plan import ORDERS
+from loadtest.sweeps.plan import ORDERS, LoopKind
 from loadtest.traffic import declared as traffic
 from loadtest.traffic.declared import TRAFFIC_FIELDS
 from loadtest.traffic.request_settings import RequestSettings, settings_record
 
-Loop = Literal["closed", "open"]
-"""How a sweep's load comes: `closed`, a fixed number of users each sending its next request when
-its last one ended; `open`, requests arriving at a rate whether or not earlier ones finished."""
 
 
 @dataclass
@@ -47,7 +44,7 @@ class SweepSettings:
     users: list[int] = field(default_factory=lambda: [1, 32])
     rates: list[float] = field(default_factory=list)
     """Open loop: the levels are these arrival rates (requests/s), not `users`; empty: closed loop."""
-    loop: Loop = field(init=False)
+    loop: LoopKind = field(init=False)
     """`open` (the levels are `rates`) or `closed` (the levels are `users`): set from `rates` when the
     settings are made, never given; read this, not `rates`, for the kind of load. Not in results.json
     (`record`): its `rates` say it there, as in reports made before this field."""
