@@ -32,7 +32,6 @@ from loadtest.measurement import prom
 from loadtest.measurement import stats
 from loadtest.measurement.records import RequestRecord
 from loadtest.traffic.client import StreamParser, sse_events, stream_request
-from loadtest.traffic import request_settings
 from loadtest.__main__ import build_parser
 from loadtest.traffic.locust_run import LocustJob, commands, run_locust
 from loadtest.traffic.request_settings import RequestSettings, settings_record
@@ -391,16 +390,16 @@ def test_request_settings_reach_every_command_line_unchanged():
     custom = RequestSettings(workload="chat", api="chat", max_tokens=7, fixed_length=False, temperature=0.7,
                              request_timeout_s=12.5, arrival_gap_s=0.0)
     parser = argparse.ArgumentParser()
-    request_settings.add_options(parser)
-    assert RequestSettings.from_options(parser.parse_args(custom.as_options())) == custom
-    assert RequestSettings.from_options(parser.parse_args([])) == RequestSettings()
+    RequestSettings.add_cli_args(parser)
+    assert RequestSettings.from_cli_args(parser.parse_args(custom.as_options())) == custom
+    assert RequestSettings.from_cli_args(parser.parse_args([])) == RequestSettings()
     cli = build_parser().parse_args(["run", *custom.as_options()[:-6], "--request-timeout", "12.5",
                                      "--arrival-gap", "0", "--temperature", "0.7,1"])
-    assert RequestSettings.from_options(cli, temperature=cli.temperature[0]) == custom
+    assert RequestSettings.from_cli_args(cli, temperature=cli.temperature[0]) == custom
     job = LocustJob(host="http://127.0.0.1:1", users=2, records_dir=Path("rec"), model="m", request=custom, workers=2)
     for argv in commands(job, deadline_s=60):  # the master and both workers
         known, _ = parser.parse_known_args(argv)
-        assert RequestSettings.from_options(known) == custom
+        assert RequestSettings.from_cli_args(known) == custom
     # results.json keeps them flat beside the sweep's own settings, as older reports have them.
     record = settings_record(SweepSettings("default", request=custom, out=Path("x")))
     assert record["max_tokens"] == 7 and record["fixed_length"] is False and "request" not in record

@@ -35,7 +35,7 @@ from pathlib import Path
 import requests
 from tqdm import tqdm
 
-from deploy import free_port, plan_from_config, start_server
+from deploy import Override, free_port, plan_from_config, start_server
 from loadtest.measurement import content
 from loadtest.arg_types import positive_int
 from loadtest.files import write_result
@@ -119,7 +119,7 @@ def counters(base_url: str) -> dict[str, float]:
 
 def run_drafter(name: str, overrides: list[str], prompts: list[str], max_tokens: int, logs: Path,
                 round_: int = 0, temperature: float = 1.0) -> DrafterResult:
-    _, plan = plan_from_config(CONFIG, [*overrides, f"server.port={free_port()}"])
+    _, plan = plan_from_config(CONFIG, [*overrides, Override("server.port", free_port())])
     slug = name.replace(" ", "-").replace("(", "").replace(")", "")
     with tempfile.TemporaryDirectory(prefix="specdeploy-steps-") as profile:
         plan = dataclasses.replace(plan, env={**plan.env, step_profile.ENV: profile})

@@ -30,9 +30,8 @@ import psutil
 import requests
 from tqdm import tqdm
 
-from deploy import ConfigError, Server, ServerStartError, free_port, plan_from_config
+from deploy import ConfigError, Override, Server, ServerStartError, free_port, plan_from_config
 from loadtest.measurement import prom
-from loadtest.traffic import request_settings
 from loadtest.measurement import stats
 from loadtest.arg_types import positive_int
 from loadtest.traffic.client import auth_headers
@@ -163,10 +162,10 @@ class _Run:
         self.opts = opts
         self.slug = soak_report.slug(name)
         # Checked here, so that a config this machine cannot serve fails this drafter only.
-        self.resolved, self.plan = plan_from_config(CONFIG, [*DRAFTERS[name], f"server.port={free_port()}"])
+        self.resolved, self.plan = plan_from_config(CONFIG, [*DRAFTERS[name], Override("server.port", free_port())])
         self.server = Server(self.plan, opts.out / "logs" / f"server-{self.slug}.log")
-        self.request = RequestSettings.from_options(opts, only=("workload", "max_tokens", "temperature",
-                                                                "request_timeout_s"))
+        self.request = RequestSettings.from_cli_args(opts, only=("workload", "max_tokens", "temperature",
+                                                                 "request_timeout_s"))
 
     def job(self, phase: str, requests: int, users: int = 1, rate: float = 0.0, repeat_head: int = 0) -> LocustJob:
         """A Locust job on this server: closed loop at `users`, or open loop at `rate` requests/s
@@ -268,7 +267,7 @@ def add_options(parser: argparse.ArgumentParser) -> None:
                              "latency: not judged, they say whose a drift is) (%(default)s)")
     parser.add_argument("--warmup", type=positive_int, default=8, help="warm-up requests, not judged (%(default)s)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the Poisson arrivals (%(default)s)")
-    request_settings.add_options(parser, only=("workload", "max_tokens", "temperature", "request_timeout_s"),
+    RequestSettings.add_cli_args(parser, only=("workload", "max_tokens", "temperature", "request_timeout_s"),
                                  defaults={"max_tokens": 32})
     parser.add_argument("--out", type=Path, default=OUT_DIR, help="report folder (%(default)s)")
     parser.add_argument("--dry-run", action="store_true", help="print the plan (servers, requests, estimate) and exit")

@@ -47,7 +47,6 @@ from locust.runners import WORKER_REPORT_INTERVAL, MasterRunner, WorkerRunner
 from locust.stats import CSV_STATS_INTERVAL_SEC
 
 from loadtest.measurement import content
-from loadtest.traffic import request_settings
 from loadtest.traffic.arrivals import poisson_arrivals, replayed
 from loadtest.measurement.records import UNSENT, RequestRecord
 from loadtest.traffic.client import auth_headers, stream_request
@@ -73,7 +72,7 @@ STALL_S = 0.05
 @events.init_command_line_parser.add_listener
 def _add_options(parser: Any) -> None:
     parser.add_argument("--model", default="embedded-default", help="served model name")
-    request_settings.add_options(parser)
+    RequestSettings.add_cli_args(parser)
     parser.add_argument("--requests", type=int, default=0,
                         help="requests the users send in all, each taking the next while any are left "
                              "(as vLLM's benchmark does); quit when all are done (0: run until --run-time)")
@@ -208,7 +207,7 @@ class LLMUser(User):
 
     def on_start(self) -> None:
         opts = self.environment.parsed_options
-        self.request = RequestSettings.from_options(opts)
+        self.request = RequestSettings.from_cli_args(opts)
         self.workload = _workload(self.request.workload)
         self.session = requests.Session()
         self.headers = auth_headers(opts.api_key_env)

@@ -71,9 +71,6 @@ class RequestSettings:
                  if getattr(opts, f.name, None) is not None and (only is None or f.name in only)}
         return cls(**{**known, **changes})
 
-    from_options = from_cli_args
-    """The name the locustfile and the soak know it by."""
-
     @classmethod
     def add_cli_args(cls, parser: Any, only: Collection[str] | None = None, skip: Collection[str] = (),
                      defaults: Mapping[str, Any] | None = None, helps: Mapping[str, str] | None = None,
@@ -118,9 +115,6 @@ def _add_with_default(parser: Any, f: Field, default: Any, text: str) -> None:
         parser.add_argument(meta["flag"], dest=f.name, type=type(f.default), default=default,
                             help=f"{text} (default: %(default)s)", **meta["argparse"])
 
-
-add_options = RequestSettings.add_cli_args
-"""The name the locustfile and the soak know it by."""
 
 
 OVERRIDE_FIELDS = ("overrides", "alternatives")
