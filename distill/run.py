@@ -215,7 +215,7 @@ def measure(settings: DistillSettings, checked: Checked, draft: Path, held_file:
             vllm_bench=settings.vllm_bench, out=sweep_out)).run()
         write_report(results, sweep_out)
         reports.append({"temperature": temperature, "report": f"{sweep_out.name}/report.md",
-                        "status": results["status"], "problems": results["problems"]})
+                        "status": results.status, "problems": results.problems})
         for entry in summarize_speedups(results):
             rows.append({"temperature": temperature, "batch": entry["concurrency"],
                          "draft": "distilled" if entry["variant"] == "distilled" else "original",

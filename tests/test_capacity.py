@@ -13,6 +13,7 @@ from loadtest.sweeps import capacity as cap
 from loadtest.reports import capacity_report
 from loadtest.measurement import capacity_figures
 from loadtest.measurement.capacity_figures import crossover, headline, paired_speedups
+from loadtest.measurement.results import CapacityLevel, CapacityResults, LevelResult
 from loadtest.sweeps.capacity import Capacity, CapacitySettings, judge, search
 
 SLO = "ttft_p95=500ms,tpot_p95=50ms"
@@ -23,7 +24,7 @@ def _dist(value: float) -> dict:
 
 
 def synthetic_level(variant: str, rate: float, capacity: float, tpot_ms: float, served: bool = True,
-                    tokens_per_s: float | None = None) -> dict:
+                    tokens_per_s: float | None = None) -> LevelResult:
     """A rate level as the open-loop sweep reports one: meets the targets at or below `capacity`."""
     met = rate <= capacity
     ttft = 100 if met else 900
@@ -31,11 +32,21 @@ def synthetic_level(variant: str, rate: float, capacity: float, tpot_ms: float, 
               "per_token_latency_ms": _dist(tpot_ms), "e2e_ms": _dist(ttft + 15 * tpot_ms)}
     targets = {"ttft_p95": {"bound_ms": 500, "value_ms": ttft, "met": met},
                "tpot_p95": {"bound_ms": 50, "value_ms": tpot_ms, "met": True}}
-    return {"rate": rate, "status": "ok", "problems": [], "client": client,
-            "open_loop": {"achieved_rate": rate, "behind": False, "sent": 8,
-                          "outcomes": {"served": 8 if served else 6, "refused": 0, "timed_out": 0 if served else 2,
-                                       "failed": 0, "unsent": 0}},
-            "slo": {"met": met, "targets": targets}, "server": {"acceptance_rate": 0.6 if variant != "baseline" else None}}
+    return LevelResult(rate=rate, status="ok", problems=[], client=client,
+                       open_loop={"achieved_rate": rate, "behind": False, "sent": 8,
+                                  "outcomes": {"served": 8 if served else 6, "refused": 0,
+                                               "timed_out": 0 if served else 2, "failed": 0, "unsent": 0}},
+                       slo={"met": met, "targets": targets},
+                       server={"acceptance_rate": 0.6 if variant != "baseline" else None})
+
+
+def summary(capacity: dict, **more) -> CapacityResults:
+    """A search's result for its first lines: each variant in `capacity` served one run that met the
+    targets (a variant with no run served is not measured, and draws no comparison)."""
+    levels = [CapacityLevel(variant=v, rate=0.5, phase="search", status="ok", meets_targets=True, client={"ok": 8})
+              for v in capacity]
+    return CapacityResults(slo=SLO, spec_variant="spec-k4", variants=list(capacity), capacity=capacity,
+                           levels=levels, **more)
 
 
 class FakeLevels:
@@ -52,20 +63,20 @@ class FakeLevels:
         self.dies, self.dead = dies, False
 
     def measure(self, variant: str, rate: float, repeat: int, *, vllm_bench: bool = False,
-                duration_s: float | None = None) -> dict:
+                duration_s: float | None = None) -> LevelResult:
         self.calls.append((variant, rate, repeat, vllm_bench, duration_s))
         if variant == self.dies and rate > 1:
             self.dead = True
         if variant == self.dies and self.dead:
-            return {"status": "failed", "problems": ["server no longer running"]}
+            return LevelResult(status="failed", problems=["server no longer running"])
         served = min(rate, self.saturates_at) if self.saturates_at else rate
         level = synthetic_level(variant, rate, self.capacities[variant], self.tpot[variant](rate),
                                 tokens_per_s=16 * served)
         if duration_s:  # overload: some requests time out, all accounted for
-            level["open_loop"]["outcomes"].update(served=5, timed_out=3)
+            level.open_loop["outcomes"].update(served=5, timed_out=3)
         if vllm_bench:
-            level["vllm_bench"] = {"output_tokens_per_s": 16 * rate}
-            level["vllm_bench_agreement"] = {
+            level.vllm_bench = {"output_tokens_per_s": 16 * rate}
+            level.vllm_bench_agreement = {
                 "output_tokens_per_s": {"locust": 16 * rate, "vllm_bench": 16.3 * rate, "difference": -0.018,
                                         "difference_adjusted": None, "tolerance": 0.05, "agrees": True},
                 "ttft_p50_ms": {"locust": 100, "vllm_bench": 104, "difference": -0.04, "difference_adjusted": -0.02,
@@ -80,7 +91,7 @@ class FakeLevels:
 
 
 def monotone(capacities: dict[str, float], calls: list | None = None):
-    def measure(variant: str, rate: float, repeat: int) -> dict:
+    def measure(variant: str, rate: float, repeat: int) -> LevelResult:
         if calls is not None:
             calls.append((variant, rate, repeat))
         return synthetic_level(variant, rate, capacities[variant], 10)
@@ -110,11 +121,11 @@ def test_a_noisy_boundary_is_settled_by_the_repeats() -> None:
     # the rate then fails (every run must pass) and the capacity moves below it.
     seen: dict[float, int] = {}
 
-    def measure(variant: str, rate: float, repeat: int) -> dict:
+    def measure(variant: str, rate: float, repeat: int) -> LevelResult:
         seen[rate] = seen.get(rate, 0) + 1
         level = synthetic_level(variant, rate, 3.1, 10)
         if 2.9 < rate <= 3.1 and repeat == 2:
-            level["slo"]["met"] = False
+            level.slo["met"] = False
         return level
 
     c = search(measure, ["spec-k4"], CapacitySettings(SLO, repeat=2))["spec-k4"]
@@ -137,7 +148,7 @@ def test_none_passing_says_so() -> None:
                    CapacitySettings(SLO, start_rate=1, max_steps=4))
     assert found["spec-k4"]["status"] == "none passing" and found["spec-k4"]["capacity"] is None
     assert found["spec-k4"]["steps"] <= 4
-    text = headline({"slo": SLO, "spec_variant": "spec-k4", "capacity": found, "crossover": None})[0]
+    text = headline(summary(found))[0]
     assert text.startswith("At ttft_p95 <= 500 ms and tpot_p95 <= 50 ms, speculation meets them at no rate measured;")
 
 
@@ -155,7 +166,7 @@ def test_the_max_rate_caps_the_search_and_the_budget_ends_it() -> None:
     ({"status": "failed", "problems": ["server no longer running"]}, "not measured: server no longer running"),
 ])
 def test_a_run_that_did_not_serve_the_load_asked_fails(change: dict, reason: str) -> None:
-    level = {**synthetic_level("spec-k4", 4.0, 10, 10), **change}
+    level = LevelResult.from_json({**synthetic_level("spec-k4", 4.0, 10, 10).to_json(), **change})
     passed, why = judge(level)
     assert not passed and reason in why
     assert judge(synthetic_level("spec-k4", 4.0, 10, 10)) == (True, "met every target")
@@ -181,7 +192,7 @@ def test_the_crossover_is_interpolated_on_a_log_scale_of_rate() -> None:
 
 
 def test_speedups_pair_runs_of_the_same_rate_and_repeat() -> None:
-    levels = [{**synthetic_level(v, r, 9, t), "variant": v, "repeat": n, "phase": "search"}
+    levels = [CapacityLevel.of(synthetic_level(v, r, 9, t), variant=v, repeat=n, phase="search")
               for v, r, n, t in (("spec-k4", 1.0, 1, 5), ("baseline", 1.0, 1, 10), ("spec-k4", 1.0, 2, 10),
                                  ("baseline", 1.0, 2, 10), ("spec-k4", 2.0, 1, 8), ("baseline", 4.0, 1, 10))]
     assert paired_speedups(levels, "spec-k4") == [{"rate": 1.0, "pairs": 2, "speedup": 1.5,
@@ -192,16 +203,16 @@ def test_the_first_line_says_raises_or_lowers_with_intervals() -> None:
     def c(lo: float, hi: float | None) -> dict:
         return {"capacity": lo, "interval": [lo, hi], "status": "found", "lowest_tried": 0.5}
 
-    result = {"slo": SLO, "spec_variant": "spec-k4", "capacity": {"spec-k4": c(2.83, 3.08), "baseline": c(2.0, 2.2)},
-              "crossover": crossover([{"rate": 1.0, "speedup": 1.2}, {"rate": 4.0, "speedup": 0.8}])}
+    result = summary({"spec-k4": c(2.83, 3.08), "baseline": c(2.0, 2.2)},
+                     crossover=crossover([{"rate": 1.0, "speedup": 1.2}, {"rate": 4.0, "speedup": 0.8}]))
     first, second = headline(result)
     assert first == ("At ttft_p95 <= 500 ms and tpot_p95 <= 50 ms, speculation raises capacity from 2 to 2.83 req/s "
                      "(+42%). Intervals (highest rate meeting them - lowest missing them): baseline 2-2.2, "
                      "speculation 2.83-3.08 req/s, so +29% to +54%")
     assert second.startswith("speculation stops paying above 2 req/s")
-    result["capacity"] = {"spec-k4": c(1.0, 1.1), "baseline": c(2.0, 2.2)}
+    result.capacity = {"spec-k4": c(1.0, 1.1), "baseline": c(2.0, 2.2)}
     assert "speculation lowers capacity from 2 to 1 req/s (-50%" in headline(result)[0]
-    result["capacity"]["spec-k4"] = {**c(4.0, None), "status": "at least"}
+    result.capacity["spec-k4"] = {**c(4.0, None), "status": "at least"}
     first = headline(result)[0]
     assert "from 2 to at least 4 req/s (+100%)" in first and first.endswith("at least 4 (none failed) req/s, so at least +82%")
 
@@ -209,18 +220,19 @@ def test_the_first_line_says_raises_or_lowers_with_intervals() -> None:
 # ---------------------------------------------------------------------------------- the whole command
 def test_the_command_writes_capacity_json_report_and_plots(tmp_path: Path) -> None:
     levels = FakeLevels({"spec-k4": 3.1, "baseline": 1.3})
-    result = Capacity(levels, CapacitySettings(SLO, overload_s=5), tmp_path, {"config": "default.yaml"}).run()
+    result = Capacity(levels, CapacitySettings(SLO, overload_s=5), tmp_path, context={"config": "default.yaml"}).run()
     files = capacity_report.write(result, tmp_path)
-    saved = json.loads((tmp_path / "capacity.json").read_text())
-    assert saved["status"] == "flagged"  # the second opinion disagrees on per-token latency
-    assert saved["capacity"]["spec-k4"]["capacity"] == pytest.approx(3.08)
-    assert saved["crossover"]["kind"] == "stops paying" and 2.0 < saved["crossover"]["rate"] < 3.0
+    saved = CapacityResults.load(tmp_path)
+    assert saved == result and json.loads((tmp_path / "capacity.json").read_text())["schema"] == 2
+    assert saved.status == "flagged"  # the second opinion disagrees on per-token latency
+    assert saved.capacity["spec-k4"]["capacity"] == pytest.approx(3.08)
+    assert saved.crossover["kind"] == "stops paying" and 2.0 < saved.crossover["rate"] < 3.0
     # vLLM's benchmark only in the second opinion: at 50% and 80% of the smaller capacity (1.3).
     bench = sorted({(r, v) for v, r, n, b, d in levels.calls if b})
     assert bench == [(0.65, "baseline"), (0.65, "spec-k4"), (1.04, "baseline"), (1.04, "spec-k4")]
     # Overload at twice each capacity, for --overload-s, every request accounted for, memory recorded.
     assert {(v, r, d) for v, r, n, b, d in levels.calls if d} == {("spec-k4", 6.16, 5), ("baseline", 2.6, 5)}
-    over = saved["overload"]["spec-k4"]
+    over = saved.overload["spec-k4"]
     assert over["accounted"] and over["server_up_after"] and over["outcomes"]["timed_out"] == 3
     assert over["memory"]["self_peak_mib"] > 0 and over["memory"]["samples"] >= 2
     text = files["markdown"].read_text()
@@ -241,18 +253,18 @@ def test_the_scan_locates_a_crossover_above_both_capacities(tmp_path: Path) -> N
     tpot = {"spec-k4": lambda r: 5 + r, "baseline": lambda r: 8 + 0.5 * r}
     levels = FakeLevels({"spec-k4": 3.1, "baseline": 1.3}, tpot=tpot)
     result = Capacity(levels, CapacitySettings(SLO, overload_s=0, second_opinion=False), tmp_path).run()
-    searched = max(lv["rate"] for lv in result["levels"] if lv["phase"] == "search")
-    scan = result["scan"]
+    searched = max(lv.rate for lv in result.levels if lv.phase == "search")
+    scan = result.scan
     assert scan["rates"] and scan["rates"][0] == cap.canonical(math.sqrt(2) * searched)
     assert scan["ended"].startswith("the speedup is below 1.0")
     # Both variants at every scan rate, and the crossover interpolated between the last two rates.
     assert sorted((v, r) for v, r, *_ in levels.calls if r in scan["rates"]) == \
         sorted((v, r) for v in ("spec-k4", "baseline") for r in scan["rates"])
-    cross = result["crossover"]
+    cross = result.crossover
     assert cross["kind"] == "stops paying" and 5.0 < cross["rate"] < 7.0 and cross["between"][1] == scan["rates"][-1]
     assert "speculation stops paying above" in headline(result)[1]
     # The search's capacities are what they were without the scan.
-    assert result["capacity"]["spec-k4"]["capacity"] == pytest.approx(3.08)
+    assert result.capacity["spec-k4"]["capacity"] == pytest.approx(3.08)
 
 
 def test_the_scan_ends_when_both_variants_are_saturated(tmp_path: Path) -> None:
@@ -261,7 +273,7 @@ def test_the_scan_ends_when_both_variants_are_saturated(tmp_path: Path) -> None:
     levels = FakeLevels({"spec-k4": 3.1, "baseline": 1.3}, tpot=tpot, saturates_at=5)
     result = Capacity(levels, CapacitySettings(SLO, overload_s=0, second_opinion=False, scan_steps=5),
                       tmp_path).run()
-    scan = result["scan"]
+    scan = result.scan
     assert scan["rates"] == [5.66, 8.0] and scan["saturated_at"] == 5.66, scan
     assert scan["ended"] == "both variants saturated at 5.66 req/s"
     line = headline(result)[1]
@@ -269,41 +281,41 @@ def test_the_scan_ends_when_both_variants_are_saturated(tmp_path: Path) -> None:
     # --max-rate bounds the scan; --scan-steps 0 turns it off.
     capped = Capacity(FakeLevels({"spec-k4": 3.1, "baseline": 1.3}, tpot=tpot),
                       CapacitySettings(SLO, overload_s=0, second_opinion=False, max_rate=4.5), tmp_path).run()
-    assert capped["scan"]["rates"] == [] and "above --max-rate" in capped["scan"]["ended"]
+    assert capped.scan["rates"] == [] and "above --max-rate" in capped.scan["ended"]
     off = Capacity(FakeLevels({"spec-k4": 3.1, "baseline": 1.3}, tpot=tpot),
                    CapacitySettings(SLO, overload_s=0, second_opinion=False, scan_steps=0), tmp_path).run()
-    assert off["scan"] is None and not any(lv["phase"] == "scan" for lv in off["levels"])
+    assert off.scan is None and not any(lv.phase == "scan" for lv in off.levels)
 
 
 def test_a_dead_server_stops_its_search_and_keeps_what_was_measured(tmp_path: Path) -> None:
     levels = FakeLevels({"spec-k4": 3.1, "baseline": 1.3}, dies="spec-k4")
     result = Capacity(levels, CapacitySettings(SLO, overload_s=5), tmp_path).run()
-    assert result["status"] == "failed"
-    spec = result["capacity"]["spec-k4"]
+    assert result.status == "failed"
+    spec = result.capacity["spec-k4"]
     assert spec["status"] == "stopped" and "exited with code -9" in spec["stopped"]
     assert spec["capacity"] == 1.0  # what it passed before it died
-    assert result["capacity"]["baseline"]["status"] == "found"
-    assert result["overload"]["spec-k4"] == {"skipped": spec["stopped"]}
+    assert result.capacity["baseline"]["status"] == "found"
+    assert result.overload["spec-k4"] == {"skipped": spec["stopped"]}
     assert not any(v == "spec-k4" and r > 2 for v, r, *_ in levels.calls)  # no more levels on a dead server
-    assert json.loads((tmp_path / "capacity.json").read_text())["levels"]
+    assert CapacityResults.load(tmp_path / "capacity.json").levels
 
 
 def test_an_interrupt_keeps_capacity_json(tmp_path: Path) -> None:
     class Interrupted(FakeLevels):
-        def measure(self, variant: str, rate: float, repeat: int, **options) -> dict:
+        def measure(self, variant: str, rate: float, repeat: int, **options) -> LevelResult:
             if len(self.calls) == 3:
                 raise KeyboardInterrupt
             return super().measure(variant, rate, repeat, **options)
 
     with pytest.raises(KeyboardInterrupt):
         Capacity(Interrupted({"spec-k4": 3.1, "baseline": 1.3}), CapacitySettings(SLO), tmp_path).run()
-    saved = json.loads((tmp_path / "capacity.json").read_text())
-    assert saved["status"] == "interrupted" and len(saved["levels"]) == 3
+    saved = CapacityResults.load(tmp_path)
+    assert saved.status == "interrupted" and len(saved.levels) == 3
 
 
 def test_an_interrupted_search_draws_no_comparison_from_the_variant_it_never_measured(tmp_path: Path) -> None:
     class Interrupted(FakeLevels):
-        def measure(self, variant: str, rate: float, repeat: int, **options) -> dict:
+        def measure(self, variant: str, rate: float, repeat: int, **options) -> LevelResult:
             if variant == "baseline":
                 raise KeyboardInterrupt
             return super().measure(variant, rate, repeat, **options)
@@ -328,10 +340,11 @@ def test_a_capacity_that_a_later_lower_rate_run_contradicts_is_revised_in_the_he
                 "client": {"ok": 8, "per_token_latency_ms": _dist(20), "e2e_ms": _dist(900)}}
 
     found = {"capacity": 8.0, "interval": [8.0, 16.0], "status": "found", "lowest_tried": 4.0}
-    result = {"slo": SLO, "spec_variant": "spec-k4", "variants": ["spec-k4", "baseline"], "crossover": None,
-              "capacity": {"spec-k4": dict(found), "baseline": dict(found)},
-              "levels": [level(v, r, r <= 8) for v in ("spec-k4", "baseline") for r in (4.0, 8.0, 16.0)]
-              + [level("spec-k4", 6.4, False, "second opinion", 2), level("baseline", 6.4, True, "second opinion", 2)]}
+    result = CapacityResults.from_json({
+        "slo": SLO, "spec_variant": "spec-k4", "variants": ["spec-k4", "baseline"], "crossover": None,
+        "capacity": {"spec-k4": dict(found), "baseline": dict(found)},
+        "levels": [level(v, r, r <= 8) for v in ("spec-k4", "baseline") for r in (4.0, 8.0, 16.0)]
+        + [level("spec-k4", 6.4, False, "second opinion", 2), level("baseline", 6.4, True, "second opinion", 2)]})
     lines = headline(result)
     assert lines[0].startswith("At ttft_p95 <= 500 ms and tpot_p95 <= 50 ms, speculation lowers capacity from 8 to "
                                "4 req/s (-50%)"), lines[0]
@@ -344,17 +357,17 @@ def test_a_capacity_that_a_later_lower_rate_run_contradicts_is_revised_in_the_he
 
 def test_a_second_opinion_that_misses_the_targets_revises_the_capacity_the_overload_uses(tmp_path: Path) -> None:
     class Contradicted(FakeLevels):
-        def measure(self, variant: str, rate: float, repeat: int, **options) -> dict:
+        def measure(self, variant: str, rate: float, repeat: int, **options) -> LevelResult:
             level = super().measure(variant, rate, repeat, **options)
             if variant == "spec-k4" and options.get("vllm_bench") and rate > 1:  # 80% of the smaller capacity
-                level["client"]["ttft_ms"] = _dist(900)
-                level["slo"] = {"met": False, "targets": {"ttft_p95": {"bound_ms": 500, "value_ms": 900, "met": False}}}
+                level.client["ttft_ms"] = _dist(900)
+                level.slo = {"met": False, "targets": {"ttft_p95": {"bound_ms": 500, "value_ms": 900, "met": False}}}
             return level
 
     levels = Contradicted({"spec-k4": 3.1, "baseline": 1.3})
     result = Capacity(levels, CapacitySettings(SLO, overload_s=5), tmp_path).run()
-    assert set(result["revised"]) == {"spec-k4"} and result["revised"]["spec-k4"]["capacity"] == 1.0
-    assert result["status"] == "flagged" and capacity_report.exit_code(result) == 0
+    assert set(result.revised) == {"spec-k4"} and result.revised["spec-k4"]["capacity"] == 1.0
+    assert result.status == "flagged" and capacity_report.exit_code(result) == 0
     assert "speculation's capacity revised from 3.08 to 1 req/s: a run at 1.04 req/s (second opinion) missed" \
         in "\n".join(headline(result))
     # The overload runs at twice the capacity that stands.
@@ -362,11 +375,11 @@ def test_a_second_opinion_that_misses_the_targets_revises_the_capacity_the_overl
 
 
 def test_overload_counts_requests_without_an_outcome() -> None:
-    level = {**synthetic_level("baseline", 2.0, 1, 10), "variant": "baseline"}
-    level["open_loop"]["sent"] = 10  # 8 ended, 2 vanished
-    summary = cap.overload_summary(level, None, {}, 30)
-    assert not summary["accounted"] and "2 of 10 sent requests have no outcome" in summary["problems"][0]
-    gone = cap.overload_summary({**level, "status": "failed", "problems": ["server no longer running"]},
+    level = CapacityLevel.of(synthetic_level("baseline", 2.0, 1, 10), variant="baseline")
+    level.open_loop["sent"] = 10  # 8 ended, 2 vanished
+    over = cap.overload_summary(level, None, {}, 30)
+    assert not over["accounted"] and "2 of 10 sent requests have no outcome" in over["problems"][0]
+    gone = cap.overload_summary(CapacityLevel.of(level, status="failed", problems=["server no longer running"]),
                                 "exited with code 1", {}, 30)
     assert not gone["server_up_after"] and "did not survive" in gone["problems"][0]
     assert math.isclose(cap.canonical(2 * 1.54), 3.08)
@@ -395,22 +408,22 @@ def test_capacity_command_on_running_servers(servers, tmp_path: Path) -> None:
     finally:
         for s, handler in handlers.items():
             signal.signal(s, handler)
-    result = json.loads((tmp_path / "capacity.json").read_text())
-    assert code == 0, (result["status"], result["problems"], [lv["why"] for lv in result["levels"]])
-    assert result["variants"] == ["spec-k4", "baseline"]
-    late = [lv for lv in result["levels"] if lv["why"].startswith("the load generator fell behind")]
-    for variant in result["variants"]:
-        capacity = result["capacity"][variant]
-        if any(lv["variant"] == variant for lv in late):  # this machine's generator, not the server: searched below
+    result = CapacityResults.load(tmp_path)
+    assert code == 0, (result.status, result.problems, [lv.why for lv in result.levels])
+    assert result.variants == ["spec-k4", "baseline"]
+    late = [lv for lv in result.levels if lv.why.startswith("the load generator fell behind")]
+    for variant in result.variants:
+        capacity = result.capacity[variant]
+        if any(lv.variant == variant for lv in late):  # this machine's generator, not the server: searched below
             assert capacity["status"] == "found" and 0 < capacity["capacity"] < 1, capacity
             continue
         assert capacity["status"] == "at least" and capacity["capacity"] == 1, capacity
-        over = result["overload"][variant]
+        over = result.overload[variant]
         assert over["rate"] == 2 and over["server_up_after"] and over["accounted"], over
         assert over["memory"]["locust_peak_mib"] > 0
     if late:
         return
-    assert {(lv["variant"], lv["rate"]) for lv in result["levels"] if lv["phase"] == "search"} == \
+    assert {(lv.variant, lv.rate) for lv in result.levels if lv.phase == "search"} == \
         {(v, 1.0) for v in ("spec-k4", "baseline")}
     md = (tmp_path / "capacity.md").read_text()
     assert "- traffic: code-completion prompts through the completions API (/v1/completions), fixed lengths (16 " \
@@ -432,13 +445,14 @@ def test_output_that_loops_is_said_first_for_each_variant_it_concerns() -> None:
         return {"variant": variant, "rate": rate, "client": {"ok": 8, "content": summary(degenerate)}}
 
     found = {"capacity": 1.0, "interval": [1.0, 1.2], "status": "found", "lowest_tried": 0.5}
-    result = {"slo": SLO, "spec_variant": "spec-k4", "variants": ["spec-k4", "baseline"],
-              "capacity": {"spec-k4": found, "baseline": found}, "crossover": None,
-              "levels": [level("spec-k4", 1.0, 6), level("spec-k4", 2.0, 6), level("baseline", 1.0, 0),
-                         level("baseline", 2.0, 0)]}
+    result = CapacityResults.from_json({
+        "slo": SLO, "spec_variant": "spec-k4", "variants": ["spec-k4", "baseline"],
+        "capacity": {"spec-k4": found, "baseline": found}, "crossover": None,
+        "levels": [level("spec-k4", 1.0, 6), level("spec-k4", 2.0, 6), level("baseline", 1.0, 0),
+                   level("baseline", 2.0, 0)]})
     lines = headline(result)
     assert lines[0].startswith("spec-k4: CONTENT: speculation's output rests mostly on degenerate output: "
                                "12 of 16 requests degenerate") and lines[1].startswith("At ttft_p95")
-    for lv in result["levels"]:
-        lv["client"]["content"] = summary(0)
+    for lv in result.levels:
+        lv.client["content"] = summary(0)
     assert headline(result)[0].startswith("At ttft_p95")

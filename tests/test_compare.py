@@ -11,6 +11,7 @@ import pytest
 
 import report_samples
 from loadtest.__main__ import main
+from loadtest.measurement.results import SweepResults
 from loadtest.reports.report import write_report
 
 
@@ -18,9 +19,9 @@ from loadtest.reports.report import write_report
 def two(tmp_path: Path) -> tuple[Path, Path]:
     t1 = report_samples.sweep(flagged=False)
     greedy = copy.deepcopy(t1)
-    greedy["settings"]["temperature"], greedy["machine"]["commit"] = 0.0, "abc1234"
-    for level in greedy["variants"][0]["levels"]:
-        level["client"]["output_tokens_per_s"] *= 1.15
+    greedy.settings["temperature"], greedy.machine["commit"] = 0.0, "abc1234"
+    for level in greedy.variants[0].levels:
+        level.client["output_tokens_per_s"] *= 1.15
     write_report(t1, tmp_path / "t1")
     write_report(greedy, tmp_path / "greedy")
     return tmp_path / "t1", tmp_path / "greedy"
@@ -48,7 +49,7 @@ def test_reports_that_measured_different_work_are_refused_unless_told(two, tmp_p
 def test_the_same_work_on_another_commit_is_compared_and_the_difference_said(two, tmp_path, capsys) -> None:
     t1, greedy = two
     results = report_samples.sweep(flagged=False)
-    results["machine"].update(commit="abc1234", cpus=4)
+    results.machine.update(commit="abc1234", cpus=4)
     write_report(results, tmp_path / "later")
     assert main(["compare", str(t1), str(tmp_path / "later"), "--out", str(tmp_path / "cmp")]) == 0
     text = capsys.readouterr().out
@@ -62,18 +63,20 @@ def test_one_report_still_prints_its_table_and_a_folder_without_results_is_an_er
     (tmp_path / "empty").mkdir()
     assert main(["compare", str(two[0]), str(tmp_path / "empty"), "--out", str(tmp_path / "x")]) == 2
     assert "no results.json" in capsys.readouterr().err
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "results.json").write_text('{"config": "x"}')
+    assert main(["compare", str(two[0]), str(tmp_path / "other"), "--out", str(tmp_path / "x")]) == 2
+    assert "not a load test's results.json" in capsys.readouterr().err
 
 
 def test_a_verdict_on_output_that_mostly_loops_is_not_coloured_in_a_comparison(two, tmp_path) -> None:
     """The rule of the report's own first screen (`sweep_summary.verdict_word`): a speedup over
     outputs that mostly loop is said so, uncoloured."""
-    from loadtest.reports.report import load_results
-
     t1, greedy = two
-    results = load_results(greedy)
+    results = SweepResults.load(greedy)
     loops = {"checked": 32, "degenerate": 29, "degenerate_share": 0.906, "distinct_4": 0.14, "loop_share": 0.86}
-    for level in results["variants"][0]["levels"]:
-        level["client"]["content"] = loops
+    for level in results.variants[0].levels:
+        level.client["content"] = loops
     write_report(results, greedy)
     assert main(["compare", str(t1), str(greedy), "--out", str(tmp_path / "cmp"), "--allow-different"]) == 0
     page = (tmp_path / "cmp" / "compare.html").read_text()

@@ -17,6 +17,7 @@ from deploy.engine_args import engine_arguments
 from models.widen import widen_llama
 from loadtest.traffic import vllm_bench
 from loadtest.measurement.derive import summarize_speedups
+from loadtest.measurement.results import SweepResults
 from loadtest.reports.sweep_summary import headline
 from loadtest.traffic.request_settings import RequestSettings
 from loadtest.measurement.stats import mean_interval
@@ -183,8 +184,8 @@ def test_a_client_that_is_off_in_every_run_is_caught_over_the_repeats() -> None:
     # ...a client 8% slow in every run does not.
     biased = vllm_bench.systematic([run(92, 100), run(93, 100), run(91, 100)])
     assert biased["agrees"] is False and biased["output_tokens_per_s"]["mean"] == pytest.approx(-0.08)
-    results = {"variants": [{"name": "baseline", "levels": [
-        {"concurrency": 32, "vllm_bench_agreement": a} for a in (run(92, 100), run(93, 100), run(91, 100))]}]}
+    results = SweepResults.from_json({"variants": [{"name": "baseline", "levels": [
+        {"concurrency": 32, "vllm_bench_agreement": a} for a in (run(92, 100), run(93, 100), run(91, 100))]}]})
     [entry] = vllm_bench.systematic_by_level(results)
     line = vllm_bench.describe_systematic(entry)
     assert "batch 32, baseline" in line and "tok/s -8.0%" in line and "3 runs" in line
@@ -239,12 +240,12 @@ def _run(c: int, repeat: int, tps: float, name: str = "spec-k4", bench_tps: floa
     return name, level
 
 
-def _results(runs: list[tuple]) -> dict:
+def _results(runs: list[tuple]) -> SweepResults:
     variants: dict = {}
     for name, level in runs:
         variants.setdefault(name, {"name": name, "k": None if name == "baseline" else 4, "levels": []})
         variants[name]["levels"].append(level)
-    return {"variants": list(variants.values())}
+    return SweepResults.from_json({"variants": list(variants.values())})
 
 
 def test_repeats_give_an_interval_and_a_verdict_per_batch_size() -> None:

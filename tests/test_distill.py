@@ -19,6 +19,7 @@ from distill.data import load_data, stdlib_test_prompts, write_prompts
 from distill.fit import fit_problems
 from distill.run import DistillSettings, check, distill
 from distill.train import TrainSettings, evaluate, fine_tune
+from loadtest.measurement.results import SweepResults
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -127,8 +128,8 @@ def test_distill_measures_the_original_and_the_distilled_draft(tmp_path: Path, e
     assert result["status"] == "measured", result
     rows = {r["draft"]: r for r in result["measured"]["rows"]}
     assert set(rows) == {"original", "distilled"}
-    runs = json.loads((tmp_path / "out" / "measure-T0" / "results.json").read_text())
-    tps = {v["name"]: [lv["client"]["output_tokens_per_s"] for lv in v["levels"]] for v in runs["variants"]}
+    runs = SweepResults.load(tmp_path / "out" / "measure-T0")
+    tps = {v.name: [lv.client["output_tokens_per_s"] for lv in v.levels] for v in runs.variants}
     assert len(tps["baseline"]) == 2  # each draft's speedup pairs its runs with the baseline's beside them
     for row in rows.values():
         assert row["acceptance"] is not None and row["acceptance"] > 0.1 and row["runs"] == 2

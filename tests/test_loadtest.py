@@ -28,6 +28,7 @@ import pytest
 import requests
 
 from conftest import BASELINE, TEST_KEY_ENV, metric_total
+from loadtest.measurement.results import SweepResults
 from loadtest.measurement import prom
 from loadtest.measurement import stats
 from loadtest.measurement.records import RequestRecord
@@ -338,8 +339,8 @@ def test_malformed_workload_files_are_refused_before_anything_starts(tmp_path, n
     settings = SweepSettings("default", request=RequestSettings(workload=str(path)), users=[1], out=tmp_path / "report")
     started = time.monotonic()
     results = Sweep(settings).run()
-    assert results["status"] == "failed" and expected in "; ".join(results["problems"])
-    assert not results["variants"] and time.monotonic() - started < 30  # no server was started
+    assert results.status == "failed" and expected in "; ".join(results.problems)
+    assert not results.variants and time.monotonic() - started < 30  # no server was started
 
 
 def test_requests_per_user_and_variants():
@@ -377,7 +378,7 @@ def test_servers_run_together_only_where_kv_weights_and_processes_fit(tmp_path, 
         assert all(0.05 * 2**30 < s.resolved.weight_bytes < 0.5 * 2**30 for s in planned)
         for s in planned:
             s.resolved = replace(s.resolved, machine=Machine(0, 0.0, host_gib))
-        return sweep._plan_started({s.entry["name"]: s for s in planned}).together
+        return sweep._plan_started({s.entry.name: s for s in planned}).together
 
     assert fits(1, 25)        # ~19.5 GiB <= 20.0: the tune proof's six servers
     assert not fits(2, 25)    # ~25.5 GiB: the KV caches count
@@ -635,13 +636,13 @@ def test_sweep_spec_and_baseline_report_agrees_with_server(servers, running_swee
     # The session's sweep of these two servers: the `mixed` workload uses both APIs (default.yaml
     # gives the embedded pair a chat template), 2 users, 4 requests each.
     results, files, report = running_sweep
-    assert results["status"] in ("ok", "flagged"), results["problems"]
-    assert [v["name"] for v in results["variants"]] == ["spec-k4", "baseline"]
-    for variant in results["variants"]:
-        assert variant["status"] in ("ok", "flagged"), variant.get("error")
-        assert [lv["concurrency"] for lv in variant["levels"]] == [2]
-        for level in variant["levels"]:
-            client, server, check = level["client"], level["server"], level["consistency"]
+    assert results.status in ("ok", "flagged"), results.problems
+    assert [v.name for v in results.variants] == ["spec-k4", "baseline"]
+    for variant in results.variants:
+        assert variant.status in ("ok", "flagged"), variant.error
+        assert [lv.concurrency for lv in variant.levels] == [2]
+        for level in variant.levels:
+            client, server, check = level.client, level.server, level.consistency
             assert client["ok"] == client["requests"] == 4 and client["failed"] == 0
             # Every request made exactly max_tokens, and the server counted the same tokens.
             assert client["output_tokens"] == 4 * 32
@@ -649,13 +650,13 @@ def test_sweep_spec_and_baseline_report_agrees_with_server(servers, running_swee
             assert server["output_tokens_per_s"] == pytest.approx(client["output_tokens_per_s"], rel=0.05)
             assert server["requests_finished"] == 4
             assert client["ttft_ms"]["p50"] > 0 and client["e2e_ms"]["p99"] >= client["e2e_ms"]["p50"]
-            records = load_records(report / level["locust"]["records"])
+            records = load_records(report / level.locust["records"])
             assert {r.path for r in records} == {"/v1/completions", "/v1/chat/completions"}
             assert sum(r.output_tokens for r in records) == client["output_tokens"]
             assert all(sum(r.tokens_per_chunk) == r.output_tokens for r in records)
-            assert (report / level["locust"]["csv"]).is_file() and (report / level["locust"]["html"]).is_file()
+            assert (report / level.locust["csv"]).is_file() and (report / level.locust["html"]).is_file()
             # vLLM's serving benchmark ran on the same server after Locust, as many requests, same length.
-            bench, agreement = level["vllm_bench"], level["vllm_bench_agreement"]
+            bench, agreement = level.vllm_bench, level.vllm_bench_agreement
             assert "error" not in bench, bench
             assert bench["completed"] == 4 and bench["failed"] == 0 and bench["output_tokens"] == 4 * 32
             assert bench["open_loop_requests"] == 0  # its spaced arrivals still queued for a slot: a closed loop
@@ -667,15 +668,15 @@ def test_sweep_spec_and_baseline_report_agrees_with_server(servers, running_swee
             assert bench["ttft_ms"]["n"] == 4 and agreement["ttft_p50_ms"]["vllm_bench"] > 0
             assert agreement["per_token_p50_ms"]["vllm_bench"] > 0
             if agreement["agrees"] is False:  # a disagreement is never silent
-                assert any("vLLM's benchmark disagree" in p for p in level["problems"])
+                assert any("vLLM's benchmark disagree" in p for p in level.problems)
             # Both clients sent the same prompts: Locust's sequence is the benchmark's dataset.
             sent = load_workload("mixed").sequence(4)
             assert sorted(r.item_id for r in records) == sorted(i.id for i in sent)
-            dataset = report / "vllm-bench" / f"{variant['name']}-c{level['concurrency']}" / "dataset.jsonl"
+            dataset = report / "vllm-bench" / f"{variant.name}-c{level.concurrency}" / "dataset.jsonl"
             assert len(dataset.read_text().splitlines()) == 4
             # The engine's counters over the benchmark's window: its requests only (no warm-ups, whose
             # burst of C at once would weigh on the engine's TTFT and skew the drift taken out).
-            window = level["vllm_bench_server"]
+            window = level.vllm_bench_server
             assert window["requests_finished"] == 4
             assert agreement["per_token_p50_ms"]["engine_drift"] is not None
             # The content check read every output (the tokens came back with each stream), held against
@@ -687,23 +688,23 @@ def test_sweep_spec_and_baseline_report_agrees_with_server(servers, running_swee
             # ... and its noise test read each output's text, from the stream and from the benchmark's file.
             assert all("known_words" in r.content for r in records)
             assert all(checked.get("noise_checked") for checked in (client["content"], bench["content"]))
-            if variant["name"] == "spec-k4":
+            if variant.name == "spec-k4":
                 assert server["spec_enabled"] and 0 <= server["acceptance_rate"] <= 1
                 assert 1 <= server["mean_accepted_length"] <= 5 and len(server["per_position_acceptance"]) == 4
                 # The K that ran beside the configured one (the running server's K: it has no schedule).
-                assert level["configured_k"] == 4 and 1 <= server["effective_k"] <= 4
+                assert level.configured_k == 4 and 1 <= server["effective_k"] <= 4
             else:
                 assert not server["spec_enabled"] and server["acceptance_rate"] is None
-                assert level["configured_k"] is None and server["effective_k"] is None
+                assert level.configured_k is None and server["effective_k"] is None
     for name in ("json", "markdown", "html", "throughput", "latency", "acceptance", "speedup"):
         assert files[name].is_file(), name
-    assert results["settings"]["temperature"] == 1.0  # vLLM's default is the load test's
+    assert results.settings["temperature"] == 1.0  # vLLM's default is the load test's
     assert "Second opinion" in files["markdown"].read_text() and "## Content" in files["markdown"].read_text()
     assert not any("CONTENT" in line for line in headline(results))
     comparisons = {d["concurrency"]: d for d in json.loads(files["json"].read_text())["comparisons"]}
     assert set(comparisons) == {2}
-    tps = {(v["name"], lv["concurrency"]): lv["client"]["output_tokens_per_s"]
-           for v in results["variants"] for lv in v["levels"]}
+    tps = {(v.name, lv.concurrency): lv.client["output_tokens_per_s"]
+           for v in results.variants for lv in v.levels}
     for c, d in comparisons.items():  # the speculative run's client tokens/s over the baseline's beside it
         assert d["speedup"] == pytest.approx(tps["spec-k4", c] / tps["baseline", c])
     assert all(math.isfinite(d["expected_tokens_per_step"]) for d in comparisons.values())
@@ -711,16 +712,16 @@ def test_sweep_spec_and_baseline_report_agrees_with_server(servers, running_swee
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and "spec-k4" in out.stdout and "baseline" in out.stdout, out.stderr
     # A report judged again from what it kept reaches the same verdicts.
-    before = json.loads(files["json"].read_text())
+    before = SweepResults.load(files["json"])
     again = subprocess.run([sys.executable, "-m", "loadtest", "rejudge", str(report)], cwd=REPO,
                            capture_output=True, text=True, timeout=120)
     assert again.returncode == 0, again.stderr
-    after = json.loads(files["json"].read_text())
+    after = SweepResults.load(files["json"])
 
-    def verdicts(results: dict) -> list[bool | None]:
-        return [lv["vllm_bench_agreement"]["agrees"] for v in results["variants"] for lv in v["levels"]]
+    def verdicts(results: SweepResults) -> list[bool | None]:
+        return [lv.vllm_bench_agreement["agrees"] for v in results.variants for lv in v.levels]
 
-    assert verdicts(after) == verdicts(before) and after["status"] == before["status"]
+    assert verdicts(after) == verdicts(before) and after.status == before.status
 
 
 @pytest.mark.engine
@@ -732,11 +733,11 @@ def test_server_that_fails_to_start_gives_a_failed_run(tmp_path, embedded_pair):
     results = Sweep(settings).run()
     write_report(results, settings.out)
     assert time.monotonic() - started < 300
-    assert results["status"] == "failed"
-    variant = results["variants"][0]
-    assert variant["status"] == "failed" and "server failed to start" in variant["error"]
-    assert variant["levels"] == [] and variant["server_log_tail"]
-    assert json.loads((settings.out / "results.json").read_text())["status"] == "failed"
+    assert results.status == "failed"
+    variant = results.variants[0]
+    assert variant.status == "failed" and "server failed to start" in variant.error
+    assert variant.levels == [] and variant.server_log_tail
+    assert SweepResults.load(settings.out).status == "failed"
     assert (settings.out / "report.md").is_file()
 
 
@@ -775,23 +776,23 @@ def test_a_schedule_gives_the_k_of_the_batch_size_and_a_killed_server_keeps_part
     write_report(results, settings.out)
     assert time.monotonic() - started < 400
     assert not (records_dir.parent / "spec-schedule-c8").exists()  # the kill came before the last level
-    assert results["plan"]["server_starts"] == 1
-    assert results["status"] == "failed"
-    variant = results["variants"][0]
-    assert variant["status"] == "failed"
-    alone, two, killed, after = variant["levels"]
+    assert results.plan["server_starts"] == 1
+    assert results.status == "failed"
+    variant = results.variants[0]
+    assert variant.status == "failed"
+    alone, two, killed, after = variant.levels
     for level in (alone, two):
-        assert level["status"] in ("ok", "flagged"), level["problems"]
-    assert alone["configured_k"] == 4 and alone["server"]["effective_k"] == pytest.approx(4, abs=0.5)
+        assert level.status in ("ok", "flagged"), level.problems
+    assert alone.configured_k == 4 and alone.server["effective_k"] == pytest.approx(4, abs=0.5)
     # Two users draft one token a step; a request running alone (at the start, the end) drafts four.
-    assert two["configured_k"] == 1 and 1 <= two["server"]["effective_k"] < 4
+    assert two.configured_k == 1 and 1 <= two.server["effective_k"] < 4
     assert "1 (" in compare_table(results)
-    assert killed["status"] == "failed" and any("server process exited" in p for p in killed["problems"])
-    assert killed["client"]["ok"] >= 4  # partial results kept
-    assert after["status"] == "skipped"
-    saved = json.loads((settings.out / "results.json").read_text())
-    assert saved["variants"][0]["levels"][2]["client"]["ok"] == killed["client"]["ok"]
-    assert len(load_records(records_dir)) == killed["client"]["requests"]
+    assert killed.status == "failed" and any("server process exited" in p for p in killed.problems)
+    assert killed.client["ok"] >= 4  # partial results kept
+    assert after.status == "skipped"
+    saved = SweepResults.load(settings.out)
+    assert saved.variants[0].levels[2].client["ok"] == killed.client["ok"]
+    assert len(load_records(records_dir)) == killed.client["requests"]
 
 
 def test_temperatures_are_parsed_or_refused_clearly() -> None:
@@ -837,11 +838,11 @@ def test_temperature_sweep_reports_acceptance_against_temperature(servers, tmp_p
     rows = {r["temperature"]: r for r in summary["rows"] if (r["variant"], r["concurrency"]) == ("spec-k4", 1)}
     assert set(rows) == {0.0, 1.0}
     for temperature, row in rows.items():
-        sub = json.loads((out / f"temperature-{temperature:g}" / "results.json").read_text())
-        assert sub["settings"]["temperature"] == temperature
-        assert {v["name"] for v in sub["variants"]} == {"spec-k4", "baseline"}
+        sub = SweepResults.load(out / f"temperature-{temperature:g}")
+        assert sub.settings["temperature"] == temperature
+        assert {v.name for v in sub.variants} == {"spec-k4", "baseline"}
         assert row["acceptance_rate"]["mean"] > 0.15, f"T={temperature}: acceptance {row['acceptance_rate']}"
-        tps = {v["name"]: v["levels"][0]["client"]["output_tokens_per_s"] for v in sub["variants"]}
+        tps = {v.name: v.levels[0].client["output_tokens_per_s"] for v in sub.variants}
         assert row["speedup"]["mean"] == pytest.approx(tps["spec-k4"] / tps["baseline"])
     text = (out / "temperature.md").read_text()
     assert "| 1 | spec-k4 | 1 | 1 |" in text and "temperature-1/report.md" in text

@@ -15,6 +15,7 @@ import pytest
 
 from conftest import BASELINE, TEST_KEY_ENV
 from loadtest.measurement import stats
+from loadtest.measurement.results import SweepResults
 from loadtest.traffic import vllm_bench
 from loadtest.__main__ import build_parser
 from loadtest.traffic.arrivals import poisson_arrivals, replayed
@@ -280,6 +281,7 @@ def test_report_of_rate_levels(tmp_path: Path):
                     "levels": [_rate_level(1.0, 20.0, 1000.0), _rate_level(2.0, 25.0, 1500.0, behind=True)]},
                    {"name": "baseline", "k": None, "status": "ok",
                     "levels": [_rate_level(1.0, 30.0, 1500.0), _rate_level(2.0, 40.0, 3000.0)]}]}
+    results = SweepResults.from_json(results)
     rows = {(r["variant"], r["rate"]): r for r in derive_rates(results)}
     assert rows[("spec-k4", 1.0)]["tpot_p50_speedup"] == pytest.approx(1.5)
     assert rows[("spec-k4", 2.0)]["e2e_mean_speedup"] == pytest.approx(2.0)
@@ -306,29 +308,30 @@ def test_sweep_with_rates_on_running_servers(servers, tmp_path: Path):
                              request=RequestSettings(max_tokens=16, request_timeout_s=120), level_timeout_s=600,
                              out=tmp_path / "report")
     results = Sweep(settings).run()
-    assert [v["name"] for v in results["variants"]] == ["spec-k4", "baseline"], results["problems"]
-    for variant in results["variants"]:
-        (level,) = variant["levels"]
-        assert level["status"] in ("ok", "flagged"), level["problems"]
-        assert "concurrency" not in level and level["rate"] == 8.0 and level["seed"] == 1 and level["requests"] == 12
-        assert {"open_loop", "outcomes", "client", "slo", "server", "load_generator", "locust"} <= set(level)
-        assert level["outcomes"]["served"] == 12 and sum(level["outcomes"].values()) == 12
-        ol = level["open_loop"]
+    assert [v.name for v in results.variants] == ["spec-k4", "baseline"], results.problems
+    for variant in results.variants:
+        (level,) = variant.levels
+        assert level.status in ("ok", "flagged"), level.problems
+        assert level.concurrency is None and level.rate == 8.0 and level.seed == 1 and level.requests == 12
+        assert None not in (level.open_loop, level.outcomes, level.client, level.slo, level.server,
+                            level.load_generator, level.locust)
+        assert level.outcomes["served"] == 12 and sum(level.outcomes.values()) == 12
+        ol = level.open_loop
         assert {"achieved_rate", "send_lag_ms", "in_flight", "in_flight_max", "behind"} <= set(ol)
         # Sent on time (against the schedule's own rate: 12 draws of one seed). How many overlap is the
         # machine's speed (a fast one ends each request before the next arrives); the count is the records'.
         assert ol["achieved_rate"] == pytest.approx(ol["scheduled_rate"], rel=0.15), ol
-        recs = load_records(tmp_path / "report" / level["locust"]["records"])
+        recs = load_records(tmp_path / "report" / level.locust["records"])
         overlap = max(sum(1 for o in recs if o.start <= r.start < o.end) for r in recs)
         assert ol["in_flight_max"] == overlap >= 1, (ol["in_flight"], overlap)
-        assert level["client"]["output_tokens"] == 12 * 16
-        assert "error" not in level["vllm_bench"], level["vllm_bench"]
-        assert level["vllm_bench"]["completed"] == 12 and level["vllm_bench_agreement"]["agrees"] is not None
+        assert level.client["output_tokens"] == 12 * 16
+        assert "error" not in level.vllm_bench, level.vllm_bench
+        assert level.vllm_bench["completed"] == 12 and level.vllm_bench_agreement["agrees"] is not None
     # Both variants got the same arrival offsets and prompts.
     arrivals = [sorted((r.arrival, round(r.planned_start - schedule_start(recs, 8.0, 12, 1), 6), r.item_id)
                        for r in recs)
-                for recs in (load_records(tmp_path / "report" / v["levels"][0]["locust"]["records"])
-                             for v in results["variants"])]
+                for recs in (load_records(tmp_path / "report" / v.levels[0].locust["records"])
+                             for v in results.variants)]
     assert arrivals[0] == arrivals[1]
     files = write_report(results, settings.out)
     assert "Open loop: each variant at each arrival rate" in files["markdown"].read_text()
@@ -341,5 +344,5 @@ def test_sweep_with_rates_on_running_servers(servers, tmp_path: Path):
     with on_demand.serving() as sweep:
         assert sweep.variants() == ["spec-k4", "baseline"]
         level = sweep.rate_level("baseline", 2.0, repeat=1)
-    assert level["rate"] == 2.0 and level["outcomes"]["served"] == 4, level.get("problems")
-    assert [v["status"] for v in on_demand.results["variants"]] == ["skipped", level["status"]]
+    assert level.rate == 2.0 and level.outcomes["served"] == 4, level.problems
+    assert [v.status for v in on_demand.results.variants] == ["skipped", level.status]

@@ -14,6 +14,7 @@ import pytest
 from deploy.config import load_config
 from deploy.preflight import Machine
 from loadtest.measurement import prom
+from loadtest.measurement.results import SweepResults
 from loadtest.sweeps.plan import SweepPlan, Timings, run_order, starts_needed
 from loadtest.reports.report import compare_rows, compare_table
 from loadtest.sweeps.settings import SweepSettings
@@ -173,8 +174,8 @@ def test_the_report_shows_the_configured_k_beside_the_one_that_ran() -> None:
                 "client": {"ok": 4, "requests": 4, "output_tokens_per_s": 10.0},
                 "server": {"effective_k": effective, "acceptance_rate": 0.5 if effective else None}}
 
-    results = {"variants": [{"name": "spec-schedule", "k": 4, "levels": [level(2, 2.125)]},
-                            {"name": "baseline", "k": None, "levels": [level(None, None)]}]}
+    results = SweepResults.from_json({"variants": [{"name": "spec-schedule", "k": 4, "levels": [level(2, 2.125)]},
+                                                   {"name": "baseline", "k": None, "levels": [level(None, None)]}]})
     rows = {r["variant"]: r for r in compare_rows(results)}
     assert rows["spec-schedule"]["k"] == "2 (2.12)" and rows["baseline"]["k"] == "-"
     assert "K (effective)" in compare_table(results)

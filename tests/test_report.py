@@ -4,6 +4,7 @@ report.html rendered from it, plots) and the choice of the newest report. Pure: 
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import os
 import re
@@ -17,6 +18,7 @@ import pytest
 
 from loadtest.__main__ import main
 from loadtest.measurement.derive import derive, summarize_speedups
+from loadtest.measurement.results import SweepResults
 from loadtest.reports.report import compare_table, newest_report, report_markdown, write_report
 from loadtest.reports.sweep_summary import headline
 
@@ -40,14 +42,15 @@ def _level(c: int, tps: float, tpot_ms: float, accept: float | None = None, leng
             "locust": {"html": f"locust/c{c}.html", "cpu_s": 1.0, "wall_s": 10.0}}
 
 
-def _spec_and_baseline() -> dict:
+def _spec_and_baseline() -> SweepResults:
     """spec-k4 at twice the baseline's tokens/s at batch 1 and 0.9x at batch 32."""
-    return {"config": "default", "status": "ok", "settings": {"users": [1, 32], "tolerance": 0.05},
-            "machine": {}, "problems": [], "variants": [
-                {"name": "spec-k4", "label": "K=4", "k": 4, "status": "ok",
-                 "levels": [_level(1, 200, 4.0, 0.7, 3.0), _level(32, 900, 30.0, 0.7, 3.0)]},
-                {"name": "baseline", "label": "off", "k": None, "status": "ok",
-                 "levels": [_level(1, 100, 10.0), _level(32, 1000, 32.0)]}]}
+    return SweepResults.from_json({
+        "config": "default", "status": "ok", "settings": {"users": [1, 32], "tolerance": 0.05},
+        "machine": {}, "problems": [], "variants": [
+            {"name": "spec-k4", "label": "K=4", "k": 4, "status": "ok",
+             "levels": [_level(1, 200, 4.0, 0.7, 3.0), _level(32, 900, 30.0, 0.7, 3.0)]},
+            {"name": "baseline", "label": "off", "k": None, "status": "ok",
+             "levels": [_level(1, 100, 10.0), _level(32, 1000, 32.0)]}]})
 
 
 def test_report_files_speedup_and_compare_table(tmp_path):
@@ -66,7 +69,7 @@ def test_report_files_speedup_and_compare_table(tmp_path):
     table = compare_table(results)
     assert "2.00x" in table and "0.90x" in table and "70%" in table
     assert json.loads(files["json"].read_text())["comparisons"]
-    assert "comparisons" not in results  # the sweep's own results are not rewritten behind its back
+    assert results.comparisons is None  # the sweep's own results are not rewritten behind its back
 
 
 def test_speedup_is_split_by_which_run_of_the_pair_went_first():
@@ -74,26 +77,27 @@ def test_speedup_is_split_by_which_run_of_the_pair_went_first():
     def run(c: int, tps: float, repeat: int, sequence: int) -> dict:
         return {**_level(c, tps, 10.0, 0.5, 2.0), "repeat": repeat, "sequence": sequence}
 
-    results = {"config": "default", "status": "ok", "settings": {"users": [32]}, "machine": {}, "problems": [],
-               "variants": [{"name": "spec-k2", "label": "K=2", "k": 2, "status": "ok",
-                             "levels": [run(32, 90, 1, 1), run(32, 110, 2, 4)]},
-                            {"name": "baseline", "label": "off", "k": None, "status": "ok",
-                             "levels": [run(32, 100, 1, 2), run(32, 100, 2, 3)]}]}
+    results = SweepResults.from_json({
+        "config": "default", "status": "ok", "settings": {"users": [32]}, "machine": {}, "problems": [],
+        "variants": [{"name": "spec-k2", "label": "K=2", "k": 2, "status": "ok",
+                      "levels": [run(32, 90, 1, 1), run(32, 110, 2, 4)]},
+                     {"name": "baseline", "label": "off", "k": None, "status": "ok",
+                      "levels": [run(32, 100, 1, 2), run(32, 100, 2, 3)]}]})
     assert [r["went_first"] for r in derive(results)] == [True, False]
     [entry] = summarize_speedups(results)
     assert entry["speedup_by_order"] == pytest.approx({"first": 0.9, "second": 1.1})
     assert "Locust 0.90x in runs before the baseline's, 1.10x in runs after it" in headline(results)[0]
     assert headline(results)[0].endswith("(2 runs, each beside a baseline run)")
     # A grouped sweep (each server started once, on GPUs) pairs the runs by repeat, not in time.
-    results["plan"] = {"order": "grouped"}
+    results.plan = {"order": "grouped"}
     assert headline(results)[0].endswith("(2 runs, each paired with the baseline's run of the same repeat)")
-    del results["plan"]
+    results.plan = None
     # Without a baseline (--no-baseline) the line gives what was measured and claims no pairing.
-    alone = {**results, "variants": results["variants"][:1]}
+    alone = dataclasses.replace(results, variants=results.variants[:1])
     assert headline(alone)[0].startswith("batch 32, spec-k2: no baseline to compare with; acceptance ")
     assert headline(alone)[0].endswith("(2 runs)")
     # One order only (a single repeat, or results from before the order was recorded): no split.
-    results["variants"][0]["levels"].pop()
+    results.variants[0].levels.pop()
     assert "speedup_by_order" not in summarize_speedups(results)[0]
 
 
@@ -110,12 +114,13 @@ def test_a_full_disk_never_truncates_results_json(tmp_path):
     script = (
         "import json, resource, signal, sys\n"
         "from pathlib import Path\n"
+        "from loadtest.measurement.results import SweepResults\n"
         "from loadtest.reports.report import write_report\n"
         "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
         f"resource.setrlimit(resource.RLIMIT_FSIZE, ({size // 2}, {size // 2}))\n"
         "out = Path(sys.argv[1])\n"
         "try:\n"
-        "    write_report(json.loads((out / 'results.json').read_text()), out)\n"
+        "    write_report(SweepResults.load(out), out)\n"
         "except OSError as exc:\n"
         "    print('write failed:', exc); sys.exit(7)\n")
     run = subprocess.run([sys.executable, "-c", script, str(tmp_path)], cwd=REPO, capture_output=True, text=True,
@@ -125,12 +130,13 @@ def test_a_full_disk_never_truncates_results_json(tmp_path):
     assert not [p.name for p in tmp_path.iterdir() if ".tmp" in p.name]  # no temporary file left behind
 
 
-def _results() -> dict:
-    return {"config": "default", "status": "ok", "settings": {"users": [1], "tolerance": 0.05}, "machine": {},
-            "problems": [], "variants": [
-                {"name": "spec-k4", "label": "K=4", "k": 4, "status": "ok", "levels": [_level(1, 200, 4.0, 0.7, 3.0)]},
-                {"name": "baseline", "label": "off", "k": None, "status": "ok", "levels": [_level(1, 100, 10.0)]},
-                {"name": "broken", "label": "x", "k": 2, "status": "failed", "levels": [], "error": ERROR}]}
+def _results() -> SweepResults:
+    return SweepResults.from_json({
+        "config": "default", "status": "ok", "settings": {"users": [1], "tolerance": 0.05}, "machine": {},
+        "problems": [], "variants": [
+            {"name": "spec-k4", "label": "K=4", "k": 4, "status": "ok", "levels": [_level(1, 200, 4.0, 0.7, 3.0)]},
+            {"name": "baseline", "label": "off", "k": None, "status": "ok", "levels": [_level(1, 100, 10.0)]},
+            {"name": "broken", "label": "x", "k": 2, "status": "failed", "levels": [], "error": ERROR}]})
 
 
 class _Tables(HTMLParser):
@@ -219,37 +225,38 @@ def test_the_exit_status_matches_the_words():
     from loadtest.reports import sweep_summary as ss
 
     results = _results()
-    results["variants"] = results["variants"][:2]
+    results.variants = results.variants[:2]
     assert ss.exit_code(results) == ss.OK == 0
     # Flags (a second opinion that disagrees) are shown, not an error: every level was measured.
-    results["variants"][1]["levels"][0].update(status="flagged", problems=["vLLM's benchmark disagrees"])
-    results["status"] = "flagged"
+    flagged = results.variants[1].levels[0]
+    flagged.status, flagged.problems = "flagged", ["vLLM's benchmark disagrees"]
+    results.status = "flagged"
     assert ss.exit_code(results) == 0
-    results["variants"][0]["levels"][0]["consistency"]["ok"] = False
+    results.variants[0].levels[0].consistency["ok"] = False
     assert ss.exit_code(results) == ss.UNTRUSTED == 4
     failed = _results()  # a variant whose server did not start: a measurement missing
     assert ss.exit_code(failed) == ss.INCOMPLETE == 3
     assert "Incomplete" in ss.lead(failed) and "failed: broken" in ss.lead(failed)
-    failed["status"] = "interrupted"
+    failed.status = "interrupted"
     assert ss.exit_code(failed) == ss.INTERRUPTED == 130
-    assert ss.exit_code({"status": "failed", "variants": []}) == ss.USAGE == 2
+    assert ss.exit_code(SweepResults(status="failed")) == ss.USAGE == 2
 
 
 def test_an_interrupted_sweep_leads_with_what_it_is_and_a_single_run_says_it_has_no_interval():
     from loadtest.reports import sweep_summary as ss
 
     alone = _results()
-    alone["variants"] = alone["variants"][:1]
-    alone.update(status="interrupted", plan={"planned_runs": 4, "variants": ["spec-k4", "baseline"]})
+    alone.variants = alone.variants[:1]
+    alone.status, alone.plan = "interrupted", {"planned_runs": 4, "variants": ["spec-k4", "baseline"]}
     assert ss.lead(alone) == "Interrupted after 1 of 4 runs measured; not measured: baseline; no comparison."
     [line] = ss.verdict_lines(alone)
     assert (line.verdict, line.tone) == ("no comparison", "none") and "baseline was not measured" in line.figures
     md = report_markdown(alone, [])
     assert md.splitlines()[2] == "**Interrupted after 1 of 4 runs measured; not measured: baseline; no comparison.**"
     complete = _results()
-    complete["variants"] = complete["variants"][:2]
+    complete.variants = complete.variants[:2]
     assert ss.lead(complete).startswith("One run per level: no 95% interval can be given")
-    complete["settings"]["repeat"] = 3
+    complete.settings["repeat"] = 3
     assert ss.lead(complete) == ""
 
 
@@ -257,16 +264,16 @@ def test_a_flag_is_a_badge_that_links_to_its_detail(tmp_path):
     from loadtest.reports import sweep_summary as ss
 
     results = _results()
-    results["variants"] = results["variants"][:2]
-    level = results["variants"][1]["levels"][0]
-    level["vllm_bench_agreement"] = {"ttft_p50_ms": {"difference": 0.15, "difference_adjusted": 0.147,
-                                                     "agrees": False}, "agrees": False}
-    level["consistency"] = {"ok": False, "relative_error": 0.07}
+    results.variants = results.variants[:2]
+    level = results.variants[1].levels[0]
+    level.vllm_bench_agreement = {"ttft_p50_ms": {"difference": 0.15, "difference_adjusted": 0.147,
+                                                  "agrees": False}, "agrees": False}
+    level.consistency = {"ok": False, "relative_error": 0.07}
     badges = {(b.label, b.target): b.text for b in ss.badges(results)}
     assert badges[("FLAG", "second-opinion")] == "batch 1 baseline run 1: vLLM bench TTFT differs +14.7%"
     assert badges[("UNTRUSTED", "trust")] == "batch 1 baseline run 1: client tokens vs server counter 7.0% apart"
     # Locust says slower, the engine's clock says faster: the verdict carries a DISAGREE badge.
-    results["variants"][0]["levels"][0]["client"]["output_tokens_per_s"] = 50.0
+    results.variants[0].levels[0].client["output_tokens_per_s"] = 50.0
     badges = {(b.label, b.target): b.text for b in ss.badges(results)}
     assert badges[("DISAGREE", "second-opinion")] == ("batch 1 spec-k4: Locust's verdict contradicted by per token on "
                                                       "the engine's clock")
@@ -274,7 +281,7 @@ def test_a_flag_is_a_badge_that_links_to_its_detail(tmp_path):
 
 def test_markdown_table_cells_keep_backslashes_and_pipes():
     results = _results()
-    results["variants"][2]["error"] = "C:\\tmp\\| x"
+    results.variants[2].error = "C:\\tmp\\| x"
     row = next(line for line in report_markdown(results, []).splitlines() if line.startswith("| broken |"))
     assert row.endswith("| C:\\\\tmp\\\\\\| x |")
 
@@ -332,10 +339,11 @@ def test_a_verdict_resting_on_loops_says_so_first_and_free_lengths_are_given(tmp
     spec["client"]["content"], base["client"]["content"] = looping, text
     for level in (spec, base):
         level["client"]["output_tokens_per_request"] = {"n": 4, "p50": 90.0, "min": 12, "max": 128}
-    results = {"config": "default", "status": "ok", "settings": {"users": [1], "fixed_length": False,
-                                                                 "max_tokens": 128}, "machine": {}, "problems": [],
-               "variants": [{"name": "spec-k4", "label": "K=4", "k": 4, "status": "ok", "levels": [spec]},
-                            {"name": "baseline", "label": "off", "k": None, "status": "ok", "levels": [base]}]}
+    results = SweepResults.from_json({
+        "config": "default", "status": "ok", "settings": {"users": [1], "fixed_length": False, "max_tokens": 128},
+        "machine": {}, "problems": [],
+        "variants": [{"name": "spec-k4", "label": "K=4", "k": 4, "status": "ok", "levels": [spec]},
+                     {"name": "baseline", "label": "off", "k": None, "status": "ok", "levels": [base]}]})
     lines = headline(results)
     assert lines[0].startswith("batch 1, spec-k4: CONTENT: speculation's output rests mostly on degenerate output: "
                                "3 of 4 requests degenerate")
@@ -353,7 +361,7 @@ def test_a_verdict_on_output_that_mostly_loops_is_not_coloured_as_a_gain():
 
     results = _spec_and_baseline()
     loops = {"checked": 32, "degenerate": 29, "degenerate_share": 0.906, "distinct_4": 0.14, "loop_share": 0.86}
-    results["variants"][0]["levels"][0]["client"]["content"] = loops
+    results.variants[0].levels[0].client["content"] = loops
     one, thirty_two = ss.verdict_lines(results)
     assert (one.verdict, one.tone) == ("speculation pays on looping output", "none")
     assert "29 of 32 degenerate" in one.figures
@@ -361,6 +369,31 @@ def test_a_verdict_on_output_that_mostly_loops_is_not_coloured_as_a_gain():
     # Mostly noise (as the report's NOISE warning judges it) is treated alike.
     noise = {"checked": 32, "degenerate": 0, "degenerate_share": 0.0, "noise_checked": 32, "noise": 20,
              "noise_share": 0.625, "distinct_4": 0.99, "loop_share": 0.0, "known_words": 0.7}
-    results["variants"][0]["levels"][1]["client"]["content"] = noise
+    results.variants[0].levels[1].client["content"] = noise
     thirty_two = ss.verdict_lines(results)[1]
     assert (thirty_two.verdict, thirty_two.tone) == ("speculation does not pay on noise", "none")
+
+
+def test_a_temperature_run_is_summarized_from_its_sweeps_folders(tmp_path):
+    """Each temperature-<T>/results.json is read back (`load_runs`) and summarized side by side."""
+    from loadtest.reports import temperature_report as tr
+
+    for t in (1.0, 0.0):
+        results = _spec_and_baseline()
+        results.settings["temperature"] = t
+        if t:
+            results.status = "flagged"
+            results.variants[1].levels[0].problems = ["slow"]
+        write_report(results, tmp_path / f"temperature-{t:g}")
+    runs = tr.load_runs(tmp_path)
+    assert [(r.temperature, r.report, r.results.status) for r in runs] == [
+        (0.0, "temperature-0", "ok"), (1.0, "temperature-1", "flagged")]
+    rows = tr.summary_rows(runs)
+    assert [(r["concurrency"], r["temperature"]) for r in rows] == [(1, 0.0), (1, 1.0), (32, 0.0), (32, 1.0)]
+    assert rows[0]["speedup"]["mean"] == pytest.approx(2.0) and rows[0]["verdict"] == "pays"
+    files = tr.write_summary(runs, tmp_path)
+    md = files["markdown"].read_text()
+    assert "- temperature 1: flagged: slow (baseline c=1)" in md
+    assert "- T=0: [temperature-0/report.md](temperature-0/report.md) (ok)" in md
+    summary = json.loads(files["json"].read_text())
+    assert summary["sweeps"]["1"] == {"report": "temperature-1", "status": "flagged", "problems": []}

@@ -15,6 +15,7 @@ import requests
 
 from conftest import BASELINE, TEST_KEY, TEST_KEY_ENV as KEY_ENV
 from deploy import free_port
+from loadtest.measurement.results import LevelResult, SweepResults
 from loadtest.measurement import slo
 from loadtest.measurement.records import RequestRecord
 from loadtest.traffic.endpoint import EndpointError, discover
@@ -79,8 +80,8 @@ def test_concurrency_meets_the_targets_only_when_every_run_does():
                _record(0.05, 0.01, ok=False)]
     result = slo.evaluate(records, targets, duration_s=2.0)
     strict = slo.evaluate(records, slo.parse_targets("ttft_p90=100ms"), duration_s=2.0)
-    levels = [{"concurrency": 1, "slo": result}, {"concurrency": 32, "slo": strict},
-              {"concurrency": 8, "slo": result}, {"concurrency": 8, "slo": strict}]
+    levels = [LevelResult(concurrency=1, slo=result), LevelResult(concurrency=32, slo=strict),
+              LevelResult(concurrency=8, slo=result), LevelResult(concurrency=8, slo=strict)]
     assert slo.highest_concurrency(levels) == 1                              # one run at 8 missed
 
 
@@ -116,25 +117,25 @@ def keyed_baseline(servers):
 def test_sweep_of_running_servers_with_service_targets(servers, keyed_baseline, running_sweep):
     spec = servers.get("default")
     results, files, out = running_sweep
-    assert results["status"] in ("ok", "flagged"), results["problems"]
+    assert results.status in ("ok", "flagged"), results.problems
     # What each server is was read from the server: name, speculation and its K.
-    variants = {v["name"]: v for v in results["variants"]}
+    variants = {v.name: v for v in results.variants}
     assert list(variants) == ["spec-k4", "baseline"]
-    assert variants["spec-k4"]["speculative_config"] == {"num_speculative_tokens": 4}
-    assert variants["baseline"]["speculative_config"] is None
-    assert {v["url"] for v in variants.values()} == {spec.base_url, keyed_baseline.base_url}
+    assert variants["spec-k4"].speculative_config == {"num_speculative_tokens": 4}
+    assert variants["baseline"].speculative_config is None
+    assert {v.url for v in variants.values()} == {spec.base_url, keyed_baseline.base_url}
     for variant in variants.values():
-        assert variant["served_model"] == "embedded-default"
-        for level in variant["levels"]:
-            assert level["status"] in ("ok", "flagged") and level["client"]["ok"] == 4
-            assert level["consistency"]["ok"]                              # the engine's counter agrees
-            assert "error" not in level["vllm_bench"]                        # tokenizer found from /v1/models
-            targets = level["slo"]["targets"]
+        assert variant.served_model == "embedded-default"
+        for level in variant.levels:
+            assert level.status in ("ok", "flagged") and level.client["ok"] == 4
+            assert level.consistency["ok"]                              # the engine's counter agrees
+            assert "error" not in level.vllm_bench                        # tokenizer found from /v1/models
+            targets = level.slo["targets"]
             assert targets["ttft_p95"]["met"] and targets["ttft_p95"]["share_within"] == 1.0
-            assert not targets["tpot_p50"]["met"] and level["slo"]["goodput_tokens_per_s"] == 0
-            assert not level["slo"]["met"]
-            lag = level["load_generator"]
-            assert lag["send_lag_ms"]["n"] == 4 - level["concurrency"]       # a user's first request has none
+            assert not targets["tpot_p50"]["met"] and level.slo["goodput_tokens_per_s"] == 0
+            assert not level.slo["met"]
+            lag = level.load_generator
+            assert lag["send_lag_ms"]["n"] == 4 - level.concurrency       # a user's first request has none
             assert lag["loop_lag_ms"]["n"] > 10 and lag["loop_lag_ms"]["p50"] >= 0
             # Stalls over 50 ms, if any, say how much of them was the OS's run-queue wait.
             share = lag["stall_runqueue_share"]
@@ -167,13 +168,13 @@ def test_a_greedy_run_that_loops_is_flagged_in_the_reports_first_lines(servers, 
                           str(workload), "--users", "1", "--repeat", "1", "--requests", "3", "--max-tokens", "64",
                           "--warmup", "0",
                           "--out", str(out)], cwd=REPO, capture_output=True, text=True, timeout=600)
-    results = json.loads((out / "results.json").read_text())
+    results = SweepResults.load(out)
     # A flagged run (Locust and vLLM's benchmark may disagree on 3 requests) still exits 0: every
     # level was measured; the content check flags nothing by itself: it leads the report.
-    assert results["status"] in ("ok", "flagged") and run.returncode == exit_code(results) == 0, run.stderr[-2000:]
-    for variant in results["variants"]:
-        level = variant["levels"][0]
-        for checked in (level["client"]["content"], level["vllm_bench"]["content"]):
+    assert results.status in ("ok", "flagged") and run.returncode == exit_code(results) == 0, run.stderr[-2000:]
+    for variant in results.variants:
+        level = variant.levels[0]
+        for checked in (level.client["content"], level.vllm_bench["content"]):
             assert checked["checked"] == 3 and checked["degenerate"] == 3, checked
             assert checked["loop_share"] > 0.5
     # The first screen: no verdict without a baseline, the content on the line, and CONTENT badges for
@@ -203,16 +204,16 @@ def test_chat_traffic_on_the_embedded_default_end_to_end(servers, tmp_path):
                           "--api-key-env", KEY_ENV, "--workload", "chat", "--no-fixed-length", "--max-tokens", "32",
                           "--users", "1", "--repeat", "1", "--requests", "3", "--warmup", "0", "--out", str(out)],
                          cwd=REPO, capture_output=True, text=True, timeout=600)
-    results = json.loads((out / "results.json").read_text())
-    assert results["status"] in ("ok", "flagged") and run.returncode == exit_code(results) == 0, run.stderr[-2000:]
+    results = SweepResults.load(out)
+    assert results.status in ("ok", "flagged") and run.returncode == exit_code(results) == 0, run.stderr[-2000:]
     assert "traffic: chat prompts through the chat API (/v1/chat/completions), natural lengths" in run.stderr
-    (variant,) = results["variants"]
-    level = variant["levels"][0]
-    assert level["status"] in ("ok", "flagged"), level["problems"]
-    assert level["client"]["requests"] == 3 and level["client"]["failed"] == 0
-    assert 3 <= level["client"]["output_tokens"] <= 3 * 32  # natural lengths: each at most the maximum
-    assert "error" not in level["vllm_bench"] and level["vllm_bench"]["completed"] == 3, level["vllm_bench"]
-    records = [json.loads(line) for f in sorted((out / level["locust"]["records"]).glob("*.jsonl"))
+    (variant,) = results.variants
+    level = variant.levels[0]
+    assert level.status in ("ok", "flagged"), level.problems
+    assert level.client["requests"] == 3 and level.client["failed"] == 0
+    assert 3 <= level.client["output_tokens"] <= 3 * 32  # natural lengths: each at most the maximum
+    assert "error" not in level.vllm_bench and level.vllm_bench["completed"] == 3, level.vllm_bench
+    records = [json.loads(line) for f in sorted((out / level.locust["records"]).glob("*.jsonl"))
                for line in f.read_text().splitlines()]
     assert {r["path"] for r in records} == {"/v1/chat/completions"}
     # The first screen's setup says which traffic ran; the full findings begin with it.

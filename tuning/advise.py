@@ -31,6 +31,7 @@ from deploy.config import Override, resolve_config_path
 from loadtest.reports import markdown
 from loadtest.files import bullet_sections, write_result
 from loadtest.measurement.derive import content_warnings, levels, summarize_speedups
+from loadtest.measurement.results import SweepResults
 from loadtest.reports.report import write_report
 from loadtest.traffic.request_settings import RequestSettings, settings_record
 from loadtest.sweeps.settings import SweepSettings, default_out_dir
@@ -154,14 +155,14 @@ def advise(settings: AdviceSettings) -> dict[str, Any]:
         requests=settings.requests, request=settings.request, traffic_source=settings.traffic_source,
         vllm_bench=settings.vllm_bench, out=sweep_out)).run()
     write_report(results, sweep_out)
-    advice["load_test"] = {"report": "load-test/report.md", "status": results["status"],
-                           "problems": results["problems"]}
+    advice["load_test"] = {"report": "load-test/report.md", "status": results.status,
+                           "problems": results.problems}
     advice["rows"] = rows = advice_rows(costs, results)
     advice["content_warnings"] = [w for e in summarize_speedups(results) for w in content_warnings(e)]
     measured = [r for r in rows if r.get("measured_speedup") is not None]
     if not measured:
         advice.update(status="failed", verdict="not measured: the load test produced no speedup ("
-                      + "; ".join(results["problems"] or [results["status"]]) + ")")
+                      + "; ".join(results.problems or [results.status]) + ")")
     else:
         advice.update(status="advised", verdict=verdict(rows, spec.num_speculative_tokens, sampled_remedy(spec)))
     return _finish(advice, out)
@@ -180,13 +181,13 @@ def compatibility(resolved: Any) -> str:
     return "not checked: the models' config.json are not on this machine (vLLM checks the sizes when it loads them)"
 
 
-def advice_rows(costs: dict[str, Any], results: dict[str, Any]) -> list[dict[str, Any]]:
+def advice_rows(costs: dict[str, Any], results: SweepResults) -> list[dict[str, Any]]:
     """Per batch size: the step costs, the engine's acceptance, and predicted beside measured speedup."""
     by_batch = {e["concurrency"]: e for e in summarize_speedups(results)}
     runs: dict[int, list[list[float]]] = {}
     for variant, level in levels(results):
-        if variant.get("k") and (level.get("server") or {}).get("per_position_acceptance"):
-            runs.setdefault(level["concurrency"], []).append(level["server"]["per_position_acceptance"])
+        if variant.k and (level.server or {}).get("per_position_acceptance"):
+            runs.setdefault(level.concurrency, []).append(level.server["per_position_acceptance"])
     # Averaged over the repeats, as the tokens per step beside them are (sampled runs differ).
     per_position = {b: [sum(p) / len(p) for p in zip(*r)] for b, r in runs.items()}
     rows = []

@@ -31,7 +31,7 @@ from __future__ import annotations
 import logging
 import math
 import sys
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -330,12 +330,11 @@ def prove(settings: TuneSettings, tuned: Path, k_max: int, out: Path, tuned_name
         results = Sweep(SweepSettings(
             str(tuned), overrides=overrides, extra_k=list(range(1, k_max + 1)),
             users=settings.batches, repeat=settings.proof_repeats, requests=settings.requests,
-            request=replace(settings.request, temperature=temperature), traffic_source=settings.traffic_source,
-            vllm_bench=False,
-            out=sweep_out)).run()
+            request=settings.request, traffic_source=settings.traffic_source, vllm_bench=False,
+            out=sweep_out), temperature=temperature).run()
         write_report(results, sweep_out)
         reports.append({"temperature": temperature, "report": f"{sweep_out.name}/report.md",
-                        "status": results["status"], "problems": results["problems"]})
+                        "status": results.status, "problems": results.problems})
         entries = summarize_speedups(results)
         speedups = {(e["variant"], e["concurrency"]): (e.get("speedup") or {}).get("mean") for e in entries}
         degenerate = {e["concurrency"]: (e.get("content") or {}).get("degenerate_share")

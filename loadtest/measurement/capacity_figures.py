@@ -12,6 +12,7 @@ from typing import Any
 
 from loadtest.measurement import content
 from loadtest.measurement import slo
+from loadtest.measurement.results import CapacityLevel, CapacityResults, LevelResult
 
 BASELINE = "baseline"
 """The variant without speculation: every speedup is over its run at the same rate and repeat."""
@@ -20,34 +21,34 @@ OUTCOMES = ("served", "refused", "timed_out", "failed")
 
 
 # ---------------------------------------------------------------------------------- the crossover
-def tpot_p50(level: dict[str, Any]) -> float | None:
+def tpot_p50(level: LevelResult) -> float | None:
     """A level's per-token latency p50 (ms), as its client measured it."""
-    return ((level.get("client") or {}).get("per_token_latency_ms") or {}).get("p50")
+    return ((level.client or {}).get("per_token_latency_ms") or {}).get("p50")
 
 
-def e2e_mean(level: dict[str, Any]) -> float | None:
+def e2e_mean(level: LevelResult) -> float | None:
     """A level's mean end-to-end latency (ms), as its client measured it."""
-    return ((level.get("client") or {}).get("e2e_ms") or {}).get("mean")
+    return ((level.client or {}).get("e2e_ms") or {}).get("mean")
 
 
 SPEEDUPS = (("speedup", tpot_p50), ("e2e_speedup", e2e_mean))
 """The speedups of a pair: the baseline's figure over speculation's (lower latency is better)."""
 
 
-def level_pairs(levels: Sequence[dict[str, Any]], spec: str,
-                baseline: str = BASELINE) -> list[tuple[float, dict[str, Any], dict[str, Any]]]:
+def level_pairs(levels: Sequence[CapacityLevel], spec: str,
+                baseline: str = BASELINE) -> list[tuple[float, CapacityLevel, CapacityLevel]]:
     """(rate, speculation's level, the baseline's) for each (rate, repeat) both measured: the same
     arrival sequence on both servers. The overload phase and failed runs are left out."""
-    by_key: dict[tuple[float, int], dict[str, dict[str, Any]]] = {}
+    by_key: dict[tuple[float, int], dict[str, CapacityLevel]] = {}
     for lv in levels:
-        if lv.get("phase") == "overload" or not (lv.get("client") or {}).get("ok"):
+        if lv.phase == "overload" or not lv.ok_client:
             continue
-        by_key.setdefault((lv["rate"], lv["repeat"]), {})[lv["variant"]] = lv
+        by_key.setdefault((lv.rate, lv.repeat), {})[lv.variant] = lv
     return [(rate, pair[spec], pair[baseline]) for (rate, _), pair in sorted(by_key.items())
             if spec in pair and baseline in pair]
 
 
-def paired_speedups(levels: Sequence[dict[str, Any]], spec: str, baseline: str = BASELINE) -> list[dict[str, Any]]:
+def paired_speedups(levels: Sequence[CapacityLevel], spec: str, baseline: str = BASELINE) -> list[dict[str, Any]]:
     """Per rate: speculation against the baseline over its pairs (`level_pairs`). `speedup` =
     baseline per-token latency p50 / speculation's, `e2e_speedup` = baseline mean end-to-end latency
     / speculation's; means over the rate's pairs."""
@@ -104,13 +105,12 @@ def _interval(c: dict[str, Any]) -> str:
     return f"{rate_text(lo)}-{rate_text(hi)}" if hi is not None else f"at least {rate_text(lo)} (none failed)"
 
 
-def content_warnings(result: dict[str, Any]) -> list[str]:
+def content_warnings(result: CapacityResults) -> list[str]:
     """Per variant, what the content check says of the outputs behind its capacity, over every level
     it served (none: they are text). Looping output makes speculation look fast, so it comes first."""
     lines = []
-    for variant in result.get("variants") or []:
-        summary = content.merge([(lv.get("client") or {}).get("content") for lv in result.get("levels") or []
-                                 if lv.get("variant") == variant])
+    for variant in result.variants:
+        summary = content.merge([(lv.client or {}).get("content") for lv in result.levels if lv.variant == variant])
         text = content.warning(summary)
         if text:
             whose = "the baseline's" if variant == BASELINE else "speculation's"
@@ -118,51 +118,47 @@ def content_warnings(result: dict[str, Any]) -> list[str]:
     return lines
 
 
-def contradictions(result: dict[str, Any], variant: str) -> list[dict[str, Any]]:
+def contradictions(result: CapacityResults, variant: str) -> list[CapacityLevel]:
     """Runs of `variant` at or below its capacity that were measured (served, not broken off) and
     missed the targets: a later run (the second opinion's, a scan's) that the search's capacity
     does not survive."""
-    c = (result.get("capacity") or {}).get(variant) or {}
+    c = result.capacity.get(variant) or {}
     cap = c.get("capacity")
     if cap is None:
         return []
-    return [lv for lv in result.get("levels") or [] if lv.get("variant") == variant and lv.get("phase") != "overload"
-            and lv["rate"] <= cap and not lv.get("meets_targets") and lv.get("status") not in ("failed", "skipped")
-            and (lv.get("client") or {}).get("ok")]
+    return [lv for lv in result.levels if lv.variant == variant and lv.phase != "overload"
+            and lv.rate <= cap and not lv.meets_targets and lv.status not in ("failed", "skipped") and lv.ok_client]
 
 
-def revised(result: dict[str, Any], variant: str) -> dict[str, Any] | None:
+def revised(result: CapacityResults, variant: str) -> dict[str, Any] | None:
     """The variant's capacity as every run measured allows (None: the search's stands): the highest
     rate below the lowest contradicting run's at which every run met the targets, with `was` (the
     search's capacity) and `missed` (the contradicting runs: rate, phase, why)."""
     missed = contradictions(result, variant)
     if not missed:
         return None
-    c = result["capacity"][variant]
-    low = min(lv["rate"] for lv in missed)
+    c = result.capacity[variant]
+    low = min(lv.rate for lv in missed)
     passing: dict[float, bool] = {}
-    for lv in result.get("levels") or []:
-        if lv.get("variant") == variant and lv.get("phase") != "overload" and lv["rate"] < low:
-            passing[lv["rate"]] = passing.get(lv["rate"], True) and bool(lv.get("meets_targets"))
+    for lv in result.levels:
+        if lv.variant == variant and lv.phase != "overload" and lv.rate < low:
+            passing[lv.rate] = passing.get(lv.rate, True) and bool(lv.meets_targets)
     ok = [r for r, met in passing.items() if met]
     new = max(ok) if ok else None
     return {**c, "capacity": new, "interval": [new, low], "status": "revised", "was": c["capacity"],
             "lowest_tried": min(passing, default=low),
-            "missed": [{"rate": lv["rate"], "phase": lv.get("phase"), "why": lv.get("why", "")} for lv in missed]}
+            "missed": [{"rate": lv.rate, "phase": lv.phase, "why": lv.why} for lv in missed]}
 
 
-def measured_variants(result: dict[str, Any]) -> set[str]:
-    """Variants with at least one run that served requests (without `levels`, a summary of
-    capacities only: each variant with a capacity entry)."""
-    if "levels" not in result:
-        return set(result.get("capacity") or {})
-    return {lv["variant"] for lv in result["levels"] if (lv.get("client") or {}).get("ok")}
+def measured_variants(result: CapacityResults) -> set[str]:
+    """Variants with at least one run that served requests."""
+    return {lv.variant for lv in result.levels if lv.ok_client}
 
 
-def effective_capacity(result: dict[str, Any]) -> dict[str, dict[str, Any]]:
+def effective_capacity(result: CapacityResults) -> dict[str, dict[str, Any]]:
     """Each measured variant's capacity, revised where a later run contradicts it (`revised`)."""
     seen = measured_variants(result)
-    return {v: revised(result, v) or c for v, c in (result.get("capacity") or {}).items() if v in seen}
+    return {v: revised(result, v) or c for v, c in result.capacity.items() if v in seen}
 
 
 def revision_text(variant: str, c: dict[str, Any]) -> str:
@@ -171,20 +167,20 @@ def revision_text(variant: str, c: dict[str, Any]) -> str:
             f"{capacity_text(c)} req/s: a run at {missed} missed the targets")
 
 
-def headline(result: dict[str, Any]) -> list[str]:
+def headline(result: CapacityResults) -> list[str]:
     """The report's first lines: what the run is where it is incomplete, output that is no text
     (`content_warnings`), capacity with and without speculation (revised where a later run at a
     lower rate missed the targets), then the crossover. Only measured variants are compared."""
-    spec = result.get("spec_variant")
+    spec = result.spec_variant
     caps = effective_capacity(result)
     base = caps.get(BASELINE)
     mine = caps.get(spec) if spec else None
-    targets = describe_targets(result["slo"])
+    targets = describe_targets(result.slo)
     lines = content_warnings(result)
-    planned = [v for v in result.get("variants") or [] if v]
+    planned = [v for v in result.variants if v]
     unmeasured = [v for v in planned if v not in caps]
-    if result.get("status") == "interrupted":
-        runs = len([lv for lv in result.get("levels") or [] if (lv.get("client") or {}).get("ok")])
+    if result.status == "interrupted":
+        runs = len([lv for lv in result.levels if lv.ok_client])
         lines.append(f"Interrupted after {runs} run{'s' if runs != 1 else ''}"
                      + (f"; not measured: {', '.join(unmeasured)}: no comparison" if unmeasured else ""))
     if mine is None or base is None:
@@ -196,8 +192,8 @@ def headline(result: dict[str, Any]) -> list[str]:
     else:
         lines.append(f"At {targets}, {_capacity_change(base, mine)}")
     lines += [revision_text(v, c) for v, c in caps.items() if c.get("status") == "revised"]
-    cross = result.get("crossover") or {}
-    lines.append(crossover_text(cross, result.get("scan")))
+    cross = result.crossover or {}
+    lines.append(crossover_text(cross, result.scan))
     return lines
 
 

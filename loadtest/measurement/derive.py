@@ -11,82 +11,82 @@ from typing import Any
 from loadtest.measurement import content
 from loadtest.measurement import slo
 from loadtest.measurement import stats
+from loadtest.measurement.results import LevelResult, SweepResults, VariantResult
 
 
-def levels(results: dict[str, Any]) -> Iterator[tuple[dict[str, Any], dict[str, Any]]]:
+def levels(results: SweepResults) -> Iterator[tuple[VariantResult, LevelResult]]:
     """(variant, level) pairs of closed-loop levels that have client numbers (open-loop levels:
     `rate_levels`)."""
-    for variant in results.get("variants", []):
-        for level in variant.get("levels", []):
-            if level.get("client", {}).get("ok") and "rate" not in level:
-                yield variant, level
+    for variant, level in results.levels():
+        if level.ok_client and level.rate is None:
+            yield variant, level
 
 
-def rate_levels(results: dict[str, Any]) -> Iterator[tuple[dict[str, Any], dict[str, Any]]]:
+def rate_levels(results: SweepResults) -> Iterator[tuple[VariantResult, LevelResult]]:
     """(variant, level) pairs of open-loop levels (a `rate`), measured or not."""
-    for variant in results.get("variants", []):
-        for level in variant.get("levels", []):
-            if "rate" in level:
-                yield variant, level
+    for variant, level in results.levels():
+        if level.rate is not None:
+            yield variant, level
 
 
-def level_name(level: dict[str, Any]) -> str:
+def level_name(level: LevelResult) -> str:
     """`32` for a concurrency, `2/s` for an arrival rate."""
-    return f"{level['rate']:g}/s" if "rate" in level else str(level.get("concurrency"))
+    return f"{level.rate:g}/s" if level.rate is not None else str(level.concurrency)
 
 
 def _ratio(base: float | None, mine: float | None) -> float | None:
     return base / mine if base and mine else None
 
 
-def derive_rates(results: dict[str, Any]) -> list[dict[str, Any]]:
+def derive_rates(results: SweepResults) -> list[dict[str, Any]]:
     """One row per open-loop level: asked and achieved rate, in-flight, outcomes, latencies,
     throughput, acceptance, vLLM's benchmark beside; for speculation, what a user sees against
     the baseline's run at the same rate and repeat (same arrivals): the baseline's TPOT p50 over
     this one's, and its mean end-to-end latency over this one's (above 1: speculation faster)."""
-    base = {(lv["rate"], lv.get("repeat", 1)): lv for v, lv in rate_levels(results) if v["name"] == "baseline"}
+    base = {(lv.rate, lv.repeat): lv for v, lv in rate_levels(results) if v.name == "baseline"}
     rows = []
     for variant, level in rate_levels(results):
-        c, ol, server = level.get("client") or {}, level.get("open_loop") or {}, level.get("server") or {}
-        bench = level.get("vllm_bench") or {}
-        b = (base.get((level["rate"], level.get("repeat", 1))) or {}).get("client") or {}
-        row = {"variant": variant["name"], "rate": level["rate"], "repeat": level.get("repeat", 1),
-               "status": level.get("status"), "achieved_rate": ol.get("achieved_rate"), "behind": ol.get("behind"),
+        c, ol, server = level.client or {}, level.open_loop or {}, level.server or {}
+        bench = level.vllm_bench or {}
+        base_level = base.get((level.rate, level.repeat))
+        b = (base_level.client if base_level else None) or {}
+        row = {"variant": variant.name, "rate": level.rate, "repeat": level.repeat,
+               "status": level.status, "achieved_rate": ol.get("achieved_rate"), "behind": ol.get("behind"),
                "in_flight_max": ol.get("in_flight_max"), "in_flight_mean": ol.get("in_flight_mean"),
-               "outcomes": level.get("outcomes") or ol.get("outcomes") or {},
+               "outcomes": level.outcomes or ol.get("outcomes") or {},
                "ttft_ms": c.get("ttft_ms") or {}, "tpot_ms": c.get("per_token_latency_ms") or {},
                "e2e_ms": c.get("e2e_ms") or {}, "output_tokens_per_s": c.get("output_tokens_per_s"),
                "acceptance": server.get("acceptance_rate"),
                "bench": {"output_tokens_per_s": bench.get("output_tokens_per_s"),
                          "ttft_p50_ms": (bench.get("ttft_ms") or {}).get("p50"),
                          "tpot_p50_ms": (bench.get("per_token_latency_ms") or {}).get("p50"),
-                         "agrees": (level.get("vllm_bench_agreement") or {}).get("agrees"),
+                         "agrees": (level.vllm_bench_agreement or {}).get("agrees"),
                          "error": bench.get("error")}}
-        if variant["name"] != "baseline" and b:
+        if variant.name != "baseline" and b:
             row["tpot_p50_speedup"] = _ratio((b.get("per_token_latency_ms") or {}).get("p50"), row["tpot_ms"].get("p50"))
             row["e2e_mean_speedup"] = _ratio((b.get("e2e_ms") or {}).get("mean"), row["e2e_ms"].get("mean"))
         rows.append(row)
     return sorted(rows, key=lambda r: (r["rate"], r["repeat"], r["variant"] == "baseline", r["variant"]))
 
 
-def level_at(results: dict[str, Any], variant_name: str, concurrency: int, repeat: int = 1) -> dict[str, Any] | None:
+def level_at(results: SweepResults, variant_name: str, concurrency: int, repeat: int = 1) -> LevelResult | None:
     for variant, level in levels(results):
-        if (variant["name"], level["concurrency"], level.get("repeat", 1)) == (variant_name, concurrency, repeat):
+        if (variant.name, level.concurrency, level.repeat) == (variant_name, concurrency, repeat):
             return level
     return None
 
 
-def derive(results: dict[str, Any]) -> list[dict[str, Any]]:
+def derive(results: SweepResults) -> list[dict[str, Any]]:
     """For each speculative variant, concurrency and repeat: speedup over the baseline's run of the
     same repeat (measured beside it), and the cost model."""
     rows = []
     for variant, level in levels(results):
-        if variant["name"] == "baseline" or not variant.get("k"):
+        if variant.name == "baseline" or not variant.k:
             continue
-        c, repeat = level["concurrency"], level.get("repeat", 1)
-        client, server = level["client"], level.get("server") or {}
+        c, repeat = level.concurrency, level.repeat
+        client, server = level.client, level.server or {}
         base = level_at(results, "baseline", c, repeat)
-        base_client = base["client"] if base else {}
+        base_client = base.client if base else {}
         # Per-token costs from the engine's own clock when the server reports them (robust to a
         # client or API server that is short of CPU and delivers chunks late), else the client's.
         tpot, source = _tpot_s(level), "server"
@@ -94,15 +94,15 @@ def derive(results: dict[str, Any]) -> list[dict[str, Any]]:
         if tpot is None or base_tpot is None:
             tpot, source = _tpot_s(level, client_side=True), "client"
             base_tpot = _tpot_s(base, client_side=True) if base else None
-        row: dict[str, Any] = {"variant": variant["name"], "concurrency": c, "repeat": repeat,
+        row: dict[str, Any] = {"variant": variant.name, "concurrency": c, "repeat": repeat,
                                "per_token_source": source}
-        if base and level.get("sequence") and base.get("sequence"):
-            row["went_first"] = level["sequence"] < base["sequence"]
+        if base and level.sequence and base.sequence:
+            row["went_first"] = level.sequence < base.sequence
         row.update(stats.speculation_analysis(
-            server.get("acceptance_rate"), server.get("mean_accepted_length"), variant["k"], tpot, base_tpot))
+            server.get("acceptance_rate"), server.get("mean_accepted_length"), variant.k, tpot, base_tpot))
         if base_client.get("output_tokens_per_s"):
             row["speedup"] = client["output_tokens_per_s"] / base_client["output_tokens_per_s"]
-        bench, base_bench = level.get("vllm_bench") or {}, (base or {}).get("vllm_bench") or {}
+        bench, base_bench = level.vllm_bench or {}, (base.vllm_bench if base else None) or {}
         if bench.get("output_tokens_per_s") and base_bench.get("output_tokens_per_s"):
             row["vllm_bench_speedup"] = bench["output_tokens_per_s"] / base_bench["output_tokens_per_s"]
         # The content check (loadtest.measurement.content): whether the outputs behind these speeds are text.
@@ -120,7 +120,7 @@ SPEEDUPS = {"speedup": "client output tokens/s (Locust)", "vllm_bench_speedup": 
 VALID_SPEEDUP = "per-request tokens/s over the content-valid requests"
 
 
-def summarize_speedups(results: dict[str, Any]) -> list[dict[str, Any]]:
+def summarize_speedups(results: SweepResults) -> list[dict[str, Any]]:
     """Per speculative variant and concurrency: each speedup's mean over the repeats and its 95%
     interval (Student's t; none from one run), and a verdict read from all of them together."""
     groups: dict[tuple[str, int], list[dict[str, Any]]] = {}
@@ -179,36 +179,36 @@ def content_warnings(entry: dict[str, Any]) -> list[str]:
     return out
 
 
-def slo_lines(results: dict[str, Any]) -> list[str]:
+def slo_lines(results: SweepResults) -> list[str]:
     """Per variant: the highest concurrency at which every run met every service target."""
-    targets = (results.get("settings") or {}).get("slo")
+    targets = (results.settings or {}).get("slo")
     if not targets:
         return []
     described = ", ".join(t.describe() for t in slo.parse_targets(targets))
     lines = []
-    for variant in results.get("variants", []):
-        at_rates = [lv for lv in variant.get("levels", []) if lv.get("slo") and "rate" in lv]
+    for variant in results.variants:
+        at_rates = [lv for lv in variant.levels if lv.slo and lv.rate is not None]
         if at_rates:
-            met = [lv["rate"] for lv in at_rates if lv["slo"].get("met")
-                   and all(x["slo"].get("met") for x in at_rates if x["rate"] == lv["rate"])]
-            lines.append(f"service targets ({described}), {variant['name']}: "
+            met = [lv.rate for lv in at_rates if lv.slo.get("met")
+                   and all(x.slo.get("met") for x in at_rates if x.rate == lv.rate)]
+            lines.append(f"service targets ({described}), {variant.name}: "
                          + (f"met up to {max(met):g} requests/s (open loop)" if met else "not met at any measured rate"))
-        measured = [lv for lv in variant.get("levels", []) if lv.get("slo") and "rate" not in lv]
+        measured = [lv for lv in variant.levels if lv.slo and lv.rate is None]
         if not measured:
             continue
         best = slo.highest_concurrency(measured)
-        at_best = [lv["slo"]["goodput_tokens_per_s"] for lv in measured
-                   if lv["concurrency"] == best and lv["slo"].get("goodput_tokens_per_s") is not None]
-        lines.append(f"service targets ({described}), {variant['name']}: "
+        at_best = [lv.slo["goodput_tokens_per_s"] for lv in measured
+                   if lv.concurrency == best and lv.slo.get("goodput_tokens_per_s") is not None]
+        lines.append(f"service targets ({described}), {variant.name}: "
                      + (f"met up to batch {best}, goodput {sum(at_best) / len(at_best):.0f} tok/s there"
                         if best is not None and at_best else "not met at any measured batch size"))
     return lines
 
 
-def _tpot_s(level: dict[str, Any], client_side: bool = False) -> float | None:
+def _tpot_s(level: LevelResult, client_side: bool = False) -> float | None:
     """Mean per-token latency of a level in seconds: the server's histogram, or the client's records."""
     if client_side:
-        ms = ((level.get("client") or {}).get("per_token_latency_ms") or {}).get("mean")
+        ms = ((level.client or {}).get("per_token_latency_ms") or {}).get("mean")
         return ms / 1000 if ms else None
-    hist = ((level.get("server") or {}).get("histograms") or {}).get("per_token_latency_s") or {}
+    hist = ((level.server or {}).get("histograms") or {}).get("per_token_latency_s") or {}
     return hist.get("mean") or None

@@ -1,101 +1,274 @@
-"""The shape of results.json: a sweep holds variants, a variant holds its levels (one run of it at
-one concurrency). Typed dicts, because the file is the interface: the report, `rejudge`, the
-tuner and the advisor read it back as JSON, also from reports written before this code.
-Everything is written through `loadtest.files.write_json` (atomically: a crash keeps the last
-complete file)."""
+"""What a load test finds, as types: a sweep (`SweepResults`) holds its variants (`VariantResult`,
+one server configuration), a variant holds its levels (`LevelResult`, one measured run at one
+concurrency or arrival rate); a capacity search (`CapacityResults`) holds its levels
+(`CapacityLevel`). results.json and capacity.json are their serialisation, with a version number
+(`schema`): the report, `compare`, `rejudge`, the tuner and the advisor read them back with
+`load`, also from files older code wrote.
+
+The figures inside a level (what the client measured, the engine's counters, vLLM's benchmark)
+stay plain JSON objects: each is documented where it is made (`stats.summarize`,
+`prom.Delta.to_json`, `vllm_bench.summarize`) and read by key.
+
+Serialisation rules, the same for every type here: a field that is None is left out of the file
+(a missing key reads back as None); a key this code does not know (written by other code) is
+kept in `extra` and written back, so reading and rewriting a file loses nothing. Files are
+written atomically (`loadtest.files.write_json`): a crash keeps the last complete one."""
 
 from __future__ import annotations
 
-from typing import Any, Literal, TypedDict
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, Literal, TypeVar
+
+from loadtest.files import write_json
+
+SWEEP_SCHEMA = 3
+"""results.json's version. 1 (no `schema` key) and 2 wrote the same keys as plain objects; 3 is
+their serialisation as these types (None fields left out). All three load."""
+CAPACITY_SCHEMA = 2
+"""capacity.json's version. 1 wrote the same keys as a plain object; both load."""
 
 CREATED_FORMAT = "%Y-%m-%dT%H:%M:%S%z"
-"""`SweepResults.created`: when the sweep began, local time with its offset."""
+"""`created`: when the sweep or search began, local time with its offset."""
 
 Status = Literal["running", "starting", "ok", "flagged", "failed", "skipped", "interrupted"]
+R = TypeVar("R", bound="Record")
 
 
-class LevelResult(TypedDict, total=False):
+@dataclass
+class Record:
+    """The serialisation every result type shares (`to_json`, `from_json`)."""
+
+    extra: dict[str, Any] = field(default_factory=dict, kw_only=True)
+    """Keys of a file this code does not know, kept so that rewriting the file loses nothing."""
+
+    nested: ClassVar[dict[str, type[Record]]] = {}
+    """Fields that hold lists of records, and their type."""
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.name == "extra" or value is None:
+                continue
+            out[f.name] = [r.to_json() for r in value] if f.name in self.nested else value
+        return {**out, **self.extra}
+
+    def save(self, path: Path) -> Path:
+        return write_json(path, self.to_json())
+
+    @classmethod
+    def from_json(cls: type[R], data: dict[str, Any]) -> R:
+        if not isinstance(data, dict):
+            raise ValueError(f"a {cls.__name__} is a JSON object, not {type(data).__name__}")
+        names = {f.name for f in dataclasses.fields(cls)} - {"extra"}
+        known = {k: ([cls.nested[k].from_json(r) for r in v] if k in cls.nested and v is not None else v)
+                 for k, v in data.items() if k in names}
+        return cls(**known, extra={k: v for k, v in data.items() if k not in names})
+
+
+@dataclass
+class LevelResult(Record):
     """One measured run of a variant at one concurrency (closed loop) or one arrival rate (open
     loop: `rate` instead of `concurrency`)."""
 
-    concurrency: int
-    rate: float
+    concurrency: int | None = None
+    """Closed loop: the number of users, each sending its next request when the last one ends."""
+    rate: float | None = None
     """Open loop: the arrival rate asked (requests/s); what was achieved is in `open_loop`."""
-    seed: int
+    repeat: int = 1
+    seed: int | None = None
     """Open loop: the arrival schedule's seed (the same for every variant of a repeat)."""
-    open_loop: dict[str, Any]
-    """Open loop: `stats.open_loop` (achieved rate, send lag, in-flight series, behind, outcomes)."""
-    outcomes: dict[str, int]
-    """Open loop: how the requests ended (served, refused, timed_out, failed, unsent)."""
-    repeat: int
-    sequence: int
-    """The run's place in the sweep (1 = first): says which of a pair of runs went first."""
-    requests: int | None
+    requests: int | None = None
     """Measured requests (None: the run lasted `duration_target_s`)."""
-    duration_target_s: float | None
-    configured_k: int | None
+    duration_target_s: float | None = None
+    configured_k: int | None = None
     """K the config gives at this concurrency (its schedule's where it has one); None for the baseline.
-    The K that ran is `server.effective_k` (draft tokens per drafting step, from /metrics)."""
-    status: Status
-    """ok, flagged (measured, with problems to read), failed (not measured) or skipped."""
-    problems: list[str]
-    notes: list[str]
-    """Things that limit how far a figure can be trusted, but do not flag the run."""
-    locust: dict[str, Any]
+    The K that ran is `server["effective_k"]` (draft tokens per drafting step, from /metrics)."""
+    problems: list[str] = field(default_factory=list)
+    locust: dict[str, Any] | None = None
     """Locust's exit code, wall and CPU seconds, and where its CSV, HTML, log and records are."""
-    client: dict[str, Any]
+    client: dict[str, Any] | None = None
     """What the client measured (`stats.summarize` over the request records)."""
-    load_generator: dict[str, Any]
+    open_loop: dict[str, Any] | None = None
+    """Open loop: `stats.open_loop` (achieved rate, send lag, in-flight series, behind, outcomes)."""
+    outcomes: dict[str, int] | None = None
+    """Open loop: how the requests ended (served, refused, timed_out, failed, unsent)."""
+    load_generator: dict[str, Any] | None = None
     """How late Locust itself was (`loadtest.sweeps.judging.load_generator_lag`)."""
-    slo: dict[str, Any]
-    server: dict[str, Any]
+    slo: dict[str, Any] | None = None
+    """The service targets held against the run (`slo.evaluate`); None where none were set."""
+    server: dict[str, Any] | None = None
     """The engine's counters and histograms over the run (`prom.Delta.to_json`)."""
-    consistency: dict[str, Any]
+    consistency: dict[str, Any] | None = None
     """Client token count against the server's counter (`stats.agreement`)."""
-    vllm_bench: dict[str, Any]
+    notes: list[str] = field(default_factory=list)
+    """Things that limit how far a figure can be trusted, but do not flag the run."""
+    vllm_bench: dict[str, Any] | None = None
     """vLLM's serving benchmark on the same server right after (`vllm_bench.summarize`)."""
-    vllm_bench_server: dict[str, Any]
+    vllm_bench_server: dict[str, Any] | None = None
     """The engine's counters over the benchmark's window."""
-    vllm_bench_agreement: dict[str, Any]
+    vllm_bench_agreement: dict[str, Any] | None = None
     """Locust against the benchmark, figure by figure (`vllm_bench.compare`)."""
+    status: Status = "running"
+    """ok, flagged (measured, with problems to read), failed (not measured) or skipped."""
+    sequence: int | None = None
+    """The run's place in the sweep (1 = first): says which of a pair of runs went first."""
+
+    @property
+    def at(self) -> float:
+        """Its load: the arrival rate (open loop) or the concurrency (closed loop)."""
+        return self.rate if self.rate is not None else (self.concurrency or 0)
+
+    @property
+    def ok_client(self) -> dict[str, Any] | None:
+        """What the client measured, where it measured anything (`client["ok"]`)."""
+        return self.client if self.client and self.client.get("ok") else None
 
 
-class VariantResult(TypedDict, total=False):
+@dataclass
+class VariantResult(Record):
     """One server configuration: speculation with some K, or the baseline."""
 
-    name: str
-    label: str
-    k: int | None
-    drafter: str | None
-    status: Status
-    levels: list[LevelResult]
-    error: str
-    served_model: str
-    speculative_config: dict[str, Any] | None
-    device: str
-    command: str
-    server_log: str
-    server_log_tail: list[str]
-    server_exit_code: int | None
-    startup_s: list[float]
+    name: str = ""
+    label: str = ""
+    k: int | None = None
+    drafter: str | None = None
+    status: Status = "starting"
+    levels: list[LevelResult] = field(default_factory=list)
+    error: str | None = None
+    """Why it measured nothing (a failed start, a config that does not fit)."""
+    served_model: str | None = None
+    speculative_config: dict[str, Any] | None = None
+    """The speculative config its server ran with (None: no speculation)."""
+    device: str | None = None
+    command: str | None = None
+    """The `vllm serve` command line that started it."""
+    server_log: str | None = None
+    server_log_tail: list[str] | None = None
+    server_exit_code: int | None = None
+    startup_s: list[float] = field(default_factory=list)
     """Seconds to healthy, one per start."""
-    url: str
+    url: str | None = None
     """A server that was already running (not started by the sweep)."""
-    metrics: bool
-    """Whether its /metrics could be read."""
+    metrics: bool | None = None
+    """Whether its /metrics could be read (a running server's)."""
+
+    nested: ClassVar[dict[str, type[Record]]] = {"levels": LevelResult}
 
 
-class SweepResults(TypedDict, total=False):
-    schema: int
-    status: Status
-    config: str
-    settings: dict[str, Any]
+@dataclass
+class SweepResults(Record):
+    """A sweep: every variant at every level and repeat (results.json)."""
+
+    schema: int = SWEEP_SCHEMA
+    status: Status = "running"
+    config: str | None = None
+    """The config file swept, or the URL of the running server measured."""
+    settings: dict[str, Any] = field(default_factory=dict)
     """The sweep's settings, flat (`request_settings.settings_record`)."""
-    created: str
-    machine: dict[str, Any]
-    variants: list[VariantResult]
-    problems: list[str]
-    plan: dict[str, Any]
+    created: str | None = None
+    machine: dict[str, Any] | None = None
+    """CPU, cores, memory, GPU and versions (`loadtest.sweeps.provenance.machine_info`)."""
+    variants: list[VariantResult] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    plan: dict[str, Any] | None = None
     """The order the sweep ran in and why, its server starts and its estimated seconds (`loadtest.sweeps.plan`)."""
-    comparisons: list[dict[str, Any]]
-    """Speedups derived by the report (`loadtest.measurement.derive.derive`), added to the written copy."""
+    comparisons: list[dict[str, Any]] | None = None
+    """Closed-loop speedups derived by the report (`loadtest.measurement.derive.derive`), added to the written copy."""
+    rate_comparisons: list[dict[str, Any]] | None = None
+    """Open-loop speedups at each rate, derived by the report likewise."""
+
+    nested: ClassVar[dict[str, type[Record]]] = {"variants": VariantResult}
+
+    def levels(self) -> list[tuple[VariantResult, LevelResult]]:
+        """Every level with its variant, in the order of the variants."""
+        return [(v, lv) for v in self.variants for lv in v.levels]
+
+    @classmethod
+    def load(cls, path: Path) -> SweepResults:
+        """A results.json (or the folder holding it), of this version or an older one."""
+        path = path / "results.json" if path.is_dir() else path
+        data = read_versioned(path, ("variants",), "a load test's results.json", SWEEP_SCHEMA)
+        return cls.from_json(data)
+
+
+@dataclass
+class CapacityLevel(LevelResult):
+    """One level of a capacity search: a variant at one arrival rate, and whether it met the targets."""
+
+    variant: str = ""
+    phase: str = ""
+    """search, scan, second-opinion or overload."""
+    wall_s: float | None = None
+    meets_targets: bool = False
+    why: str = ""
+    """Why it met the targets or not, in words."""
+    server_gone: str | None = None
+    """The variant's server stopped answering after this level: its search stopped here."""
+
+    @classmethod
+    def of(cls, level: LevelResult, **more: Any) -> CapacityLevel:
+        """`level` (measured by a sweep) as a level of the search, with the search's fields `more`."""
+        mine = {f.name: getattr(level, f.name) for f in dataclasses.fields(level)}
+        return cls(**{**mine, **more})
+
+
+@dataclass
+class CapacityResults(Record):
+    """A capacity search (capacity.json): each variant's highest rate within the service targets,
+    where speculation stops paying, a second opinion and an overload run."""
+
+    schema: int = CAPACITY_SCHEMA
+    status: Status = "running"
+    slo: str = ""
+    """The service targets, as given (`--slo`, e.g. "ttft_p95=1000ms,tpot_p95=100ms")."""
+    settings: dict[str, Any] = field(default_factory=dict)
+    """The search's settings (`CapacitySettings`)."""
+    variants: list[str] = field(default_factory=list)
+    spec_variant: str | None = None
+    """The speculative variant's name (None: the baseline alone)."""
+    created: str | None = None
+    levels: list[CapacityLevel] = field(default_factory=list)
+    capacity: dict[str, Any] = field(default_factory=dict)
+    """Per variant: the capacity found (`loadtest.sweeps.capacity.search`)."""
+    crossover: dict[str, Any] | None = None
+    """The rate where speculation stops paying, if the search found one."""
+    scan: dict[str, Any] | None = None
+    second_opinion: list[dict[str, Any]] = field(default_factory=list)
+    overload: dict[str, Any] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
+    config: str | None = None
+    machine: dict[str, Any] | None = None
+    traffic: list[dict[str, Any]] | None = None
+    """The traffic the search ran (`loadtest.traffic.declared`)."""
+    request: dict[str, Any] | None = None
+    speedups: list[dict[str, Any]] | None = None
+    """Paired speedups per rate, derived when the search concludes."""
+    revised: dict[str, Any] | None = None
+    """Capacities revised by the repeats, derived when the search concludes."""
+
+    nested: ClassVar[dict[str, type[Record]]] = {"levels": CapacityLevel}
+
+    @classmethod
+    def load(cls, path: Path) -> CapacityResults:
+        """A capacity.json (or the folder holding it), of this version or an older one."""
+        path = path / "capacity.json" if path.is_dir() else path
+        return cls.from_json(read_versioned(path, ("capacity", "levels"), "a capacity search's capacity.json",
+                                            CAPACITY_SCHEMA))
+
+
+def read_versioned(path: Path, keys: tuple[str, ...], what: str, current: int) -> dict[str, Any]:
+    """The file's object, as this version reads it: refused (ValueError) where it lacks `keys` or
+    a newer kit wrote it (its meaning is then unknown). The versions so far differ in how they were
+    written, not in what they hold, so an older file needs no change but its `schema`."""
+    data = json.loads(path.read_text(encoding="utf-8"))
+    if not isinstance(data, dict) or any(k not in data for k in keys):
+        raise ValueError(f"{path}: not {what}")
+    version = data.get("schema") or 1
+    if not isinstance(version, int) or version > current:
+        raise ValueError(f"{path}: written by a newer specdeploy (schema {version}; this one reads up to "
+                         f"{current}): update the kit to read it")
+    return {**data, "schema": current}

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from loadtest.measurement.records import RequestRecord
+from loadtest.measurement.results import LevelResult
 
 METRICS = {
     "ttft": "time to first token",
@@ -106,12 +107,12 @@ def evaluate(records: Sequence[RequestRecord], targets: Sequence[Target], durati
     return out
 
 
-def highest_concurrency(levels: Sequence[dict[str, Any]]) -> int | None:
+def highest_concurrency(levels: Sequence[LevelResult]) -> int | None:
     """The highest concurrency at which every run met every target, among levels that carry an
     `slo` result; None when none did."""
     by_c: dict[int, list[bool]] = {}
     for level in levels:
-        if level.get("slo") is not None:
-            by_c.setdefault(level["concurrency"], []).append(bool(level["slo"]["met"]))
+        if level.slo is not None and level.concurrency is not None:
+            by_c.setdefault(level.concurrency, []).append(bool(level.slo["met"]))
     meeting = [c for c, runs in by_c.items() if runs and all(runs)]
     return max(meeting) if meeting else None

@@ -9,6 +9,7 @@ from typing import Any
 
 from loadtest.measurement import capacity_figures as cap
 from loadtest.measurement import content
+from loadtest.measurement.results import CapacityLevel, CapacityResults, LevelResult
 from loadtest.reports import markdown
 from loadtest.reports import page
 from loadtest.reports import plots
@@ -28,23 +29,23 @@ TARGET_OF = {("ttft_ms", "p95"): "ttft_p95", ("per_token_latency_ms", "p50"): "t
              ("per_token_latency_ms", "p95"): "tpot_p95"}
 
 
-def _client(level: dict[str, Any], key: str, stat: str) -> float | None:
-    return ((level.get("client") or {}).get(key) or {}).get(stat)
+def _client(level: LevelResult, key: str, stat: str) -> float | None:
+    return ((level.client or {}).get(key) or {}).get(stat)
 
 
-def _measured(result: dict[str, Any], phases: tuple[str, ...] = ("search", "scan", "second opinion")
-              ) -> list[dict[str, Any]]:
-    return [lv for lv in result.get("levels", []) if lv.get("phase") in phases and (lv.get("client") or {}).get("ok")]
+def _measured(result: CapacityResults, phases: tuple[str, ...] = ("search", "scan", "second opinion")
+              ) -> list[CapacityLevel]:
+    return [lv for lv in result.levels if lv.phase in phases and lv.ok_client]
 
 
 # ---------------------------------------------------------------------------------- plots
-def plot(result: dict[str, Any], out: Path) -> list[Path]:
+def plot(result: CapacityResults, out: Path) -> list[Path]:
     """The Pareto view and the speedup plot; only those with data are written."""
     plt = plots.pyplot()
 
     written = []
     levels = _measured(result)
-    bounds = {t.name: 1000 * t.bound_s for t in slo.parse_targets(result["slo"])}
+    bounds = {t.name: 1000 * t.bound_s for t in slo.parse_targets(result.slo)}
     if levels:
         fig = _pareto_figure(plt, result, levels, bounds)
         fig.tight_layout()
@@ -60,17 +61,17 @@ def plot(result: dict[str, Any], out: Path) -> list[Path]:
     return written
 
 
-def _pareto_figure(plt: Any, result: dict[str, Any], levels: list[dict[str, Any]], bounds: dict[str, float]) -> Any:
+def _pareto_figure(plt: Any, result: CapacityResults, levels: list[CapacityLevel], bounds: dict[str, float]) -> Any:
     """Each `PARETO_FIGURES` latency against throughput, one point per run (filled: it met every
     target), and the target's bound (`bounds`: ms by target name)."""
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
-    for j, variant in enumerate(result["variants"]):
-        mine = sorted((lv for lv in levels if lv["variant"] == variant),
-                      key=lambda lv: lv["client"].get("output_tokens_per_s") or 0)
+    for j, variant in enumerate(result.variants):
+        mine = sorted((lv for lv in levels if lv.variant == variant),
+                      key=lambda lv: (lv.client or {}).get("output_tokens_per_s") or 0)
         if not mine:
             continue
         for ax, (key, stat, title) in zip(axes, PARETO_FIGURES):
-            pts = [(lv["client"].get("output_tokens_per_s"), _client(lv, key, stat), lv["meets_targets"])
+            pts = [((lv.client or {}).get("output_tokens_per_s"), _client(lv, key, stat), lv.meets_targets)
                    for lv in mine]
             pts = [p for p in pts if p[0] is not None and p[1] is not None]
             if not pts:
@@ -95,7 +96,7 @@ def _pareto_figure(plt: Any, result: dict[str, Any], levels: list[dict[str, Any]
     return fig
 
 
-def _speedup_figure(result: dict[str, Any], points: list[dict[str, Any]]) -> Any:
+def _speedup_figure(result: CapacityResults, points: list[dict[str, Any]]) -> Any:
     """The speedup a user sees against the arrival rate (`rate_speedups`), with the crossover and
     each variant's capacity marked."""
     fig, ax = plots.speedup_axes()
@@ -107,7 +108,7 @@ def _speedup_figure(result: dict[str, Any], points: list[dict[str, Any]]) -> Any
                [m["high"] - m["mean"] if m["high"] is not None else 0 for _, m in pts]]
         ax.errorbar([r for r, _ in pts], [m["mean"] for _, m in pts], yerr=err, fmt=style, capsize=4,
                     lw=2 if key == "speedup" else 1, label=label)
-    cross = result.get("crossover") or {}
+    cross = result.crossover or {}
     if cross.get("rate"):
         ax.axvline(cross["rate"], color="red", ls=":", lw=1.5,
                    label=f"crossover {cross['rate']:.3g} req/s ({cross['kind']})")
@@ -140,11 +141,11 @@ def _plain_ticks(axis: Any) -> None:
 
 
 # ---------------------------------------------------------------------------------- tables
-def _capacity_rows(result: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+def _capacity_rows(result: CapacityResults) -> tuple[list[str], list[list[str]]]:
     header = ["variant", "capacity req/s", "highest passing", "lowest failing", "search ended", "rates asked",
               "runs (rate: met? per run)"]
     rows = []
-    for variant, c in (result.get("capacity") or {}).items():
+    for variant, c in result.capacity.items():
         lo, hi = c["interval"]
         runs = "; ".join(f"{rate}: {' '.join('yes' if r else 'no' for r in v)}" for rate, v in c.get("runs", {}).items())
         rows.append([variant, cap.capacity_text(c), cap.rate_text(lo), cap.rate_text(hi),
@@ -152,10 +153,10 @@ def _capacity_rows(result: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     return header, rows
 
 
-def _speedup_rows(result: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+def _speedup_rows(result: CapacityResults) -> tuple[list[str], list[list[str]]]:
     header = ["rate req/s", "pairs", "per-token p50 speedup", "end-to-end mean speedup"]
     return header, [[f"{p['rate']:g}", str(p["pairs"]), _x(p.get("speedup")), _x(p.get("e2e_speedup"))]
-                    for p in result.get("speedups") or []]
+                    for p in result.speedups or []]
 
 
 def _x(value: float | None) -> str:
@@ -167,20 +168,20 @@ LEVEL_HEADER = ["#", "variant", "phase", "rate asked", "run", "achieved req/s", 
                 "per-token p95 ms", "e2e mean ms", "output tok/s", "acceptance", "meets targets", "why"]
 
 
-def _level_rows(result: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+def _level_rows(result: CapacityResults) -> tuple[list[str], list[list[str]]]:
     rows = []
-    for lv in result.get("levels", []):
-        ol = lv.get("open_loop") or {}
+    for lv in result.levels:
+        ol = lv.open_loop or {}
         outcomes = ol.get("outcomes") or {}
-        acceptance = (lv.get("server") or {}).get("acceptance_rate")
-        rows.append([str(lv.get("sequence", "")), lv["variant"], lv["phase"], f"{lv['rate']:g}", str(lv["repeat"]),
-                     figure(ol.get("achieved_rate"), 3), "-" if ol.get("behind") is None else
+        acceptance = (lv.server or {}).get("acceptance_rate")
+        rows.append(["" if lv.sequence is None else str(lv.sequence), lv.variant, lv.phase, f"{lv.rate:g}",
+                     str(lv.repeat), figure(ol.get("achieved_rate"), 3), "-" if ol.get("behind") is None else
                      ("YES" if ol["behind"] else "no"),
                      " / ".join(figure(outcomes.get(k), 0) for k in (*cap.OUTCOMES, "unsent")),
                      figure(_client(lv, "ttft_ms", "p95")), figure(_client(lv, "per_token_latency_ms", "p50"), 2),
                      figure(_client(lv, "per_token_latency_ms", "p95"), 2), figure(_client(lv, "e2e_ms", "mean")),
-                     figure((lv.get("client") or {}).get("output_tokens_per_s")), figure(acceptance, pct=True),
-                     "yes" if lv.get("meets_targets") else "no", lv.get("why", "")])
+                     figure((lv.client or {}).get("output_tokens_per_s")), figure(acceptance, pct=True),
+                     "yes" if lv.meets_targets else "no", lv.why])
     return LEVEL_HEADER, rows
 
 
@@ -188,13 +189,13 @@ SECOND_OPINION_FIGURES = (("output_tokens_per_s", "tok/s"), ("ttft_p50_ms", "TTF
                           ("per_token_p50_ms", "per-token p50 ms"))
 
 
-def _second_opinion_rows(result: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+def _second_opinion_rows(result: CapacityResults) -> tuple[list[str], list[list[str]]]:
     header = ["variant", "rate req/s", "share of capacity"]
     for _, name in SECOND_OPINION_FIGURES:
         header += [f"{name} Locust / vLLM bench", "agrees"]
     header.append("agrees overall")
     rows = []
-    for r in result.get("second_opinion") or []:
+    for r in result.second_opinion:
         row = [r["variant"], f"{r['rate']:g}", f"{100 * r['share']:.0f}%"]
         for key, _ in SECOND_OPINION_FIGURES:
             f = r["figures"].get(key) or {}
@@ -209,12 +210,12 @@ def _yes(value: bool | None) -> str:
     return "-" if value is None else ("yes" if value else "NO")
 
 
-def _overload_rows(result: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+def _overload_rows(result: CapacityResults) -> tuple[list[str], list[list[str]]]:
     header = ["variant", "rate req/s", "seconds", "achieved req/s", "sent", "served", "refused", "timed out", "failed",
               "unsent", "all accounted for", "server up after", "peak RSS MiB: this process / Locust (all) / largest "
               "Locust process", "problems"]
     rows = []
-    for variant, o in (result.get("overload") or {}).items():
+    for variant, o in result.overload.items():
         if "skipped" in o:
             rows.append([variant, "-", "-", "-", "-", "-", "-", "-", "-", "-", "-", "-", "-", f"skipped: {o['skipped']}"])
             continue
@@ -229,19 +230,20 @@ def _overload_rows(result: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
 
 
 # ---------------------------------------------------------------------------------- first screen
-def rate_speedups(result: dict[str, Any]) -> list[dict[str, Any]]:
+def rate_speedups(result: CapacityResults) -> list[dict[str, Any]]:
     """Per rate measured on both variants: per-token p50 and end-to-end speedups with their 95%
     intervals over the rate's pairs, speculation's acceptance, and which variants met the targets."""
     by_rate: dict[float, dict[str, list[Any]]] = {}
-    for rate, s, b in cap.level_pairs(result.get("levels") or [], result.get("spec_variant") or ""):
+    for rate, s, b in cap.level_pairs(result.levels, result.spec_variant or ""):
         entry = by_rate.setdefault(rate, {"speedup": [], "e2e_speedup": [], "acceptance": [], "met": [], "content": []})
         for key, fig in cap.SPEEDUPS:
             if fig(s) and fig(b):
                 entry[key].append(fig(b) / fig(s))
-        if (s.get("server") or {}).get("acceptance_rate") is not None:
-            entry["acceptance"].append(s["server"]["acceptance_rate"])
-        entry["met"].append((bool(s.get("meets_targets")), bool(b.get("meets_targets"))))
-        entry["content"].append((s.get("client") or {}).get("content"))
+        acceptance = (s.server or {}).get("acceptance_rate")
+        if acceptance is not None:
+            entry["acceptance"].append(acceptance)
+        entry["met"].append((bool(s.meets_targets), bool(b.meets_targets)))
+        entry["content"].append((s.client or {}).get("content"))
     return [{"rate": rate, "pairs": len(v["met"]), "speedup": stats.mean_interval(v["speedup"]),
              "e2e_speedup": stats.mean_interval(v["e2e_speedup"]),
              "acceptance": sum(v["acceptance"]) / len(v["acceptance"]) if v["acceptance"] else None,
@@ -256,9 +258,9 @@ def _met_words(row: dict[str, Any]) -> str:
         (row["spec_met"], row["base_met"])]
 
 
-def _lines(result: dict[str, Any]) -> list[Line]:
+def _lines(result: CapacityResults) -> list[Line]:
     caps = cap.effective_capacity(result)
-    spec = result.get("spec_variant")
+    spec = result.spec_variant
     base, mine = caps.get(cap.BASELINE), caps.get(spec) if spec else None
     lines = []
     if base is not None and mine is not None:
@@ -269,7 +271,7 @@ def _lines(result: dict[str, Any]) -> list[Line]:
             tone = "good" if b > a else "bad" if b < a else "even"
             lines.append(Line("capacity", f"speculation {word}" + (f" {100 * change:+.0f}%" if b != a else ""),
                               f"baseline {cap.capacity_text(base)} → speculation {cap.capacity_text(mine)} req/s "
-                              f"at {cap.describe_targets(result['slo'])}"
+                              f"at {cap.describe_targets(result.slo)}"
                               + "".join(" (revised)" for c in (base, mine) if c.get("status") == "revised"), tone))
         else:
             lines.append(Line("capacity", "no capacity to compare",
@@ -295,21 +297,21 @@ def _lines(result: dict[str, Any]) -> list[Line]:
     return lines
 
 
-def lead(result: dict[str, Any]) -> str:
-    runs = len([lv for lv in result.get("levels") or [] if (lv.get("client") or {}).get("ok")])
-    missing = [v for v in result.get("variants") or [] if v not in cap.measured_variants(result)]
+def lead(result: CapacityResults) -> str:
+    runs = len([lv for lv in result.levels if lv.ok_client])
+    missing = [v for v in result.variants if v not in cap.measured_variants(result)]
     tail = (f"; not measured: {', '.join(missing)}: no comparison" if missing else "") + "."
-    if result.get("status") == "interrupted":
+    if result.status == "interrupted":
         return f"Interrupted after {runs} run{'s' if runs != 1 else ''}" + tail
-    stopped = [v for v, c in (result.get("capacity") or {}).items() if c.get("status") == "stopped"]
+    stopped = [v for v, c in result.capacity.items() if c.get("status") == "stopped"]
     if stopped:
-        return f"Incomplete: the search of {', '.join(stopped)} stopped ({result['capacity'][stopped[0]]['stopped']})" + tail
+        return f"Incomplete: the search of {', '.join(stopped)} stopped ({result.capacity[stopped[0]]['stopped']})" + tail
     if missing:
         return "Incomplete" + tail
     return ""
 
 
-def badges(result: dict[str, Any]) -> list[Badge]:
+def badges(result: CapacityResults) -> list[Badge]:
     out = [Badge(label, line.replace(f": {label}:", ":")[:90], "levels") for line in cap.content_warnings(result)
            for label in ["NOISE" if ": NOISE:" in line else "CONTENT"]]
     for v, c in cap.effective_capacity(result).items():
@@ -317,7 +319,7 @@ def badges(result: dict[str, Any]) -> list[Badge]:
             out.append(Badge("REVISED", f"{v}: capacity {cap.rate_text(c['was'])} → {cap.capacity_text(c)} req/s: "
                              f"a run at {c['missed'][0]['rate']:g} req/s missed", "levels"))
     off: dict[str, list[str]] = {}  # a figure the benchmark disagrees on: where
-    for r in result.get("second_opinion") or []:
+    for r in result.second_opinion:
         where = f"{r['rate']:g} req/s {r['variant']}"
         for key, name in SECOND_OPINION_FIGURES:
             f = r["figures"].get(key) or {}
@@ -329,53 +331,53 @@ def badges(result: dict[str, Any]) -> list[Badge]:
     for name, wheres in off.items():
         out.append(Badge("FLAG", f"vLLM bench {name} differs from Locust: " + (
             wheres[0] if len(wheres) == 1 else f"{len(wheres)} runs ({wheres[0]}, ...)"), "second-opinion"))
-    for v, o in (result.get("overload") or {}).items():
+    for v, o in result.overload.items():
         for problem in o.get("problems") or []:
             out.append(Badge("OVERLOAD", f"{v}: {problem}"[:90], "overload"))
-    behind = [lv for lv in result.get("levels") or [] if (lv.get("open_loop") or {}).get("behind")]
+    behind = [lv for lv in result.levels if (lv.open_loop or {}).get("behind")]
     if behind:
         out.append(Badge("BEHIND", f"{len(behind)} run{'s' if len(behind) != 1 else ''}: the load generator fell "
                          "behind its schedule", "levels"))
-    untrusted = [lv for lv in result.get("levels") or [] if (lv.get("consistency") or {}).get("ok") is False]
+    untrusted = [lv for lv in result.levels if (lv.consistency or {}).get("ok") is False]
     if untrusted:
         out.append(Badge("UNTRUSTED", f"{len(untrusted)} run(s): client tokens vs server counter", "levels"))
-    out += [Badge("PROBLEM", p[:90], "settings") for p in result.get("problems") or []
+    out += [Badge("PROBLEM", p[:90], "settings") for p in result.problems
             if not p.startswith("interrupted")]
     return out
 
 
-def setup(result: dict[str, Any], method: str) -> str:
-    s, req, m = result.get("settings") or {}, result.get("request") or {}, result.get("machine") or {}
+def setup(result: CapacityResults, method: str) -> str:
+    s, req, m = result.settings, result.request or {}, result.machine or {}
     machine = (f" Machine: {m.get('cpus')} CPUs, vLLM {m.get('vllm')}" + (f", commit {m['commit']}" if m.get("commit")
                                                                           else "") + ".") if m else ""
-    return (f"**Setup.** Config `{result.get('config', '')}`: speculation (`{result.get('spec_variant')}`) against "
-            f"the baseline at the same Poisson arrivals, targets {cap.describe_targets(result['slo'])}. Workload "
+    return (f"**Setup.** Config `{result.config or ''}`: speculation (`{result.spec_variant}`) against "
+            f"the baseline at the same Poisson arrivals, targets {cap.describe_targets(result.slo)}. Workload "
             f"`{req.get('workload')}`, {req.get('max_tokens')} output tokens, temperature {req.get('temperature')}; "
             f"search from {s.get('start_rate')} req/s, at most {s.get('max_steps')} rates a variant, each boundary "
-            f"rate {s.get('repeat')} times.{machine} Status **{result.get('status')}**. Method: {method}.")
+            f"rate {s.get('repeat')} times.{machine} Status **{result.status}**. Method: {method}.")
 
 
 # ---------------------------------------------------------------------------------- documents
-def _run_text(result: dict[str, Any]) -> str:
-    s = result.get("settings") or {}
-    run_text = (f"Status **{result.get('status')}**. Open-loop Poisson arrivals; a rate passes when every run at it "
+def _run_text(result: CapacityResults) -> str:
+    s = result.settings
+    run_text = (f"Status **{result.status}**. Open-loop Poisson arrivals; a rate passes when every run at it "
                 f"meets every target, with the load generator on schedule and every request served. Search from "
                 f"{s.get('start_rate')} req/s" + (f", at most {s.get('max_rate')} req/s" if s.get("max_rate") else "")
                 + f", doubling or halving to a bracket, then bisection to within {100 * s.get('precision', 0):.0f}% "
                 f"(at most {s.get('max_steps')} rates a variant); each boundary rate measured {s.get('repeat')} "
                 f"times; both variants measured at every rate visited, with the same arrivals.")
-    scan = result.get("scan")
+    scan = result.scan
     if scan:
         run_text += (" Then a scan above the search's rates while speculation still paid: "
                      + (", ".join(f"{r:g}" for r in scan["rates"]) + " req/s" if scan["rates"] else "no rate")
                      + f" (ended: {scan['ended']}).")
-    if result.get("request"):
-        run_text += " Requests: " + ", ".join(f"{k} {v}" for k, v in result["request"].items()) + "."
-    problems = result.get("problems") or []
+    if result.request:
+        run_text += " Requests: " + ", ".join(f"{k} {v}" for k, v in result.request.items()) + "."
+    problems = result.problems
     return run_text + ("\n\nProblems:\n\n" + "\n".join(f"- {p}" for p in problems) if problems else "")
 
 
-def first_page(result: dict[str, Any], plots: list[Path], sources: Mapping[str, str] | None = None,
+def first_page(result: CapacityResults, plots: list[Path], sources: Mapping[str, str] | None = None,
                out: Path | None = None) -> Page:
     sources = sources or {}
 
@@ -386,7 +388,7 @@ def first_page(result: dict[str, Any], plots: list[Path], sources: Mapping[str, 
         return "\n\n" + markdown.table(*t) if t[1] else "\n\n(nothing measured)"
 
     sections = [
-        Section("findings", "Every finding in full", "\n".join(f"- {line}" for line in [*(result.get("traffic") or []),
+        Section("findings", "Every finding in full", "\n".join(f"- {line}" for line in [*(result.traffic or []),
                                                                                       *cap.headline(result)])),
         Section("capacity", "Capacity by variant", "The highest rate at which every run met every target, below "
                 "the lowest at which one did not." + how("capacity-at-a-service-target-make-capacity")
@@ -407,35 +409,34 @@ def first_page(result: dict[str, Any], plots: list[Path], sources: Mapping[str, 
                                 "\n\n".join(f"![{p.stem}]({sources.get(p.name, p.name)})" for p in others)))
     sections.append(Section("settings", "How the search ran", _run_text(result)))
     notes = [cap.headline(result)[-1]]  # the crossover
-    return Page(title=f"Capacity at a service target: {result.get('config', '')}", lead=lead(result),
+    return Page(title=f"Capacity at a service target: {result.config or ''}", lead=lead(result),
                 lines=_lines(result), notes=notes, compact_from=1,
                 picture=SPEEDUP if any(p.name == SPEEDUP for p in plots) else None,
                 picture_alt="Speedup of speculation against the arrival rate", badges=badges(result),
                 setup=setup(result, method_link("capacity-at-a-service-target-make-capacity", out)), sections=sections)
 
 
-def report_markdown(result: dict[str, Any], plots: list[Path], sources: Mapping[str, str] | None = None,
+def report_markdown(result: CapacityResults, plots: list[Path], sources: Mapping[str, str] | None = None,
                     out: Path | None = None) -> str:
     return page.markdown(first_page(result, plots, sources, out), sources)
 
 
-def exit_code(result: dict[str, Any]) -> int:
+def exit_code(result: CapacityResults) -> int:
     """0: every rate the search asked for measured (flags in the report); 3: a search stopped (a
     server died) or a level could not run; 4: a run's token count disagrees with the server's;
     130: interrupted. The codes of `loadtest.reports.sweep_summary`."""
-    if result.get("status") == "interrupted":
+    if result.status == "interrupted":
         return sweep_summary.INTERRUPTED
     if not cap.measured_variants(result):
         return sweep_summary.USAGE
-    if result.get("status") == "failed" or any(lv.get("status") in ("failed", "skipped")
-                                               for lv in result.get("levels") or []):
+    if result.status == "failed" or any(lv.status in ("failed", "skipped") for lv in result.levels):
         return sweep_summary.INCOMPLETE
-    if any((lv.get("consistency") or {}).get("ok") is False for lv in result.get("levels") or []):
+    if any((lv.consistency or {}).get("ok") is False for lv in result.levels):
         return sweep_summary.UNTRUSTED
     return sweep_summary.OK
 
 
-def write(result: dict[str, Any], out: Path) -> dict[str, Path]:
+def write(result: CapacityResults, out: Path) -> dict[str, Path]:
     """capacity.md, report.html (self-contained: plots as data URIs) and the plots."""
     out.mkdir(parents=True, exist_ok=True)
     plots = plot(result, out)

@@ -21,7 +21,8 @@ from loadtest.measurement import stats
 from loadtest.files import write_atomic
 from loadtest.reports.page import Badge, Line, Page, Section
 from loadtest.measurement.derive import derive_rates, summarize_speedups
-from loadtest.reports.report import embedded, load_results
+from loadtest.measurement.results import SweepResults
+from loadtest.reports.report import embedded
 from loadtest.reports.sweep_summary import rate_contents, verdict_rule, verdict_word
 
 MUST_MATCH = {"workload": "workload", "temperature": "temperature", "max_tokens": "output length (max_tokens)",
@@ -33,24 +34,22 @@ class Incomparable(ValueError):
     """The reports measured different work (`MUST_MATCH`)."""
 
 
-def load(folder: Path) -> dict[str, Any]:
-    """A sweep's results (results.json in `folder`); a clear error for anything else."""
+def load(folder: Path) -> SweepResults:
+    """A sweep's results (results.json in `folder`); a clear error for anything else (no results.json
+    here; `SweepResults.load`: not a load test's results.json)."""
     path = folder / "results.json" if folder.is_dir() else folder
     if not path.is_file():
         hint = " (a capacity report: compare its capacity.md instead)" if (folder / "capacity.json").is_file() else ""
         raise ValueError(f"{folder}: no results.json{hint}")
-    results = load_results(folder)
-    if not isinstance(results, dict) or "variants" not in results:
-        raise ValueError(f"{folder}: not a load test's results.json")
-    return results
+    return SweepResults.load(path)
 
 
-def _value(results: dict[str, Any], key: str) -> Any:
-    return (results.get("settings") or {}).get(key)
+def _value(results: SweepResults, key: str) -> Any:
+    return (results.settings or {}).get(key)
 
 
-def _describe(results: dict[str, Any], what: str) -> str:
-    m = results.get("machine") or {}
+def _describe(results: SweepResults, what: str) -> str:
+    m = results.machine or {}
     if what == "machine":
         return f"{m.get('cpus')} CPUs, {m.get('platform')}"
     if what == "vLLM":
@@ -58,10 +57,10 @@ def _describe(results: dict[str, Any], what: str) -> str:
     if what == "commit":
         return str(m.get("commit") or "not recorded")
     if what == "config":
-        return str(results.get("config"))
+        return str(results.config)
     if what == "speculation":
-        return "; ".join(f"{v['name']} {v.get('speculative_config') or 'off'}" for v in results.get("variants") or []
-                         if v["name"] != "baseline") or "none"
+        return "; ".join(f"{v.name} {v.speculative_config or 'off'}" for v in results.variants
+                         if v.name != "baseline") or "none"
     if what == "repeats":
         return str(_value(results, "repeat"))
     if what == "load":
@@ -73,7 +72,7 @@ SAID = ("machine", "vLLM", "commit", "config", "speculation", "repeats", "load")
 """What may differ and is said."""
 
 
-def differences(runs: list[tuple[str, dict[str, Any]]]) -> tuple[list[str], list[str]]:
+def differences(runs: list[tuple[str, SweepResults]]) -> tuple[list[str], list[str]]:
     """(refusing, said): what differs between the reports, as lines 'what: a (name), b (name)'."""
     def line(title: str, values: list[str]) -> str:
         return f"{title}: " + ", ".join(f"{v} ({name})" for v, (name, _) in zip(values, runs))
@@ -91,7 +90,7 @@ def differences(runs: list[tuple[str, dict[str, Any]]]) -> tuple[list[str], list
     return refusing, said
 
 
-def rows(runs: list[tuple[str, dict[str, Any]]]) -> list[dict[str, Any]]:
+def rows(runs: list[tuple[str, SweepResults]]) -> list[dict[str, Any]]:
     """One row per (level, variant, report): the speedup's mean and interval, the verdict, the acceptance."""
     out = []
     for name, results in runs:
@@ -195,7 +194,7 @@ def compare(folders: list[Path], out: Path, allow_different: bool = False) -> tu
     return files, text
 
 
-def _page(runs: list[tuple[str, dict[str, Any]]], table: list[dict[str, Any]], refusing: list[str], said: list[str],
+def _page(runs: list[tuple[str, SweepResults]], table: list[dict[str, Any]], refusing: list[str], said: list[str],
           picture: Path | None, folders: list[Path]) -> Page:
     lines = []
     for r in table:
@@ -216,8 +215,8 @@ def _page(runs: list[tuple[str, dict[str, Any]]], table: list[dict[str, Any]], r
     sections = [Section("table", "Side by side", markdown.table(header, body)),
                 Section("differences", "What differs", "\n".join(f"- {d}" for d in refusing + said) or "Nothing recorded.")]
     for name, results in runs:
-        sections.append(Section(f"report-{len(sections)}", f"{name}: status {results.get('status')}",
-                                f"Config `{results.get('config')}`, created {results.get('created')}, machine "
+        sections.append(Section(f"report-{len(sections)}", f"{name}: status {results.status}",
+                                f"Config `{results.config}`, created {results.created}, machine "
                                 f"{_describe(results, 'machine')}, vLLM {_describe(results, 'vLLM')}, commit "
                                 f"{_describe(results, 'commit')}."))
     return Page(title="Reports side by side", lines=lines, setup=setup, lead=(

@@ -7,6 +7,7 @@ plots from `loadtest.reports.sweep_plots`; here: the tables, the evidence sectio
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import re
 import statistics
@@ -26,7 +27,7 @@ from loadtest.reports.markdown import figure
 from loadtest.reports.page import Page, Section, method_link
 from loadtest.reports.sweep_plots import ANSWER, plot
 from loadtest.reports.sweep_summary import headline, rate_headline
-from loadtest.measurement.results import CREATED_FORMAT
+from loadtest.measurement.results import CREATED_FORMAT, LevelResult, SweepResults, VariantResult
 
 
 # ---------------------------------------------------------------------------------- tables
@@ -35,7 +36,7 @@ RATE_COLUMNS = ["rate asked", "variant", "run", "achieved req/s", "in flight max
                 "e2e mean speedup", "vLLM bench tok/s, TTFT p50, TPOT p50", "bench agrees", "status"]
 
 
-def rate_table_rows(results: dict[str, Any]) -> list[list[str]]:
+def rate_table_rows(results: SweepResults) -> list[list[str]]:
     out = []
     for r in derive_rates(results):
         o, b = r["outcomes"], r["bench"]
@@ -51,41 +52,41 @@ def rate_table_rows(results: dict[str, Any]) -> list[list[str]]:
     return out
 
 
-def compare_rows(results: dict[str, Any], concurrencies: list[int] | None = None) -> list[dict[str, Any]]:
+def compare_rows(results: SweepResults, concurrencies: list[int] | None = None) -> list[dict[str, Any]]:
     derived = {(r["variant"], r["concurrency"], r["repeat"]): r for r in derive(results)}
-    wanted = concurrencies or sorted({lv["concurrency"] for _, lv in levels(results)})
-    repeats = sorted({lv.get("repeat", 1) for v in results.get("variants", []) for lv in v.get("levels", [])})
+    wanted = concurrencies or sorted({lv.concurrency for _, lv in levels(results)})
+    repeats = sorted({lv.repeat for _, lv in results.levels()})
     rows = []
     for c in wanted:
         for repeat in repeats:
-            for variant in results.get("variants", []):
-                level = next((lv for lv in variant.get("levels", [])
-                              if lv.get("concurrency") == c and lv.get("repeat", 1) == repeat), None)
+            for variant in results.variants:
+                level = next((lv for lv in variant.levels if lv.concurrency == c and lv.repeat == repeat), None)
                 if level is not None:
-                    rows.append(_compare_row(variant, level, derived.get((variant["name"], c, repeat), {})))
+                    rows.append(_compare_row(variant, level, derived.get((variant.name, c, repeat), {})))
     return rows
 
 
-def _compare_row(variant: dict[str, Any], level: dict[str, Any], d: dict[str, Any]) -> dict[str, Any]:
-    client = level.get("client") or {}
-    server = level.get("server") or {}
-    bench = level.get("vllm_bench") or {}
+def _compare_row(variant: VariantResult, level: LevelResult, d: dict[str, Any]) -> dict[str, Any]:
+    client = level.client or {}
+    server = level.server or {}
+    bench = level.vllm_bench or {}
+    configured = level.configured_k if level.configured_k is not None else variant.k
     return {
-                "concurrency": level["concurrency"], "repeat": level.get("repeat", 1), "variant": variant["name"],
-                "status": level["status"],
+                "concurrency": level.concurrency, "repeat": level.repeat, "variant": variant.name,
+                "status": level.status,
                 "requests": f"{client.get('ok', 0)}/{client.get('requests', 0)}",
                 "system_tps": client.get("output_tokens_per_s"),
                 "user_tps": (client.get("per_user_tokens_per_s") or {}).get("p50"),
                 "ttft_p50": _with_engine((client.get("ttft_ms") or {}).get("p50"), server, "ttft_s"),
                 "tpot_p50": _with_engine((client.get("per_token_latency_ms") or {}).get("p50"), server,
                                          "per_token_latency_s", 2),
-                "k": _k_cell(level.get("configured_k", variant.get("k")), server.get("effective_k")),
+                "k": _k_cell(configured, server.get("effective_k")),
                 "acceptance": server.get("acceptance_rate"),
                 "accepted_length": server.get("mean_accepted_length"),
                 "speedup": d.get("speedup"),
                 "bench_tps": bench.get("output_tokens_per_s"),
-                "bench_agrees": (level.get("vllm_bench_agreement") or {}).get("agrees"),
-                "server_agrees": (level.get("consistency") or {}).get("ok"),
+                "bench_agrees": (level.vllm_bench_agreement or {}).get("agrees"),
+                "server_agrees": (level.consistency or {}).get("ok"),
                 "degenerate": (client.get("content") or {}).get("degenerate_share"),
     }
 
@@ -129,7 +130,7 @@ def _cell(key: str, value: Any) -> str:
     return figure(value, 1)
 
 
-def compare_table(results: dict[str, Any], concurrencies: list[int] | None = None) -> str:
+def compare_table(results: SweepResults, concurrencies: list[int] | None = None) -> str:
     """Plain-text table for the terminal."""
     said = sweep_summary.lead(results)  # what the run is, where it is not a complete measurement: before any verdict
     if any(True for _ in rate_levels(results)):
@@ -150,15 +151,15 @@ def compare_table(results: dict[str, Any], concurrencies: list[int] | None = Non
             lines.append("")
         previous = r["concurrency"]
         lines.append("  ".join(c.rjust(w) if i > 1 else c.ljust(w) for i, (c, w) in enumerate(zip(b, widths))))
-    notes = [f"{v['name']} c={lv['concurrency']} run {lv.get('repeat', 1)}: {n}" for v in results.get("variants", [])
-             for lv in v.get("levels", []) if "concurrency" in lv and (not concurrencies or lv["concurrency"] in concurrencies)
-             for n in (lv.get("problems") or []) + (lv.get("notes") or [])]
+    notes = [f"{v.name} c={lv.concurrency} run {lv.repeat}: {n}" for v, lv in results.levels()
+             if lv.concurrency is not None and (not concurrencies or lv.concurrency in concurrencies)
+             for n in lv.problems + lv.notes]
     if notes:
         lines += ["", *[f"note: {n}" for n in notes]]
     return "\n".join(lines)
 
 
-def _rate_table_text(results: dict[str, Any]) -> str:
+def _rate_table_text(results: SweepResults) -> str:
     """The open-loop levels' table for the terminal, with their headline and notes."""
     top = rate_headline(results) + slo_lines(results)
     body = rate_table_rows(results)
@@ -167,23 +168,23 @@ def _rate_table_text(results: dict[str, Any]) -> str:
     lines.append("  ".join(h.ljust(w) for h, w in zip(RATE_COLUMNS, widths)))
     lines.append("  ".join("-" * w for w in widths))
     lines += ["  ".join(c.ljust(w) for c, w in zip(b, widths)) for b in body]
-    notes = [f"{v['name']} {level_name(lv)} run {lv.get('repeat', 1)}: {n}" for v, lv in rate_levels(results)
-             for n in (lv.get("problems") or []) + (lv.get("notes") or [])]
+    notes = [f"{v.name} {level_name(lv)} run {lv.repeat}: {n}" for v, lv in rate_levels(results)
+             for n in lv.problems + lv.notes]
     return "\n".join(lines + (["", *[f"note: {n}" for n in notes]] if notes else []))
 
 
-def _latency_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+def _latency_rows(results: SweepResults) -> tuple[list[str], list[list[str]]]:
     header = ["variant", "batch", "run", "TTFT p50/p95/p99 ms", "per-token p50/p95/p99 ms", "chunk gap p50/p99 ms",
               "tokens/chunk mean", "e2e p50/p99 ms", "req/s", "peak tok/s"]
     rows = []
     for variant, level in levels(results):
-        c = level["client"]
+        c = level.client
 
         def trio(key: str, ps: tuple[int, ...] = (50, 95, 99)) -> str:
             d = c.get(key) or {}
             return " / ".join(figure(d.get(f"p{p}")) for p in ps)
 
-        rows.append([variant["name"], str(level["concurrency"]), str(level.get("repeat", 1)), trio("ttft_ms"),
+        rows.append([variant.name, str(level.concurrency), str(level.repeat), trio("ttft_ms"),
                      trio("per_token_latency_ms"),
                      trio("chunk_gap_ms", (50, 99)), figure((c.get("tokens_per_chunk") or {}).get("mean"), 2),
                      trio("e2e_ms", (50, 99)), figure(c.get("request_throughput"), 2),
@@ -191,15 +192,15 @@ def _latency_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     return header, rows
 
 
-def _spec_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+def _spec_rows(results: SweepResults) -> tuple[list[str], list[list[str]]]:
     header = ["variant", "batch", "run", "K", "per-token costs from", "acceptance rate alpha", "E(alpha,K)",
               "measured tokens/step L", "implied per-token a", "per-position acceptance", "step cost r",
               "break-even alpha*", "break-even a*", "pays (L > r)", "per-token speedup (engine)",
               "throughput speedup"]
     rows = []
     for d in derive(results):
-        level = level_at(results, d["variant"], d["concurrency"], d["repeat"]) or {}
-        per_pos = (level.get("server") or {}).get("per_position_acceptance") or []
+        level = level_at(results, d["variant"], d["concurrency"], d["repeat"])
+        per_pos = ((level.server if level else None) or {}).get("per_position_acceptance") or []
         costed = "step_cost_ratio" in d
 
         def never(key: str) -> str:
@@ -215,17 +216,17 @@ def _spec_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     return header, rows
 
 
-def _content_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+def _content_rows(results: SweepResults) -> tuple[list[str], list[list[str]]]:
     header = ["variant", "batch", "run", "client", "checked", "degenerate", "distinct 4-grams", "reference",
               "loop share", "acceptance (valid / degenerate)", "tok/s per request (valid / degenerate)"]
     rows = []
     for variant, level in levels(results):
-        for client, summary in (("Locust", level["client"].get("content")),
-                                ("vLLM bench", (level.get("vllm_bench") or {}).get("content"))):
+        for client, summary in (("Locust", level.client.get("content")),
+                                ("vLLM bench", (level.vllm_bench or {}).get("content"))):
             if not summary or not summary.get("checked"):
                 continue
             ref = summary.get("reference") or {}
-            rows.append([variant["name"], str(level["concurrency"]), str(level.get("repeat", 1)), client,
+            rows.append([variant.name, str(level.concurrency), str(level.repeat), client,
                          str(summary["checked"]), f"{summary['degenerate']} ({summary['degenerate_share']:.0%})",
                          figure(summary.get("distinct_4"), 2),
                          f"{ref['distinct_4']:.2f} ({ref['source']})" if ref else "none",
@@ -236,40 +237,39 @@ def _content_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     return header, rows
 
 
-def _trust_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+def _trust_rows(results: SweepResults) -> tuple[list[str], list[list[str]]]:
     header = ["variant", "batch", "run", "status", "client tokens", "server tokens", "difference", "client tok/s",
               "server tok/s", "TTFT mean client/server ms", "e2e mean client/server ms", "per-token mean client/server ms",
               "problems and notes"]
     rows = []
-    for variant in results.get("variants", []):
-        for level in variant.get("levels", []):
-            c, s, k = level.get("client") or {}, level.get("server") or {}, level.get("consistency") or {}
-            h = s.get("histograms") or {}
+    for variant, level in results.levels():
+        c, s, k = level.client or {}, level.server or {}, level.consistency or {}
+        h = s.get("histograms") or {}
 
-            def pair(ckey: str, skey: str) -> str:
-                mine = (c.get(ckey) or {}).get("mean")
-                theirs = (h.get(skey) or {}).get("mean")
-                return f"{figure(mine)} / {figure(theirs * 1000 if theirs is not None else None)}"
+        def pair(ckey: str, skey: str) -> str:
+            mine = (c.get(ckey) or {}).get("mean")
+            theirs = (h.get(skey) or {}).get("mean")
+            return f"{figure(mine)} / {figure(theirs * 1000 if theirs is not None else None)}"
 
-            diff = k.get("relative_error")
-            rows.append([variant["name"], level_name(level), str(level.get("repeat", 1)), level["status"],
-                         figure(k.get("client_output_tokens"), 0), figure(k.get("server_generation_tokens"), 0),
-                         "-" if diff is None else f"{100 * diff:.2f}%" + ("" if k.get("ok") else " FLAG"),
-                         figure(c.get("output_tokens_per_s")), figure(s.get("output_tokens_per_s")),
-                         pair("ttft_ms", "ttft_s"), pair("e2e_ms", "e2e_s"),
-                         pair("per_token_latency_ms", "per_token_latency_s"),
-                         "; ".join((level.get("problems") or []) + (level.get("notes") or [])) or "none"])
+        diff = k.get("relative_error")
+        rows.append([variant.name, level_name(level), str(level.repeat), level.status,
+                     figure(k.get("client_output_tokens"), 0), figure(k.get("server_generation_tokens"), 0),
+                     "-" if diff is None else f"{100 * diff:.2f}%" + ("" if k.get("ok") else " FLAG"),
+                     figure(c.get("output_tokens_per_s")), figure(s.get("output_tokens_per_s")),
+                     pair("ttft_ms", "ttft_s"), pair("e2e_ms", "e2e_s"),
+                     pair("per_token_latency_ms", "per_token_latency_s"),
+                     "; ".join(level.problems + level.notes) or "none"])
     return header, rows
 
 
-def _slo_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
-    targets = slo.parse_targets((results.get("settings") or {}).get("slo") or "") \
-        if (results.get("settings") or {}).get("slo") else []
+def _slo_rows(results: SweepResults) -> tuple[list[str], list[list[str]]]:
+    targets = slo.parse_targets((results.settings or {}).get("slo") or "") \
+        if (results.settings or {}).get("slo") else []
     header = ["variant", "batch", "run", *[f"{t.describe()}: value ms, nearest rank (share within)" for t in targets],
               "goodput tok/s", "tok/s", "all met"]
     rows = []
     for variant, level in levels(results):
-        r = level.get("slo")
+        r = level.slo
         if not r:
             continue
         cells = []
@@ -278,40 +278,40 @@ def _slo_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
             share = v.get("share_within")
             cells.append(f"{figure(v.get('value_ms'))} ({'-' if share is None else f'{100 * share:.1f}%'})"
                          + ("" if v.get("met") else " MISSED"))
-        rows.append([variant["name"], str(level["concurrency"]), str(level.get("repeat", 1)), *cells,
-                     figure(r.get("goodput_tokens_per_s")), figure(level["client"].get("output_tokens_per_s")),
+        rows.append([variant.name, str(level.concurrency), str(level.repeat), *cells,
+                     figure(r.get("goodput_tokens_per_s")), figure(level.client.get("output_tokens_per_s")),
                      "yes" if r.get("met") else "no"])
     return header, rows
 
 
-def _lag_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+def _lag_rows(results: SweepResults) -> tuple[list[str], list[list[str]]]:
     header = ["variant", "batch", "run", "send lag p50/p99 ms", "loop lag p50/p99/max ms", "loop stalls > 50 ms",
               "Locust CPU (cores)"]
     rows = []
     for variant, level in levels(results):
-        lag = level.get("load_generator") or {}
+        lag = level.load_generator or {}
         send, loop = lag.get("send_lag_ms") or {}, lag.get("loop_lag_ms") or {}
-        loc = level.get("locust") or {}
+        loc = level.locust or {}
         cpu = loc["cpu_s"] / loc["wall_s"] if loc.get("wall_s") else None
-        rows.append([variant["name"], str(level["concurrency"]), str(level.get("repeat", 1)),
+        rows.append([variant.name, str(level.concurrency), str(level.repeat),
                      f"{figure(send.get('p50'), 2)} / {figure(send.get('p99'), 2)}",
                      f"{figure(loop.get('p50'), 2)} / {figure(loop.get('p99'), 2)} / {figure(loop.get('max'), 1)}",
                      figure(loop.get("over_50ms"), 0), figure(cpu, 2)])
     return header, rows
 
 
-def _bench_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+def _bench_rows(results: SweepResults) -> tuple[list[str], list[list[str]]]:
     header = ["variant", "batch", "run", "output tok/s Locust / vLLM bench", "TTFT p50 ms Locust / vLLM bench",
               "per-token p50 ms Locust / vLLM bench", "TTFT, per-token request by request",
               "engine drift tok/s, TTFT, per-token", "difference, drift taken out", "agrees",
               "engine TTFT / per-token mean ms", "engine acceptance"]
     rows = []
     for variant, level in levels(results):
-        a = level.get("vllm_bench_agreement")
+        a = level.vllm_bench_agreement
         if not a:
-            error = (level.get("vllm_bench") or {}).get("error")
+            error = (level.vllm_bench or {}).get("error")
             if error:
-                rows.append([variant["name"], str(level["concurrency"]), str(level.get("repeat", 1)), "-", "-", "-",
+                rows.append([variant.name, str(level.concurrency), str(level.repeat), "-", "-", "-",
                              "-", "-", "-", error, "-", "-"])
             continue
 
@@ -323,13 +323,13 @@ def _bench_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
         def pct(field: str, keys: tuple[str, ...] = tuple(vllm_bench.AGREEMENT)) -> str:
             return ", ".join("-" if a[k].get(field) is None else f"{100 * a[k][field]:+.1f}%" for k in keys)
 
-        h = (level.get("server") or {}).get("histograms") or {}
+        h = (level.server or {}).get("histograms") or {}
         engine = " / ".join(figure((h.get(k) or {}).get("mean") and 1000 * h[k]["mean"], 2)
                             for k in ("ttft_s", "per_token_latency_s"))
         accept = " / ".join(figure((w or {}).get("acceptance_rate"), pct=True)
-                            for w in (level.get("server"), level.get("vllm_bench_server")))
+                            for w in (level.server, level.vllm_bench_server))
         off = [k for k, v in a.items() if isinstance(v, dict) and v["agrees"] is False]
-        rows.append([variant["name"], str(level["concurrency"]), str(level.get("repeat", 1)), pair("output_tokens_per_s"),
+        rows.append([variant.name, str(level.concurrency), str(level.repeat), pair("output_tokens_per_s"),
                      pair("ttft_p50_ms"), pair("per_token_p50_ms", 2),
                      pct("matched_difference", ("ttft_p50_ms", "per_token_p50_ms")), pct("engine_drift"),
                      pct("difference_adjusted"),
@@ -339,19 +339,19 @@ def _bench_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
 
 
 # ---------------------------------------------------------------------------------- documents
-def _setup_details(results: dict[str, Any]) -> str:
+def _setup_details(results: SweepResults) -> str:
     """The run's settings in full (the first screen's setup paragraph is the short form)."""
-    s = results.get("settings", {})
-    per_level = {lv["concurrency"]: lv["requests"] for v in results.get("variants", []) for lv in v.get("levels", [])
-                 if lv.get("requests") and "concurrency" in lv}
-    per_rate = {lv["rate"]: lv["requests"] for _, lv in rate_levels(results) if lv.get("requests")}
+    s = results.settings
+    per_level = {lv.concurrency: lv.requests for _, lv in results.levels() if lv.requests and lv.concurrency is not None}
+    per_rate = {lv.rate: lv.requests for _, lv in rate_levels(results) if lv.requests}
     load = ("measured requests per run: " + ", ".join(f"{n} at {r:g}/s" for r, n in sorted(per_rate.items()))
             if per_rate else f"{s.get('duration_s')} s a run" if s.get("duration_s") else
             "measured requests per run: " + ", ".join(f"{n} at batch {c}" for c, n in sorted(per_level.items())))
     load += f", {s.get('repeat', 1)} run(s) of each"
     if s.get("vllm_bench"):
         load += ", each followed by vLLM's serving benchmark on the same server (same prompts, length and concurrency)"
-    intro = (f"Config `{results.get('config')}`, status **{results.get('status')}**. Workload `{s.get('workload')}`, "
+    m = results.machine or {}
+    intro = (f"Config `{results.config}`, status **{results.status}**. Workload `{s.get('workload')}`, "
              f"{s.get('max_tokens')} output tokens per request"
              f"{' (fixed: ignore_eos)' if s.get('fixed_length') else _free_lengths(results)}, "
              f"temperature {s.get('temperature')}, "
@@ -361,9 +361,8 @@ def _setup_details(results: dict[str, Any]) -> str:
                 + (f" (users start {1000 * s['arrival_gap_s']:.0f} ms apart)" if s.get("arrival_gap_s") else ""))
              + f", {load}, {s.get('warmup')} warm-up request(s) per user "
              f"excluded, Locust workers: {s.get('workers') or 'none (one process)'}. "
-             f"Machine: {results.get('machine', {}).get('cpus')} CPUs, vLLM {results.get('machine', {}).get('vllm')}, "
-             f"Locust {results.get('machine', {}).get('locust')}.")
-    plan = results.get("plan")
+             f"Machine: {m.get('cpus')} CPUs, vLLM {m.get('vllm')}, Locust {m.get('locust')}.")
+    plan = results.plan
     if plan and plan.get("order"):
         intro += (f" Order: {plan['order']} ({plan.get('why')}); {plan.get('server_starts')} server start(s)"
                   + (f", estimated {plan['estimated_s'] / 60:.0f} min beforehand." if plan.get("estimated_s") else "."))
@@ -379,12 +378,12 @@ def _how(anchor: str, out: Path | None) -> str:
     return f" Method: {method_link(anchor, out)}."
 
 
-def evidence(results: dict[str, Any], plots: list[Path], sources: Mapping[str, str], out: Path | None) -> list[Section]:
+def evidence(results: SweepResults, plots: list[Path], sources: Mapping[str, str], out: Path | None) -> list[Section]:
     """The sections below the first screen, each a caption, its method's link and its table."""
     return [*_finding_sections(results, out), *_table_sections(results, out), *_file_sections(results, plots, sources)]
 
 
-def _finding_sections(results: dict[str, Any], out: Path | None) -> list[Section]:
+def _finding_sections(results: SweepResults, out: Path | None) -> list[Section]:
     """Every finding in full, then the run-by-run tables of the closed loop and of the open loop."""
     cmp_rows = compare_rows(results)
     compare = ([t for _, t in COMPARE_COLUMNS], [[_cell(k, r[k]) for k, _ in COMPARE_COLUMNS] for r in cmp_rows])
@@ -407,14 +406,13 @@ def _finding_sections(results: dict[str, Any], out: Path | None) -> list[Section
     return out_sections
 
 
-def _table_sections(results: dict[str, Any], out: Path | None) -> list[Section]:
+def _table_sections(results: SweepResults, out: Path | None) -> list[Section]:
     """The evidence every sweep has: content, second opinion, latency, speculation, targets, lag, trust, setup."""
-    s = results.get("settings", {})
-    problems = results.get("problems") or []
-    variants = [[v["name"], v.get("label", ""), v["status"],
-                 v.get("url") or " / ".join(figure(t, 0) for t in v.get("startup_s") or []) or "-",
-                 json.dumps(v.get("speculative_config")) if v.get("speculative_config") else "off",
-                 v.get("error") or ""] for v in results.get("variants", [])]
+    s = results.settings
+    problems = results.problems
+    variants = [[v.name, v.label, v.status, v.url or " / ".join(figure(t, 0) for t in v.startup_s) or "-",
+                 json.dumps(v.speculative_config) if v.speculative_config else "off",
+                 v.error or ""] for v in results.variants]
     return [
         Section("content", "Content: is the output text?",
                 "Per run and client: degenerate requests, distinct 4-grams against the reference, and acceptance "
@@ -445,7 +443,7 @@ def _table_sections(results: dict[str, Any], out: Path | None) -> list[Section]:
     ]
 
 
-def _file_sections(results: dict[str, Any], plots: list[Path], sources: Mapping[str, str]) -> list[Section]:
+def _file_sections(results: SweepResults, plots: list[Path], sources: Mapping[str, str]) -> list[Section]:
     """The plots other than the first screen's, and Locust's own reports."""
     out_sections: list[Section] = []
     others = [p for p in plots if p.name != ANSWER]
@@ -460,23 +458,23 @@ def _file_sections(results: dict[str, Any], plots: list[Path], sources: Mapping[
     return out_sections
 
 
-def first_page(results: dict[str, Any], plots: list[Path], sources: Mapping[str, str] | None = None,
+def first_page(results: SweepResults, plots: list[Path], sources: Mapping[str, str] | None = None,
                out: Path | None = None) -> Page:
     """The report as a `loadtest.reports.page.Page`: verdicts, the speedup picture and the setup first."""
     sources = sources or {}
     answer = ANSWER if any(p.name == ANSWER for p in plots) else None
-    return Page(title=f"Load test: {results.get('config')}", lead=sweep_summary.lead(results),
+    return Page(title=f"Load test: {results.config}", lead=sweep_summary.lead(results),
                 lines=sweep_summary.verdict_lines(results), notes=sweep_summary.notes(results),
                 picture=answer, picture_alt="Speedup of speculation over the baseline, 95% intervals",
                 setup=sweep_summary.setup(results, method_link("reading-the-report", out)),
                 badges=sweep_summary.badges(results), sections=evidence(results, plots, sources, out))
 
 
-def _free_lengths(results: dict[str, Any]) -> str:
+def _free_lengths(results: SweepResults) -> str:
     """Without a fixed length: how long the outputs came out (each request ended at the model's end
     of text or at max_tokens)."""
-    lengths = [(lv["client"].get("output_tokens_per_request") or {}) for _, lv in levels(results)]
-    lengths += [(lv.get("client") or {}).get("output_tokens_per_request") or {} for _, lv in rate_levels(results)]
+    lengths = [(lv.client.get("output_tokens_per_request") or {}) for _, lv in levels(results)]
+    lengths += [(lv.client or {}).get("output_tokens_per_request") or {} for _, lv in rate_levels(results)]
     lengths = [d for d in lengths if d.get("n")]
     if not lengths:
         return " at most (not fixed: each ends at the model's end of text)"
@@ -485,18 +483,16 @@ def _free_lengths(results: dict[str, Any]) -> str:
             f"{max(d['max'] for d in lengths):.0f})")
 
 
-def _locust_links(results: dict[str, Any]) -> list[tuple[str, str]]:
+def _locust_links(results: SweepResults) -> list[tuple[str, str]]:
     out = []
-    for variant in results.get("variants", []):
-        for level in variant.get("levels", []):
-            loc = level.get("locust")
-            if loc:
-                out.append((f"{variant['name']} " + (level_name(level) if "rate" in level else f"c={level['concurrency']}"),
-                            loc["html"]))
+    for variant, level in results.levels():
+        if level.locust:
+            out.append((f"{variant.name} " + (level_name(level) if level.rate is not None else f"c={level.concurrency}"),
+                        level.locust["html"]))
     return out
 
 
-def report_markdown(results: dict[str, Any], plots: list[Path], sources: Mapping[str, str] | None = None,
+def report_markdown(results: SweepResults, plots: list[Path], sources: Mapping[str, str] | None = None,
                     out: Path | None = None) -> str:
     """report.md: the first screen (verdicts, picture, setup, badges), then the evidence. `sources`
     maps a plot's file name to the address its image link gives (default: the PNG beside report.md)."""
@@ -505,7 +501,7 @@ def report_markdown(results: dict[str, Any], plots: list[Path], sources: Mapping
     return page.markdown(first_page(results, plots, sources, out), sources)
 
 
-def write_markdown(results: dict[str, Any], out: Path, plots: list[Path]) -> Path:
+def write_markdown(results: SweepResults, out: Path, plots: list[Path]) -> Path:
     path = out / "report.md"
     write_atomic(path, report_markdown(results, plots, out=out))
     return path
@@ -516,39 +512,33 @@ def embedded(plots: list[Path]) -> dict[str, str]:
     return {p.name: "data:image/png;base64," + base64.b64encode(p.read_bytes()).decode() for p in plots}
 
 
-def write_html(results: dict[str, Any], out: Path, plots: list[Path]) -> Path:
+def write_html(results: SweepResults, out: Path, plots: list[Path]) -> Path:
     from loadtest.reports import page
 
     sources = embedded(plots)
     return write_atomic(out / "report.html", page.html(first_page(results, plots, sources, out), sources))
 
 
-def write_report(results: dict[str, Any], out: Path) -> dict[str, Path]:
+def write_report(results: SweepResults, out: Path) -> dict[str, Path]:
     """results.json (with derived comparisons), report.md, report.html and the PNG plots, each
     written atomically (loadtest.files)."""
     out.mkdir(parents=True, exist_ok=True)
     # A copy: the sweep's own results (what Sweep.save keeps) stay as measured.
-    results = {**results, "comparisons": derive(results)}
+    results = dataclasses.replace(results, comparisons=derive(results))
     if any(True for _ in rate_levels(results)):
-        results["rate_comparisons"] = derive_rates(results)
-    write_json(out / "results.json", results)
+        results.rate_comparisons = derive_rates(results)
+    write_json(out / "results.json", results.to_json())
     plots = plot(results, out)
     return {"json": out / "results.json", "markdown": write_markdown(results, out, plots),
             "html": write_html(results, out, plots), **{p.stem: p for p in plots}}
 
 
-def load_results(report: Path) -> dict[str, Any]:
-    path = report / "results.json" if report.is_dir() else report
-    return json.loads(path.read_text())
-
-
 FOLDER_TIME = re.compile(r"(\d{8}-\d{6})$")  # default_out_dir's suffix, local time
 
 
-def created_at(results: Any, folder: Path) -> float | None:
+def created_at(created: Any, folder: Path) -> float | None:
     """When a sweep was created (seconds since the epoch): its results' `created`, else the time in
     its folder's name; None when neither says."""
-    created = results.get("created") if isinstance(results, dict) else None
     if isinstance(created, str):
         try:
             return datetime.strptime(created, CREATED_FORMAT).timestamp()
@@ -569,10 +559,11 @@ def newest_report(root: Path = Path("reports")) -> Path | None:
     folders that say no time come last, by name. Files that are not JSON are skipped."""
     found = []
     for path in root.glob("*/results.json"):
+        # Raw JSON, not `SweepResults.load`: only `created` is read, and other JSON still counts (by name).
         try:
-            results = json.loads(path.read_text())
+            data = json.loads(path.read_text())
         except (OSError, ValueError):
             continue
-        when = created_at(results, path.parent)
+        when = created_at(data.get("created") if isinstance(data, dict) else None, path.parent)
         found.append((when is not None, when or 0.0, path.parent.name, path.parent))
     return max(found)[-1] if found else None

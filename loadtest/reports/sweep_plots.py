@@ -9,6 +9,7 @@ from typing import Any
 
 from loadtest.measurement import stats
 from loadtest.measurement.derive import SPEEDUPS, derive, derive_rates, levels, summarize_speedups
+from loadtest.measurement.results import SweepResults
 from loadtest.reports import plots
 
 ANSWER = "speedup.png"
@@ -31,7 +32,7 @@ def _averaged(rows: list[dict[str, Any]], keys: tuple[str, ...], by: str = "conc
     return out
 
 
-def plot(results: dict[str, Any], out: Path) -> list[Path]:
+def plot(results: SweepResults, out: Path) -> list[Path]:
     """PNG plots against concurrency (means over repeats); only those with data are written."""
     plt = plots.pyplot()
     series = _client_series(results)
@@ -64,16 +65,16 @@ def plot(results: dict[str, Any], out: Path) -> list[Path]:
     return written
 
 
-def _client_series(results: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
+def _client_series(results: SweepResults) -> dict[str, list[dict[str, Any]]]:
     """Per variant: the client's throughput and latency percentiles at each concurrency, means over repeats."""
     client_rows: dict[str, list[dict[str, Any]]] = {}
     for variant, level in levels(results):
-        c = level["client"]
-        row = {"concurrency": level["concurrency"], "tps": c["output_tokens_per_s"],
+        c = level.client
+        row = {"concurrency": level.concurrency, "tps": c["output_tokens_per_s"],
                "user_tps": c["per_user_tokens_per_s"]["p50"]}
         for key in ("ttft_ms", "per_token_latency_ms"):
             row.update({f"{key}_p{p}": c[key][f"p{p}"] for p in (50, 95, 99)})
-        client_rows.setdefault(variant["name"], []).append(row)
+        client_rows.setdefault(variant.name, []).append(row)
     return {name: _averaged(rows, tuple(k for k in rows[0] if k != "concurrency"))
             for name, rows in client_rows.items()}
 

@@ -10,7 +10,6 @@ up front that it cannot give an interval.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 from loadtest.measurement import content
@@ -19,6 +18,7 @@ from loadtest.traffic import declared as traffic
 from loadtest.traffic import vllm_bench
 from loadtest.measurement.derive import (SPEEDUPS, VALID_SPEEDUP, content_warnings, derive_rates, rate_levels,
                                          slo_lines, summarize_speedups)
+from loadtest.measurement.results import LevelResult, SweepResults, VariantResult
 from loadtest.reports.markdown import figure
 from loadtest.reports.page import Badge, Line
 
@@ -43,44 +43,38 @@ EXIT_CODES = {OK: "every level measured (flags, if any, in the report)", USAGE: 
               INTERRUPTED: "interrupted (partial report written)"}
 
 
-def _all_levels(results: dict[str, Any]) -> Iterator[tuple[dict[str, Any], dict[str, Any]]]:
-    for variant in results.get("variants") or []:
-        for level in variant.get("levels") or []:
-            yield variant, level
-
-
-def exit_code(results: dict[str, Any]) -> int:
+def exit_code(results: SweepResults) -> int:
     """The exit status of `python -m loadtest run` for these results (see the constants above)."""
-    if results.get("status") == "interrupted":
+    if results.status == "interrupted":
         return INTERRUPTED
-    variants = results.get("variants") or []
+    variants = results.variants
     if not variants:
         return USAGE
-    if any(v.get("status") in ("failed", "skipped") for v in variants) or any(
-            lv.get("status") in ("failed", "skipped") for _, lv in _all_levels(results)):
+    if any(v.status in ("failed", "skipped") for v in variants) or any(
+            lv.status in ("failed", "skipped") for _, lv in results.levels()):
         return INCOMPLETE
-    if any((lv.get("consistency") or {}).get("ok") is False for _, lv in _all_levels(results)):
+    if any((lv.consistency or {}).get("ok") is False for _, lv in results.levels()):
         return UNTRUSTED
     return OK
 
 
 # ---------------------------------------------------------------------------------- the lead
-def lead(results: dict[str, Any]) -> str:
+def lead(results: SweepResults) -> str:
     """One sentence when the run is not a complete measurement (or cannot give intervals); empty otherwise."""
-    variants = results.get("variants") or []
-    measured = [(v, lv) for v, lv in _all_levels(results) if (lv.get("client") or {}).get("ok")]
-    planned = (results.get("plan") or {}).get("planned_runs")
-    names = (results.get("plan") or {}).get("variants") or [v["name"] for v in variants]
-    ran = {v["name"] for v, _ in measured}
+    variants = results.variants
+    measured = [(v, lv) for v, lv in results.levels() if lv.ok_client]
+    planned = (results.plan or {}).get("planned_runs")
+    names = (results.plan or {}).get("variants") or [v.name for v in variants]
+    ran = {v.name for v, _ in measured}
     missing = [n for n in names if n not in ran]
     counted = f"{len(measured)} of {planned} runs measured" if planned else f"{len(measured)} runs measured"
     parts = []
-    if results.get("status") == "interrupted":
+    if results.status == "interrupted":
         parts.append(f"Interrupted after {counted}")
-    elif any(v.get("status") in ("failed", "skipped") for v in variants) or any(
-            lv.get("status") in ("failed", "skipped") for _, lv in _all_levels(results)):
-        failed = sorted({v["name"] for v, lv in _all_levels(results) if lv.get("status") in ("failed", "skipped")}
-                        | {v["name"] for v in variants if v.get("status") == "failed"})
+    elif any(v.status in ("failed", "skipped") for v in variants) or any(
+            lv.status in ("failed", "skipped") for _, lv in results.levels()):
+        failed = sorted({v.name for v, lv in results.levels() if lv.status in ("failed", "skipped")}
+                        | {v.name for v in variants if v.status == "failed"})
         parts.append(f"Incomplete: {counted}; failed: {', '.join(failed)}")
         missing = [n for n in missing if n not in failed]
     if parts:
@@ -89,7 +83,7 @@ def lead(results: dict[str, Any]) -> str:
         if "baseline" not in ran or not (ran - {"baseline"}):
             parts.append("no comparison")
         return "; ".join(parts) + "."
-    repeat = (results.get("settings") or {}).get("repeat", 1)
+    repeat = (results.settings or {}).get("repeat", 1)
     if measured and repeat == 1:
         return ("One run per level: no 95% interval can be given, each verdict rests on a single pair of runs "
                 "(--repeat 3 gives intervals).")
@@ -97,15 +91,15 @@ def lead(results: dict[str, Any]) -> str:
 
 
 # ---------------------------------------------------------------------------------- every finding
-def headline(results: dict[str, Any]) -> list[str]:
+def headline(results: SweepResults) -> list[str]:
     """The report's first lines: output that is no text first (`content_warnings`), then per batch
     size, whether speculation pays and by how much."""
     entries = sorted(summarize_speedups(results), key=lambda e: (e["concurrency"], e["variant"]))
-    settings = results.get("settings") or {}
+    settings = results.settings or {}
     lines = traffic.describe(settings) if settings.get("workload") else []  # which traffic ran, first
     lines += [w for e in entries for w in content_warnings(e)]
     # Grouped sweeps (one server start per variant) pair runs by repeat, not by time.
-    grouped = ((results.get("plan") or {}).get("order") == "grouped")
+    grouped = ((results.plan or {}).get("order") == "grouped")
     paired = "each paired with the baseline's run of the same repeat" if grouped else "each beside a baseline run"
     for e in entries:
         parts = []
@@ -130,7 +124,7 @@ def headline(results: dict[str, Any]) -> list[str]:
         + slo_lines(results)
 
 
-def rate_headline(results: dict[str, Any]) -> list[str]:
+def rate_headline(results: SweepResults) -> list[str]:
     """Per speculative variant and rate: the speedups a user sees, averaged over the repeats; and
     each run whose generator fell behind its schedule."""
     groups: dict[tuple[str, float], list[dict[str, Any]]] = {}
@@ -190,7 +184,7 @@ def verdict_word(verdict: str, summary: dict[str, Any] | None = None) -> tuple[s
     return word, tone
 
 
-def verdict_lines(results: dict[str, Any]) -> list[Line]:
+def verdict_lines(results: SweepResults) -> list[Line]:
     """Closed loop: per batch size and speculative variant; open loop: per rate and variant."""
     entries = sorted(summarize_speedups(results), key=lambda e: (e["concurrency"], e["variant"]))
     several = len({e["variant"] for e in entries}) > 1
@@ -213,7 +207,7 @@ def verdict_lines(results: dict[str, Any]) -> list[Line]:
     return lines
 
 
-def _rate_lines(results: dict[str, Any]) -> list[Line]:
+def _rate_lines(results: SweepResults) -> list[Line]:
     rows = [r for r in derive_rates(results) if r["variant"] != "baseline"]
     several = len({r["variant"] for r in rows}) > 1
     contents = rate_contents(results)
@@ -241,11 +235,11 @@ def _rate_lines(results: dict[str, Any]) -> list[Line]:
     return lines
 
 
-def rate_contents(results: dict[str, Any]) -> dict[tuple[str, float], dict[str, Any] | None]:
+def rate_contents(results: SweepResults) -> dict[tuple[str, float], dict[str, Any] | None]:
     """Open loop: the content check of each (variant, rate), its runs merged."""
     contents: dict[tuple[str, float], list[Any]] = {}
     for variant, level in rate_levels(results):
-        contents.setdefault((variant["name"], level["rate"]), []).append((level.get("client") or {}).get("content"))
+        contents.setdefault((variant.name, level.rate), []).append((level.client or {}).get("content"))
     return {key: content.merge(parts) for key, parts in contents.items()}
 
 
@@ -261,7 +255,7 @@ def verdict_rule(m: dict[str, Any]) -> str:
     return "breaks even"
 
 
-def notes(results: dict[str, Any]) -> list[str]:
+def notes(results: SweepResults) -> list[str]:
     """Findings that are not verdicts: where the service targets were met."""
     return slo_lines(results)
 
@@ -271,15 +265,15 @@ def _short(text: str, width: int = 90) -> str:
     return text if len(text) <= width else text[:width - 1].rstrip() + "…"
 
 
-def _where(variant: dict[str, Any], level: dict[str, Any]) -> str:
-    at = f"{level['rate']:g} req/s" if "rate" in level else f"batch {level.get('concurrency')}"
-    return f"{at} {variant['name']} run {level.get('repeat', 1)}"
+def _where(variant: VariantResult, level: LevelResult) -> str:
+    at = f"{level.rate:g} req/s" if level.rate is not None else f"batch {level.concurrency}"
+    return f"{at} {variant.name} run {level.repeat}"
 
 
 AGREEMENT_NAMES = dict(vllm_bench.JUDGED_NAMES)
 
 
-def badges(results: dict[str, Any]) -> list[Badge]:
+def badges(results: SweepResults) -> list[Badge]:
     """Each warning in a few words, grouped where the same one concerns several runs."""
     out: list[Badge] = []
     grouped: dict[tuple[str, str, str], list[str]] = {}
@@ -287,25 +281,25 @@ def badges(results: dict[str, Any]) -> list[Badge]:
     def add(label: str, text: str, target: str, where: str) -> None:
         grouped.setdefault((label, text, target), []).append(where)
 
-    for variant, level in _all_levels(results):
+    for variant, level in results.levels():
         where = _where(variant, level)
-        if level.get("status") in ("failed", "skipped"):
-            out.append(Badge("FAILED", _short(f"{where}: " + "; ".join(level.get("problems") or [level["status"]])),
+        if level.status in ("failed", "skipped"):
+            out.append(Badge("FAILED", _short(f"{where}: " + "; ".join(level.problems or [level.status])),
                              "trust"))
-        agreement = level.get("vllm_bench_agreement") or {}
+        agreement = level.vllm_bench_agreement or {}
         for key, name in AGREEMENT_NAMES.items():
             a = agreement.get(key) or {}
             if a.get("agrees") is False:
                 diff = a.get("difference_adjusted") if a.get("difference_adjusted") is not None else a.get("difference")
                 out.append(Badge("FLAG", f"{where}: vLLM bench {name} differs "
                                  + (f"{100 * diff:+.1f}%" if diff is not None else ""), "second-opinion"))
-        if (level.get("consistency") or {}).get("ok") is False:
-            diff = level["consistency"].get("relative_error")
+        if level.consistency and level.consistency.get("ok") is False:
+            diff = level.consistency.get("relative_error")
             out.append(Badge("UNTRUSTED", f"{where}: client tokens vs server counter"
                              + (f" {100 * diff:.1f}% apart" if diff is not None else ""), "trust"))
-        if (level.get("open_loop") or {}).get("behind"):
+        if (level.open_loop or {}).get("behind"):
             add("BEHIND", "load generator fell behind its schedule", "open-loop", where)
-        for note in level.get("notes") or []:
+        for note in level.notes:
             if "load generator" in note or "event loop" in note or "send lag" in note:
                 add("CLIENT LAG", "the load generator delayed requests or chunks", "lag", where)
     for entry in summarize_speedups(results):
@@ -324,31 +318,31 @@ def badges(results: dict[str, Any]) -> list[Badge]:
     for (label, text, target), wheres in grouped.items():
         where = wheres[0] if len(wheres) == 1 else f"{len(wheres)} runs"
         out.append(Badge(label, f"{where}: {text}", target))
-    problems = [p for p in results.get("problems") or [] if p != "interrupted"
+    problems = [p for p in results.problems if p != "interrupted"
                 and not p.startswith("batch ")]  # a level's systematic line already has its badge
     out += [Badge("PROBLEM", _short(p), "variants") for p in problems]
     return out
 
 
 # ---------------------------------------------------------------------------------- setup
-def setup(results: dict[str, Any], method: str) -> str:
+def setup(results: SweepResults, method: str) -> str:
     """One paragraph: model, drafter, K, workload, temperature, machine, repeats; `method` links the method."""
-    s = results.get("settings") or {}
-    m = results.get("machine") or {}
-    spec = [v for v in results.get("variants") or [] if v["name"] != "baseline" and v.get("k")]
-    served = next((v.get("served_model") for v in results.get("variants") or [] if v.get("served_model")), None)
+    s = results.settings or {}
+    m = results.machine or {}
+    spec = [v for v in results.variants if v.name != "baseline" and v.k]
+    served = next((v.served_model for v in results.variants if v.served_model), None)
     drafters = []
     for v in spec:
-        sc = v.get("speculative_config") or {}
-        what = sc.get("method") or v.get("drafter") or "speculation"
+        sc = v.speculative_config or {}
+        what = sc.get("method") or v.drafter or "speculation"
         if sc.get("model"):
             what += f" `{sc['model']}`"
-        drafters.append(f"{what}, K={v.get('k')}")
+        drafters.append(f"{what}, K={v.k}")
     load = (f"open loop at {', '.join(f'{r:g}' for r in s['rates'])} req/s (Poisson arrivals)" if s.get("rates")
             else f"closed loop at batch {', '.join(str(u) for u in s.get('users') or [])}")
-    order = (results.get("plan") or {}).get("order")
+    order = (results.plan or {}).get("order")
     length = f"{s.get('max_tokens')} output tokens" + (" (fixed)" if s.get("fixed_length") else " at most")
-    target = f"`{served}`" if served else f"config `{results.get('config')}`"
+    target = f"`{served}`" if served else f"config `{results.config}`"
     commit = f", commit {m['commit']}" if m.get("commit") else ""
     said = traffic.describe(s) if s.get("workload") else []  # which traffic ran, as the plan said it
     return (f"**Setup.** Target {target} ({'; '.join(drafters) or 'no speculative variant'}) against the same "
@@ -357,7 +351,7 @@ def setup(results: dict[str, Any], method: str) -> str:
             + f"Workload `{s.get('workload')}`, {length}, temperature {s.get('temperature')}; {load}; {s.get('repeat', 1)} run(s) of each"
             + (f", {order} order" if order else "") + f". Machine: {m.get('cpus')} CPUs"
             + (f" ({m['platform']})" if m.get("platform") else "") + f", vLLM {m.get('vllm')}{commit}. "
-            f"Status **{results.get('status')}**. How each figure is computed: {method}.")
+            f"Status **{results.status}**. How each figure is computed: {method}.")
 
 
 def announce(code: int) -> int:

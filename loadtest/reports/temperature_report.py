@@ -6,14 +6,25 @@ terminal (`python -m loadtest compare` on a temperature run's folder).
 
 from __future__ import annotations
 
-import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from loadtest.files import write_atomic, write_json
 from loadtest.measurement.derive import derive, summarize_speedups
+from loadtest.measurement.results import SweepResults
 from loadtest.reports import markdown
 from loadtest.reports import plots
+
+
+@dataclass
+class TemperatureRun:
+    """One temperature's sweep: its results and its report's folder (beside temperature.md)."""
+
+    temperature: float
+    report: str
+    """The folder's name, `temperature-<T>`."""
+    results: SweepResults
 
 
 SUMMARY_KEYS = ("acceptance_rate", "mean_accepted_length", "speedup", "vllm_bench_speedup", "measured_speedup")
@@ -27,18 +38,18 @@ def spread(values: list[float]) -> dict[str, float | int | None]:
     return {"n": len(values), "mean": sum(values) / len(values), "min": min(values), "max": max(values)}
 
 
-def summary_rows(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def summary_rows(runs: list[TemperatureRun]) -> list[dict[str, Any]]:
     """Per temperature, concurrency and speculative variant: acceptance, tokens per step and the
     speedups over the repeats (each repeat paired with its own baseline run), and the verdict
     each temperature's report gives."""
     rows = []
     for run in runs:
-        verdicts = {(e["variant"], e["concurrency"]): e["verdict"] for e in summarize_speedups(run)}
+        verdicts = {(e["variant"], e["concurrency"]): e["verdict"] for e in summarize_speedups(run.results)}
         groups: dict[tuple[str, int], list[dict[str, Any]]] = {}
-        for d in derive(run):
+        for d in derive(run.results):
             groups.setdefault((d["variant"], d["concurrency"]), []).append(d)
         for (variant, concurrency), derived in groups.items():
-            row: dict[str, Any] = {"temperature": run["temperature"], "variant": variant, "concurrency": concurrency,
+            row: dict[str, Any] = {"temperature": run.temperature, "variant": variant, "concurrency": concurrency,
                                    "runs": len(derived), "verdict": verdicts.get((variant, concurrency), "-")}
             for key in SUMMARY_KEYS:
                 row[key] = spread([d[key] for d in derived if d.get(key) is not None])
@@ -65,14 +76,13 @@ def summary_table(rows: list[dict[str, Any]]) -> str:
          _spread_cell(r.get("measured_speedup"), ".2f"), r["verdict"]] for r in rows])
 
 
-def load_runs(out: Path) -> list[dict[str, Any]]:
+def load_runs(out: Path) -> list[TemperatureRun]:
     """The sweeps of a temperature run, read back from their folders (to rebuild the summary)."""
     runs = []
     for results_file in sorted(out.glob("temperature-*/results.json")):
-        results = json.loads(results_file.read_text())
-        runs.append({**results, "temperature": float(results["settings"]["temperature"]),
-                     "report": results_file.parent.name})
-    return sorted(runs, key=lambda r: r["temperature"])
+        results = SweepResults.load(results_file)
+        runs.append(TemperatureRun(float(results.settings["temperature"]), results_file.parent.name, results))
+    return sorted(runs, key=lambda r: r.temperature)
 
 
 def plot_summary(rows: list[dict[str, Any]], out: Path) -> Path | None:
@@ -104,40 +114,40 @@ def plot_summary(rows: list[dict[str, Any]], out: Path) -> Path | None:
     return path
 
 
-def run_problems(results: dict[str, Any]) -> list[str]:
+def run_problems(results: SweepResults) -> list[str]:
     """A sweep's own problems and its runs' (each distinct one once, with where it happened)."""
-    found: dict[str, list[str]] = {p: [] for p in results.get("problems", [])}
-    for variant in results.get("variants", []):
-        if variant.get("error") and not variant.get("levels"):
-            found.setdefault(variant["error"], []).append(variant["name"])
-        for level in variant.get("levels", []):
-            for problem in level.get("problems", []):
-                found.setdefault(problem, []).append(f"{variant['name']} c={level['concurrency']}")
+    found: dict[str, list[str]] = {p: [] for p in results.problems}
+    for variant in results.variants:
+        if variant.error and not variant.levels:
+            found.setdefault(variant.error, []).append(variant.name)
+        for level in variant.levels:
+            for problem in level.problems:
+                found.setdefault(problem, []).append(f"{variant.name} c={level.concurrency}")
     return [f"{p} ({', '.join(dict.fromkeys(where))})" if where else p for p, where in found.items()] or ["-"]
 
 
-def write_summary(runs: list[dict[str, Any]], out: Path) -> dict[str, Path]:
+def write_summary(runs: list[TemperatureRun], out: Path) -> dict[str, Path]:
     """temperature.json, temperature.md (the table, links to each sweep's report) and temperature.png."""
     out.mkdir(parents=True, exist_ok=True)
     rows = summary_rows(runs)
-    first = runs[0] if runs else {}
-    draft = next((v.get("speculative_config") for v in first.get("variants", []) if v.get("speculative_config")), None)
+    first = runs[0].results if runs else SweepResults()  # no runs: an empty sweep's words
+    draft = next((v.speculative_config for v in first.variants if v.speculative_config), None)
     # A server the sweep started has the kit's whole speculative_config (greedy unless it says); a
     # running one tells only its K.
     sampling = ("-" if not draft else draft.get("draft_sample_method", "greedy") if "method" in draft
                 else "not known (a running server does not say)")
-    settings = first.get("settings", {})
-    write_json(out / "temperature.json", {"config": first.get("config"), "draft_sample_method": sampling,
+    settings = first.settings
+    write_json(out / "temperature.json", {"config": first.config, "draft_sample_method": sampling,
                                           "settings": settings, "rows": rows,
-                                          "sweeps": {f"{r['temperature']:g}": {"report": r["report"],
-                                                                               "status": r["status"],
-                                                                               "problems": r["problems"]}
+                                          "sweeps": {f"{r.temperature:g}": {"report": r.report,
+                                                                            "status": r.results.status,
+                                                                            "problems": r.results.problems}
                                                      for r in runs}})
     plot = plot_summary(rows, out)
-    problems = [f"- temperature {r['temperature']:g}: {r['status']}: " + "; ".join(run_problems(r))
-                for r in runs if r["status"] != "ok"]
+    problems = [f"- temperature {r.temperature:g}: {r.results.status}: " + "; ".join(run_problems(r.results))
+                for r in runs if r.results.status != "ok"]
     text = "\n".join([
-        f"# Acceptance and speedup against temperature: {first.get('config')}", "",
+        f"# Acceptance and speedup against temperature: {first.config}", "",
         f"Draft sampling: **{sampling}** (vLLM's `draft_sample_method`). Workload {settings.get('workload')}, "
         f"{settings.get('max_tokens')} output tokens, {settings.get('repeat')} run(s) of each variant at each batch "
         f"size and temperature, each beside a baseline run; means with [lowest-highest run]. Acceptance is the "
@@ -147,7 +157,7 @@ def write_summary(runs: list[dict[str, Any]], out: Path) -> dict[str, Path]:
         *(["## Problems", "", *problems, ""] if problems else []),
         *([f"![acceptance and speedup against temperature]({plot.name})", ""] if plot else []),
         "## Each temperature's report", "",
-        *[f"- T={r['temperature']:g}: [{r['report']}/report.md]({r['report']}/report.md) ({r['status']})" for r in runs],
+        *[f"- T={r.temperature:g}: [{r.report}/report.md]({r.report}/report.md) ({r.results.status})" for r in runs],
         ""])
     md = write_atomic(out / "temperature.md", text)
     return {"json": out / "temperature.json", "markdown": md, **({"plot": plot} if plot else {})}

@@ -41,11 +41,10 @@ from loadtest import arg_types
 from loadtest.cli_options import CliOption, add_cli_options, cli_values
 from loadtest.measurement import slo
 from loadtest.measurement.capacity_figures import BASELINE, OUTCOMES, crossover, paired_speedups, revised
-from loadtest.files import write_json
+from loadtest.measurement.results import CREATED_FORMAT, CapacityLevel, CapacityResults, LevelResult, Status
 from loadtest.sampling import sampling
 
 log = logging.getLogger("specdeploy.loadtest")
-SCHEMA = 1
 SCAN_STEP = math.sqrt(2)
 """Each scan rate is this times the one before."""
 SATURATED = 1.05
@@ -54,7 +53,7 @@ SECOND_OPINION_SHARES = (0.5, 0.8)
 """vLLM's benchmark runs beside Locust at these shares of the smaller capacity (below it: the
 targets hold there, so the two clients compare a served load, not a queue)."""
 
-Measure = Callable[[str, float, int], dict[str, Any]]
+Measure = Callable[[str, float, int], LevelResult]
 """measure(variant, rate, repeat) -> a rate level (see `Levels.measure`)."""
 
 
@@ -64,8 +63,8 @@ class Levels(Protocol):
     variants: list[str]
 
     def measure(self, variant: str, rate: float, repeat: int, *, vllm_bench: bool = False,
-                duration_s: float | None = None) -> dict[str, Any]:
-        """One open-loop level of `variant` at `rate` req/s: the level's dict (client, open_loop,
+                duration_s: float | None = None) -> LevelResult:
+        """One open-loop level of `variant` at `rate` req/s: the level (client, open_loop,
         slo, server, status, problems; with `vllm_bench`, the benchmark beside it). `repeat`
         picks the arrival sequence: the same (rate, repeat) gives every variant the same one."""
         ...
@@ -158,26 +157,26 @@ def canonical(rate: float) -> float:
 
 
 # ---------------------------------------------------------------------------------- judging a level
-def judge(level: dict[str, Any]) -> tuple[bool, str]:
+def judge(level: LevelResult) -> tuple[bool, str]:
     """Whether one run meets the targets, and why not: every target met, the generator on its
     schedule, and every request served (a refused, timed-out or failed one means the load asked
     was not the load served, whatever the latencies of the rest)."""
-    if level.get("status") in ("failed", "skipped"):
-        return False, "not measured: " + ("; ".join(level.get("problems") or []) or level["status"])
-    ol = level.get("open_loop") or {}
+    if level.status in ("failed", "skipped"):
+        return False, "not measured: " + ("; ".join(level.problems) or level.status)
+    ol = level.open_loop or {}
     if ol.get("behind"):
         achieved, reasons = ol.get("achieved_rate"), ol.get("behind_reasons") or []
         return False, "the load generator fell behind its schedule" + (
             f" ({'; '.join(reasons)})" if reasons else
-            f" (achieved {achieved:.3g} of {level.get('rate', 0):.3g} req/s)" if achieved is not None else "")
+            f" (achieved {achieved:.3g} of {level.rate or 0:.3g} req/s)" if achieved is not None else "")
     outcomes = ol.get("outcomes") or {}
     lost = {k: outcomes[k] for k in ("refused", "timed_out", "failed", "unsent") if outcomes.get(k)}
     if lost:
         return False, "requests not served: " + ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in lost.items())
-    client = level.get("client") or {}
+    client = level.client or {}
     if client.get("failed"):
         return False, f"{client['failed']} of {client.get('requests')} requests failed"
-    result = level.get("slo")
+    result = level.slo
     if not result or not client.get("ok"):
         return False, "no request served"
     if not result.get("met"):
@@ -285,7 +284,7 @@ def search(measure: Measure, variants: Sequence[str], settings: CapacitySettings
            searches: dict[str, VariantSearch] | None = None) -> dict[str, dict[str, Any]]:
     """Every variant's capacity. Whichever variant leads a step (they take turns), every variant
     is measured at its (rate, repeat), so each rate visited pairs them up. `measure` returns the
-    level's dict; `judge` reads it. Returns each variant's `VariantSearch.result()`."""
+    level; `judge` reads it. Returns each variant's `VariantSearch.result()`."""
     searches = searches if searches is not None else {v: VariantSearch(v, settings) for v in variants}
     done: set[tuple[str, float, int]] = set()
     turn = 0
@@ -357,22 +356,21 @@ class Capacity:
     current after every level (`save`)."""
 
     def __init__(self, levels: Levels, settings: CapacitySettings, out: Path, context: dict[str, Any] | None = None):
+        """`context`: what the search ran on (config, machine, traffic, request: `CapacityResults`' fields)."""
         settings.check()
         self.levels, self.settings, self.out = levels, settings, out
         variants = list(levels.variants)
         self.spec = next((v for v in variants if v != BASELINE), None)
-        self.result: dict[str, Any] = {
-            "schema": SCHEMA, "status": "running", "slo": settings.slo, "settings": asdict(settings),
-            "variants": variants, "spec_variant": self.spec, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "levels": [], "capacity": {}, "crossover": None, "scan": None, "second_opinion": [], "overload": {}, "problems": [],
-            **(context or {})}
+        self.result = CapacityResults(slo=settings.slo, settings=asdict(settings), variants=variants,
+                                      spec_variant=self.spec, created=time.strftime(CREATED_FORMAT),
+                                      **(context or {}))
         self.searches = {v: VariantSearch(v, settings) for v in variants}
 
     def save(self) -> Path:
         self.out.mkdir(parents=True, exist_ok=True)
-        return write_json(self.out / "capacity.json", self.result)
+        return self.result.save(self.out / "capacity.json")
 
-    def _measure(self, variant: str, rate: float, repeat: int, phase: str, **options: Any) -> dict[str, Any]:
+    def _measure(self, variant: str, rate: float, repeat: int, phase: str, **options: Any) -> CapacityLevel:
         began = time.monotonic()
         try:
             level = self.levels.measure(variant, rate, repeat, **options)
@@ -380,22 +378,22 @@ class Capacity:
             raise
         except Exception as exc:  # noqa: BLE001 - a level that could not run fails, the search goes on
             log.exception("%s at %g req/s", variant, rate)
-            level = {"status": "failed", "problems": [f"{type(exc).__name__}: {exc}"]}
+            level = LevelResult(status="failed", problems=[f"{type(exc).__name__}: {exc}"])
         passed, why = judge(level)
-        entry = {**level, "variant": variant, "rate": rate, "repeat": repeat, "phase": phase,
-                 "sequence": len(self.result["levels"]) + 1, "wall_s": round(time.monotonic() - began, 1),
-                 "meets_targets": passed, "why": why}
-        if not passed and level.get("status") in ("failed", "skipped"):
+        entry = CapacityLevel.of(level, variant=variant, rate=rate, repeat=repeat, phase=phase,
+                                 sequence=len(self.result.levels) + 1, wall_s=round(time.monotonic() - began, 1),
+                                 meets_targets=passed, why=why)
+        if not passed and level.status in ("failed", "skipped"):
             gone = self.levels.alive(variant)
             if gone:
-                entry["server_gone"] = gone
+                entry.server_gone = gone
                 self.searches[variant].stopped = f"server not answering: {gone}"
-        self.result["levels"].append(entry)
+        self.result.levels.append(entry)
         log.info("%s at %g req/s (run %d, %s): %s", variant, rate, repeat, phase, why)
         self.save()
         return entry
 
-    def run(self) -> dict[str, Any]:
+    def run(self) -> CapacityResults:
         try:
             self._search()
             self._scan()
@@ -404,8 +402,8 @@ class Capacity:
             if self.settings.overload_s > 0:
                 self._overload()
         except KeyboardInterrupt:
-            self.result["status"] = "interrupted"
-            self.result["problems"].append("interrupted: the levels measured so far are kept")
+            self.result.status = "interrupted"
+            self.result.problems.append("interrupted: the levels measured so far are kept")
             raise
         finally:
             self._conclude()
@@ -414,28 +412,28 @@ class Capacity:
 
     def _search(self) -> None:
         variants = list(self.levels.variants)
-        self.result["capacity"] = search(lambda v, r, n: self._measure(v, r, n, "search"), variants, self.settings,
-                                         self.searches)
+        self.result.capacity = search(lambda v, r, n: self._measure(v, r, n, "search"), variants, self.settings,
+                                      self.searches)
         self._conclude()
 
     def _conclude(self) -> None:
-        self.result["capacity"] = {v: s.result() for v, s in self.searches.items()}
+        self.result.capacity = {v: s.result() for v, s in self.searches.items()}
         if self.spec and BASELINE in self.searches:
-            points = paired_speedups(self.result["levels"], self.spec)
-            self.result["speedups"] = points
-            self.result["crossover"] = {**crossover(points), "e2e": crossover(points, "e2e_speedup")}
+            points = paired_speedups(self.result.levels, self.spec)
+            self.result.speedups = points
+            self.result.crossover = {**crossover(points), "e2e": crossover(points, "e2e_speedup")}
         # Capacities a later run at a lower rate contradicts (`revised`): for programs, as the headline says them.
-        self.result["revised"] = {v: r for v in self.result["capacity"] if (r := revised(self.result, v))}
-        if self.result["status"] == "running" or self.result["status"] in ("ok", "flagged"):
-            self.result["status"] = self._status()
+        self.result.revised = {v: r for v in self.result.capacity if (r := revised(self.result, v))}
+        if self.result.status in ("running", "ok", "flagged"):
+            self.result.status = self._status()
 
-    def _status(self) -> str:
-        caps = self.result["capacity"].values()
+    def _status(self) -> Status:
+        caps = self.result.capacity.values()
         if any(c["status"] == "stopped" for c in caps):
             return "failed"
-        flagged = self.result["problems"] or self.result.get("revised") or any(
-            r.get("agrees") is False or r.get("error") for r in self.result["second_opinion"]) or any(
-            o.get("problems") for o in self.result["overload"].values())
+        flagged = self.result.problems or self.result.revised or any(
+            r.get("agrees") is False or r.get("error") for r in self.result.second_opinion) or any(
+            o.get("problems") for o in self.result.overload.values())
         return "flagged" if flagged else "ok"
 
     def _scan(self) -> None:
@@ -448,9 +446,9 @@ class Capacity:
         if not self.spec or BASELINE not in self.searches or s.scan_steps <= 0:
             return
         scan: dict[str, Any] = {"rates": [], "ended": "", "saturated_at": None}
-        self.result["scan"] = scan
+        self.result.scan = scan
         while True:
-            points = [p for p in paired_speedups(self.result["levels"], self.spec) if p.get("speedup") is not None]
+            points = [p for p in paired_speedups(self.result.levels, self.spec) if p.get("speedup") is not None]
             if not points:
                 scan["ended"] = "no rate measured on both variants"
                 break
@@ -484,24 +482,24 @@ class Capacity:
 
     def _throughput(self, variant: str, rate: float) -> float | None:
         """Mean output tokens/s of the variant's served runs at `rate` (overload levels aside)."""
-        figures = [lv["client"]["output_tokens_per_s"] for lv in self.result["levels"]
-                   if lv["variant"] == variant and lv["rate"] == rate and lv["phase"] != "overload"
-                   and (lv.get("client") or {}).get("ok") and lv["client"].get("output_tokens_per_s")]
+        figures = [c["output_tokens_per_s"] for lv in self.result.levels
+                   if lv.variant == variant and lv.rate == rate and lv.phase != "overload"
+                   and (c := lv.ok_client) and c.get("output_tokens_per_s")]
         return sum(figures) / len(figures) if figures else None
 
     def _smaller_capacity(self) -> float | None:
-        found = [c["capacity"] for c in self.result["capacity"].values() if c["capacity"] is not None]
+        found = [c["capacity"] for c in self.result.capacity.values() if c["capacity"] is not None]
         return min(found) if found else None
 
     def _next_repeat(self, variant: str, rate: float) -> int:
         """A repeat number not used at this rate yet (each run its own files and arrivals)."""
-        used = [lv["repeat"] for lv in self.result["levels"] if lv["rate"] == rate and lv["variant"] == variant]
+        used = [lv.repeat for lv in self.result.levels if lv.rate == rate and lv.variant == variant]
         return max(used, default=0) + 1
 
     def _second_opinion(self) -> None:
         cap = self._smaller_capacity()
         if cap is None:
-            self.result["problems"].append("second opinion skipped: no variant met the targets at any rate")
+            self.result.problems.append("second opinion skipped: no variant met the targets at any rate")
             return
         for share in SECOND_OPINION_SHARES:
             rate = canonical(share * cap)
@@ -510,15 +508,15 @@ class Capacity:
                 if self.searches[v].stopped:
                     continue
                 level = self._measure(v, rate, repeat, "second opinion", vllm_bench=True)
-                self.result["second_opinion"].append(second_opinion_row(level, share))
+                self.result.second_opinion.append(second_opinion_row(level, share))
 
     def _overload(self) -> None:
         for v in self.levels.variants:
             # Twice the capacity every run allows: the search's, or the revised one (`revised`).
-            cap = (revised(self.result, v) or self.result["capacity"][v])["capacity"]
+            cap = (revised(self.result, v) or self.result.capacity[v])["capacity"]
             if cap is None or self.searches[v].stopped:
-                self.result["overload"][v] = {"skipped": "no capacity found" if cap is None
-                                              else self.searches[v].stopped}
+                self.result.overload[v] = {"skipped": "no capacity found" if cap is None
+                                           else self.searches[v].stopped}
                 continue
             rate = canonical(2 * cap)
             watch = MemoryWatch()
@@ -526,48 +524,48 @@ class Capacity:
                 level = self._measure(v, rate, self._next_repeat(v, rate), "overload",
                                       duration_s=self.settings.overload_s)
             gone = self.levels.alive(v)
-            self.result["overload"][v] = overload_summary(level, gone, watch.to_json(), self.settings.overload_s)
+            self.result.overload[v] = overload_summary(level, gone, watch.to_json(), self.settings.overload_s)
             self.save()
 
 
-def second_opinion_row(level: dict[str, Any], share: float) -> dict[str, Any]:
+def second_opinion_row(level: CapacityLevel, share: float) -> dict[str, Any]:
     """Locust against vLLM's benchmark in one level, figure by figure (`vllm_bench.compare`'s verdicts)."""
-    agreement = level.get("vllm_bench_agreement") or {}
+    agreement = level.vllm_bench_agreement or {}
     figures = {}
     for key in ("output_tokens_per_s", "ttft_p50_ms", "per_token_p50_ms"):
         a = agreement.get(key) or {}
         diff = a.get("difference_adjusted") if a.get("difference_adjusted") is not None else a.get("difference")
         figures[key] = {"locust": a.get("locust"), "vllm_bench": a.get("vllm_bench"), "difference": diff,
                         "tolerance": a.get("tolerance"), "agrees": a.get("agrees")}
-    bench = level.get("vllm_bench") or {}
-    return {"variant": level["variant"], "rate": level["rate"], "share": share, "figures": figures,
+    bench = level.vllm_bench or {}
+    return {"variant": level.variant, "rate": level.rate, "share": share, "figures": figures,
             "agrees": agreement.get("agrees"), "error": bench.get("error"),
-            "achieved_rate": (level.get("open_loop") or {}).get("achieved_rate")}
+            "achieved_rate": (level.open_loop or {}).get("achieved_rate")}
 
 
-def overload_summary(level: dict[str, Any], gone: str | None, memory: dict[str, Any],
+def overload_summary(level: LevelResult, gone: str | None, memory: dict[str, Any],
                      duration_s: float) -> dict[str, Any]:
     """What an overload level shows: the server up after it, every request accounted for (sent ==
     served + refused + timed out + failed), and the kit's own peak memory."""
-    ol = level.get("open_loop") or {}
+    ol = level.open_loop or {}
     outcomes = {k: (ol.get("outcomes") or {}).get(k) for k in (*OUTCOMES, "unsent")}
     ended = sum(outcomes[k] or 0 for k in OUTCOMES)
     sent = ol.get("sent")
     if sent is None:
-        sent = (level.get("client") or {}).get("requests")
+        sent = (level.client or {}).get("requests")
     problems = []
     if gone:
         problems.append(f"the server did not survive the overload: {gone}")
-    if level.get("status") in ("failed", "skipped"):
-        problems.append("the level did not finish: " + "; ".join(level.get("problems") or [level.get("status", "")]))
+    if level.status in ("failed", "skipped"):
+        problems.append("the level did not finish: " + "; ".join(level.problems or [level.status]))
     if sent is None:
         problems.append("the level reports no count of sent requests")
     elif sent != ended:
         problems.append(f"{sent - ended} of {sent} sent requests have no outcome (sent {sent}, ended {ended})")
-    return {"rate": level["rate"], "duration_s": duration_s, "achieved_rate": ol.get("achieved_rate"),
+    return {"rate": level.rate, "duration_s": duration_s, "achieved_rate": ol.get("achieved_rate"),
             "behind": ol.get("behind"), "sent": sent, "outcomes": outcomes, "accounted": sent == ended,
             "server_up_after": gone is None, "server_gone": gone, "memory": memory,
-            "status": level.get("status"), "problems": problems}
+            "status": level.status, "problems": problems}
 
 
 class SweepLevels:
@@ -580,10 +578,10 @@ class SweepLevels:
         self.variants = sweep.variants()
 
     def measure(self, variant: str, rate: float, repeat: int, *, vllm_bench: bool = False,
-                duration_s: float | None = None) -> dict[str, Any]:
+                duration_s: float | None = None) -> LevelResult:
         """One level; `duration_s`: the requests arriving in this long instead of the sweep's own
         count or duration (the sweep's settings stay as they are)."""
-        return dict(self.sweep.rate_level(variant, rate, repeat, vllm_bench=vllm_bench, duration_s=duration_s))
+        return self.sweep.rate_level(variant, rate, repeat, vllm_bench=vllm_bench, duration_s=duration_s)
 
     def alive(self, variant: str) -> str | None:
         return self.sweep.server_health(variant)

@@ -22,52 +22,54 @@ DISAGREE = "Locust and vLLM's benchmark disagree: "
 
 
 def judge_second_opinion(level: LevelResult, bench: dict[str, Any], records: list[RequestRecord],
-                         workload: Workload, workers: int) -> None:
+                         workload: Workload, workers: int, schedule: int | None) -> None:
     """Compare a level's Locust run with the benchmark's (`vllm_bench.compare`, request by request
-    where the two match) and keep the verdict, and a problem where they disagree, in the level."""
-    open_loop = "rate" in level
+    where the two match) and keep the verdict, and a problem where they disagree, in the level.
+    `schedule`: an open loop's requests (its whole arrival schedule); None for a closed loop."""
+    open_loop = schedule is not None
     # Open loop: request i is the workload's i-th prompt in one process's order, whatever the workers.
-    sequence = [item.id for item in workload.sequence(level["requests"] if open_loop else level["client"]["requests"],
+    sequence = [item.id for item in workload.sequence(schedule if schedule is not None else level.client["requests"],
                                                       0 if open_loop else workers)]
     matched = vllm_bench.matched_ratios(records, bench, sequence)
-    agreement = vllm_bench.compare(level["client"], bench, level.get("server"), level.get("vllm_bench_server"),
+    agreement = vllm_bench.compare(level.client, bench, level.server, level.vllm_bench_server,
                                    matched, open_loop=open_loop)
-    level["vllm_bench_agreement"] = agreement
+    level.vllm_bench_agreement = agreement
     off = [f"{k} {100 * (v['difference_adjusted'] if v['difference_adjusted'] is not None else v['difference']):+.1f}%"
            f" (tolerance {100 * v['tolerance']:.0f}%"
            + (f"; the engine itself {100 * v['engine_drift']:+.1f}% between the two windows, taken out)"
               if v["engine_drift"] is not None else ")")
            for k, v in agreement.items() if isinstance(v, dict) and v["agrees"] is False]
-    level["problems"] = [p for p in level["problems"] if not p.startswith(DISAGREE)]
+    level.problems = [p for p in level.problems if not p.startswith(DISAGREE)]
     if off:
-        level["problems"].append(DISAGREE + ", ".join(off))
+        level.problems.append(DISAGREE + ", ".join(off))
 
 
 def rejudge(results: SweepResults, out: Path) -> SweepResults:
     """Judge a finished sweep's second opinions again with this code, from what it kept: Locust's
     records and the benchmark's own result file of every level (a report made before a change of
     method gets the current one; its measurements stay as they were)."""
-    s = results["settings"]
+    s = results.settings
     workload = load_workload(s["workload"])
-    for variant in results["variants"]:
-        for level in variant["levels"]:
-            raw_file = out / "vllm-bench" / Path(level.get("locust", {}).get("records", "")).name / "result.json"
-            if "vllm_bench_agreement" not in level or not raw_file.is_file():
+    for variant in results.variants:
+        for level in variant.levels:
+            raw_file = out / "vllm-bench" / Path((level.locust or {}).get("records", "")).name / "result.json"
+            if level.vllm_bench_agreement is None or not raw_file.is_file():
                 continue
-            level["vllm_bench"] = {**level["vllm_bench"],
-                                   **vllm_bench.summarize(json.loads(raw_file.read_text()), level.get("concurrency"))}
-            records = load_records(out / level["locust"]["records"])
-            judge_second_opinion(level, level["vllm_bench"], records, workload, s.get("workers", 0))
-            if level["status"] != "failed":
-                level["status"] = "flagged" if level["problems"] else "ok"
-        if variant["status"] in ("ok", "flagged"):
-            variant["status"] = "flagged" if any(lv["status"] == "flagged" for lv in variant["levels"]) else "ok"
-    results["problems"] = [p for p in results["problems"] if "Locust against vLLM's benchmark" not in p]
+            level.vllm_bench = {**(level.vllm_bench or {}),
+                                **vllm_bench.summarize(json.loads(raw_file.read_text()), level.concurrency)}
+            records = load_records(out / level.locust["records"])
+            judge_second_opinion(level, level.vllm_bench, records, workload, s.get("workers", 0),
+                                 level.requests if level.rate is not None else None)
+            if level.status != "failed":
+                level.status = "flagged" if level.problems else "ok"
+        if variant.status in ("ok", "flagged"):
+            variant.status = "flagged" if any(lv.status == "flagged" for lv in variant.levels) else "ok"
+    results.problems = [p for p in results.problems if "Locust against vLLM's benchmark" not in p]
     for entry in vllm_bench.systematic_by_level(results):
         if entry["agrees"] is False:
-            results["problems"].append(vllm_bench.describe_systematic(entry))
-    if results["status"] in ("ok", "flagged"):
-        results["status"] = overall_status(results)
+            results.problems.append(vllm_bench.describe_systematic(entry))
+    if results.status in ("ok", "flagged"):
+        results.status = overall_status(results)
     return results
 
 
@@ -172,9 +174,9 @@ def load_generator_notes(outcome: LocustOutcome, workers: int, lag: dict[str, An
 
 
 def overall_status(results: SweepResults) -> str:
-    statuses = [v["status"] for v in results["variants"]]
-    if results["problems"] and not statuses:
+    statuses = [v.status for v in results.variants]
+    if results.problems and not statuses:
         return "failed"
     if "failed" in statuses:
         return "failed"
-    return "flagged" if "flagged" in statuses or results["problems"] else "ok"
+    return "flagged" if "flagged" in statuses or results.problems else "ok"

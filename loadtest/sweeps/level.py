@@ -26,6 +26,7 @@ from loadtest.traffic import vllm_bench
 from loadtest.traffic.client import auth_headers
 from loadtest.traffic.endpoint import RemoteServer
 from loadtest.traffic.locust_run import LocustJob, LocustOutcome, run_locust
+from loadtest.traffic.request_settings import RequestSettings
 from loadtest.traffic.workloads import Workload
 
 log = logging.getLogger("specdeploy.loadtest")
@@ -77,7 +78,7 @@ class LevelRun:
     @property
     def metrics(self) -> bool:
         """Whether the server's /metrics can be read (a running server given by URL may hide it)."""
-        return bool(self.state.entry.get("metrics", True))
+        return self.state.entry.metrics is not False
 
     @property
     def auth(self) -> dict[str, str] | None:
@@ -92,8 +93,11 @@ class LevelRunner:
     warm-up -> settled /metrics snapshot -> measured Locust run -> snapshot -> judge, into a
     `LevelResult`; files under `out` (records/, locust/, logs/, vllm-bench/)."""
 
-    def __init__(self, settings: SweepSettings, out: Path, workload: Workload, targets: list[slo.Target]):
+    def __init__(self, settings: SweepSettings, request: RequestSettings, out: Path, workload: Workload,
+                 targets: list[slo.Target]):
         self.settings = settings
+        self.request = request
+        """What each request looks like (the sweep's: `Sweep.request`), for Locust and vLLM's benchmark."""
         self.out = out
         self.workload = workload
         """The sweep's workload (vLLM's benchmark's dataset, and the prompts' order it is matched by)."""
@@ -105,10 +109,10 @@ class LevelRunner:
         s = self.settings
         run = LevelRun(state, users, f"{variant.name}-c{users}" + (f"-r{repeat}" if s.repeat > 1 else ""),
                        title, 0 if s.duration_s else requests_for(users, s.requests), s.duration_s, s.vllm_bench)
-        level: LevelResult = {"concurrency": users, "repeat": repeat, "requests": run.total or None,
-                              "duration_target_s": s.duration_s,
-                              "configured_k": configured_k(state.resolved, variant, users), "problems": []}
-        return self.run(run, level)
+        level = self.run(run)
+        level.concurrency, level.repeat, level.requests = users, repeat, run.total or None
+        level.duration_target_s, level.configured_k = s.duration_s, configured_k(state.resolved, variant, users)
+        return level
 
     def open(self, state: Running, variant: Variant, rate: float, repeat: int, title: str, tag_suffix: str = "",
              measured: Measured | None = None) -> LevelResult:
@@ -121,30 +125,33 @@ class LevelRunner:
         tag = f"{variant.name}-rate{rate:g}" + (f"-r{repeat}" if s.repeat > 1 else "") + tag_suffix
         run = LevelRun(state, RATE_WARMUP_USERS, tag, title, total, m.duration_s, m.vllm_bench, rate=rate,
                        seed=seed_for(repeat))
-        level: LevelResult = {"rate": rate, "repeat": repeat, "seed": run.seed, "requests": total,
-                              "configured_k": None if variant.no_speculation else variant.k, "problems": []}
-        return self.run(run, level)
+        level = self.run(run)
+        level.rate, level.repeat, level.seed, level.requests = rate, repeat, run.seed, total
+        level.configured_k = None if variant.no_speculation else variant.k
+        return level
 
-    def run(self, run: LevelRun, level: LevelResult) -> LevelResult:
+    def run(self, run: LevelRun) -> LevelResult:
         """What every level does: warm-up -> settled /metrics snapshot -> the measured Locust run
-        (closed or open loop) -> snapshot -> judge."""
+        (closed or open loop) -> snapshot -> judge. What was measured (its concurrency or rate,
+        repeat, K) the caller adds: the stages need only the run's context."""
+        level = LevelResult()
         failed = self._warm_up(run)
         before = None
         if not failed and run.metrics:
             before, failed = self._snapshot(run, "/metrics before the run")
         if failed:
-            level.update(status="failed", problems=[failed])
+            level.status, level.problems = "failed", [failed]
             return level
         outcome, records = self._measure(run, level)
         after = None
         if before is not None and run.server.alive():
             after, problem = self._snapshot(run, "/metrics after the run")
             if problem:
-                level["problems"].append(problem)
-        ol = level.get("open_loop")
+                level.problems.append(problem)
+        ol = level.open_loop
         if ol and ol["behind"]:
-            level["problems"].append("the load generator fell behind the arrival schedule: "
-                                     + "; ".join(ol["behind_reasons"]) + " (the offered load was not the rate asked)")
+            level.problems.append("the load generator fell behind the arrival schedule: "
+                                  + "; ".join(ol["behind_reasons"]) + " (the offered load was not the rate asked)")
         # An open loop's unsent requests were never sent: nothing of theirs to judge (they count in its outcomes).
         self._judge(run, level, outcome, [r for r in records if r.outcome != "unsent"], before, after)
         _log_level(run.tag, level)
@@ -154,7 +161,7 @@ class LevelRunner:
         s, tag = self.settings, run.tag
         return LocustJob(
             host=run.server.base_url, users=run.users, records_dir=self.out / "records" / f"{tag}{phase}",
-            model=run.state.served_name, request=s.request, requests=requests,
+            model=run.state.served_name, request=self.request, requests=requests,
             # Open loop: the measured run only (the warm-up is a closed loop), a request count, no duration.
             rate=run.rate if measured else 0.0, seed=run.seed,
             duration_s=run.duration_s if measured and not run.rate else None, workers=s.workers,
@@ -195,109 +202,108 @@ class LevelRunner:
         job = self._locust_job(run, "", run.total, measured=True)
         with Progress(run.title, run.total or None, job.records_dir, run.duration_s) as bar:
             outcome = run_locust(job, s.level_timeout_s, run.server_gone, bar.tick)
-        level["locust"] = {"exit_code": outcome.exit_code, "wall_s": outcome.wall_s, "cpu_s": outcome.cpu_s,
-                           "csv": f"locust/{tag}_stats.csv", "html": f"locust/{tag}.html",
-                           "log": f"logs/locust-{tag}.log", "records": f"records/{tag}"}
+        level.locust = {"exit_code": outcome.exit_code, "wall_s": outcome.wall_s, "cpu_s": outcome.cpu_s,
+                        "csv": f"locust/{tag}_stats.csv", "html": f"locust/{tag}.html",
+                        "log": f"logs/locust-{tag}.log", "records": f"records/{tag}"}
         if outcome.aborted:
-            level["problems"].append(outcome.aborted)
+            level.problems.append(outcome.aborted)
         records = load_records(job.records_dir)
         if run.rate:
             # Every request of the schedule ends as one outcome; the client's figures are over those
             # sent, timed from the schedule's start as vLLM's benchmark times its run.
             sent = [r for r in records if r.outcome != "unsent"]
-            level["client"] = stats.summarize(sent, run.state.embedded, schedule_start(sent, run.rate, run.total,
-                                                                                       run.seed))
-            level["open_loop"] = stats.open_loop(records, run.rate, run.total)
-            level["outcomes"] = level["open_loop"]["outcomes"]
-            level["load_generator"] = load_generator_lag(sent, job.records_dir)
+            level.client = stats.summarize(sent, run.state.embedded,
+                                           schedule_start(sent, run.rate, run.total, run.seed))
+            level.open_loop = stats.open_loop(records, run.rate, run.total)
+            level.outcomes = level.open_loop["outcomes"]
+            level.load_generator = load_generator_lag(sent, job.records_dir)
         else:
-            level["client"] = stats.summarize(records, run.state.embedded)
-            level["load_generator"] = load_generator_lag(records, job.records_dir)
+            level.client = stats.summarize(records, run.state.embedded)
+            level.load_generator = load_generator_lag(records, job.records_dir)
         if self.targets and records:
             # Open loop: unsent requests are in `records` too, and meet no target.
-            level["slo"] = slo.evaluate(records, self.targets, level["client"].get("duration_s") or 0.0)
+            level.slo = slo.evaluate(records, self.targets, level.client.get("duration_s") or 0.0)
         return outcome, records
 
     def _judge(self, run: LevelRun, level: LevelResult, outcome: LocustOutcome, records: list[RequestRecord],
                before: prom.Snapshot | None, after: prom.Snapshot | None) -> None:
         """The client's figures against the server's counters, notes on what limits them, vLLM's
         benchmark as a second opinion, and the level's status."""
-        s, client = self.settings, level["client"]
+        s, client = self.settings, level.client
         if before is not None and after is not None:
             d = prom.delta(before, after)
-            level["server"] = d.to_json()
-            level["server"]["output_tokens_per_s"] = (d.generation_tokens / client["duration_s"]
-                                                      if client.get("duration_s") else None)
+            level.server = d.to_json()
+            level.server["output_tokens_per_s"] = (d.generation_tokens / client["duration_s"]
+                                                   if client.get("duration_s") else None)
             check = stats.agreement(client.get("output_tokens", 0), d.generation_tokens, s.tolerance)
             check["client_output_tokens"] = client.get("output_tokens", 0)
             check["server_generation_tokens"] = d.generation_tokens
-            level["consistency"] = check
+            level.consistency = check
             if not check["ok"]:
-                level["problems"].append(
+                level.problems.append(
                     f"throughput disagrees with the server: client {check['client_output_tokens']} tokens vs "
                     f"server counter {d.generation_tokens:.0f} over the same interval")
-        level["notes"] = (delivery_notes(client, level.get("server"), outcome, s.workers)
-                          + load_generator_notes(outcome, s.workers, level["load_generator"], open_loop=bool(run.rate)))
+        level.notes = (delivery_notes(client, level.server, outcome, s.workers)
+                       + load_generator_notes(outcome, s.workers, level.load_generator, open_loop=bool(run.rate)))
         if not run.metrics:
-            level["notes"].append("the server's /metrics could not be read: the engine's histograms, acceptance "
-                                  "and the token-count check are missing for this run")
+            level.notes.append("the server's /metrics could not be read: the engine's histograms, acceptance "
+                               "and the token-count check are missing for this run")
         if client["failed"]:
-            level["problems"].append(f"{client['failed']} of {client['requests']} requests failed: "
-                                     f"{client['failure_reasons']}")
+            level.problems.append(f"{client['failed']} of {client['requests']} requests failed: "
+                                  f"{client['failure_reasons']}")
         if run.total and client["requests"] < run.total and not outcome.aborted:
-            level["problems"].append(f"only {client['requests']} of {run.total} requests finished")
+            level.problems.append(f"only {client['requests']} of {run.total} requests finished")
         broken = outcome.aborted or not client["ok"] or (run.metrics and after is None)
         if run.vllm_bench and not broken:
-            self._second_opinion(run.state, level, run.users, run.tag, run.title, after, run.auth, records,
-                                 rate=run.rate, seed=run.seed)
-        level["status"] = "failed" if broken else ("flagged" if level["problems"] else "ok")
+            self._second_opinion(run, level, after, records)
+        level.status = "failed" if broken else ("flagged" if level.problems else "ok")
 
-    def _second_opinion(self, state: Running, level: LevelResult, users: int, tag: str, title: str,
-                        before: prom.Snapshot | None, auth: dict[str, str] | None,
-                        records: list[RequestRecord], rate: float = 0.0, seed: int = 0) -> None:
+    def _second_opinion(self, run: LevelRun, level: LevelResult, before: prom.Snapshot | None,
+                        records: list[RequestRecord]) -> None:
         """vLLM's serving benchmark on the same server, prompts, length and concurrency (open loop:
         the same rate and seed, so the same arrival times); compared, with the engine's counters
         over its window (from `before`, the snapshot that closed Locust's run) telling how far the
         server itself drifted between the two clients."""
-        s, server = self.settings, state.server
-        assert server is not None
+        s, state, server, rate = self.settings, run.state, run.server, run.rate
         if not state.tokenizer:
-            level["notes"].append("vLLM's benchmark skipped: no tokenizer for the served model on this machine "
-                                  "(give --tokenizer or the deployment's YAML)")
+            level.notes.append("vLLM's benchmark skipped: no tokenizer for the served model on this machine "
+                               "(give --tokenizer or the deployment's YAML)")
             return
-        print(f"{title}: vLLM's serving benchmark, {level['client']['requests']} requests", file=sys.stderr,
+        print(f"{run.title}: vLLM's serving benchmark, {level.client['requests']} requests", file=sys.stderr,
               flush=True)
         job = vllm_bench.BenchJob(
             base_url=server.base_url, model=state.served_name, tokenizer=state.tokenizer,
-            workload=self.workload, request=s.request, concurrency=users,
+            workload=self.workload, request=self.request, concurrency=run.users,
             # Open loop: the whole schedule (its length fixes the arrival times), prompts in arrival order.
-            num_prompts=level["requests"] if rate else level["client"]["requests"],
-            out_dir=self.out / "vllm-bench" / tag, workers=0 if rate else s.workers,
-            api_key_env=state.api_key_env, timeout_s=s.level_timeout_s, embedded=state.embedded, rate=rate, seed=seed)
+            num_prompts=run.total if rate else level.client["requests"],
+            out_dir=self.out / "vllm-bench" / run.tag, workers=0 if rate else s.workers,
+            api_key_env=state.api_key_env, timeout_s=s.level_timeout_s, embedded=state.embedded, rate=rate,
+            seed=run.seed)
         bench = vllm_bench.run(job)
-        level["vllm_bench"] = bench
+        level.vllm_bench = bench
         if "error" in bench:
-            level["problems"].append(bench["error"])
+            level.problems.append(bench["error"])
             return
         if bench.get("open_loop_requests") and not rate:
-            level["problems"].append(
+            level.problems.append(
                 f"vLLM's benchmark: {bench['open_loop_requests']} requests found a free slot on arrival, so it ran "
-                f"below {users} users at times; its arrivals ({1 / s.request.arrival_gap_s:.0f}/s) did not outpace the "
-                f"server: lower --arrival-gap")
+                f"below {run.users} users at times; its arrivals ({1 / self.request.arrival_gap_s:.0f}/s) did not "
+                f"outpace the server: lower --arrival-gap")
         if before is not None and server.alive():
             try:  # the benchmark's requests exactly: it runs no warm-ups (see `vllm_bench.bench_args`)
-                level["vllm_bench_server"] = prom.delta(before, prom.scrape_settled(server.base_url, headers=auth)).to_json()
+                after = prom.scrape_settled(server.base_url, headers=run.auth)
+                level.vllm_bench_server = prom.delta(before, after).to_json()
             except Exception as exc:  # noqa: BLE001 - the comparison then stays unadjusted
-                level["notes"].append(f"/metrics after vLLM's benchmark: {exc}; its figures are compared unadjusted")
-        judge_second_opinion(level, bench, records, self.workload, s.workers)
+                level.notes.append(f"/metrics after vLLM's benchmark: {exc}; its figures are compared unadjusted")
+        judge_second_opinion(level, bench, records, self.workload, s.workers, run.total if rate else None)
 
 
 def _log_level(tag: str, level: LevelResult) -> None:
-    c = level.get("client", {})
-    server = level.get("server") or {}
+    c = level.client or {}
+    server = level.server or {}
     accept = server.get("acceptance_rate")
-    msg = (f"{tag}: {level['status']}, {c.get('ok', 0)}/{c.get('requests', 0)} ok, "
+    msg = (f"{tag}: {level.status}, {c.get('ok', 0)}/{c.get('requests', 0)} ok, "
            f"{(c.get('output_tokens_per_s') or 0):.1f} tok/s"
            + (f", acceptance {accept:.2f}" if accept is not None else ""))
-    (log.warning if level["problems"] else log.info)("%s%s", msg,
-                                                     "; " + "; ".join(level["problems"]) if level["problems"] else "")
+    (log.warning if level.problems else log.info)("%s%s", msg,
+                                                     "; " + "; ".join(level.problems) if level.problems else "")

@@ -39,6 +39,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +50,6 @@ from loadtest.measurement import slo
 from loadtest.traffic import declared as traffic
 from loadtest.traffic import vllm_bench
 from loadtest.traffic.endpoint import EndpointError
-from loadtest.files import write_json
 from loadtest.sweeps.plan import ServerInfo, SweepPlan, Timings, choose_order, duration_text, servers_fit_together
 from loadtest.measurement.results import CREATED_FORMAT, LevelResult, SweepResults
 from loadtest.traffic.workloads import Workload, load_workload
@@ -57,12 +57,10 @@ from loadtest.sweeps.judging import overall_status
 from loadtest.sweeps.level import LevelRunner, Measured
 from loadtest.sweeps.provenance import machine_info
 from loadtest.sweeps.servers import Running, finish_variant, health, prepare, running_servers, stop
-from loadtest.sweeps.plan import LoopKind
-from loadtest.sweeps.settings import (SweepSettings, Variant, default_out_dir, level_key, plan_variants,
+from loadtest.sweeps.settings import (SweepSettings, Variant, default_out_dir, plan_variants,
                                       requests_for, requests_for_rate)
 
 log = logging.getLogger("specdeploy.loadtest")
-RESULTS_SCHEMA = 2
 
 
 class Sweep:
@@ -82,9 +80,13 @@ class Sweep:
     `serving()` (from `plan_variants`, or "spec-kK"/"server" and "baseline" for `url`/`baseline_url`).
     """
 
-    def __init__(self, settings: SweepSettings, on_server_started: Callable[[Server, Variant], None] | None = None,
-                 timings: Timings | None = None):
+    def __init__(self, settings: SweepSettings, temperature: float | None = None,
+                 on_server_started: Callable[[Server, Variant], None] | None = None, timings: Timings | None = None):
         self.settings = settings
+        self.request = settings.request if temperature is None else replace(settings.request, temperature=temperature)
+        """What each request looks like: the settings' request, at `temperature` where one is given (a
+        sweep per temperature, `loadtest.sweeps.temperature`). The sweep reads this, never
+        `settings.request`: the temperature goes only where requests are made and recorded."""
         self.timings = timings if timings is not None else Timings.load()
         """Measured start times and run costs of this machine's servers: the plan's estimates."""
         self.sweep_plan: SweepPlan | None = None
@@ -103,25 +105,21 @@ class Sweep:
         """Inside `serving()`: the variants by name, their servers, the plan."""
         self._on_demand = 0
         """Levels `rate_level` ran: their `sequence`."""
-        s = settings.record()
-        self.results: SweepResults = {
-            "schema": RESULTS_SCHEMA, "status": "running", "config": settings.config or settings.url,
-            "settings": s,
-            "created": time.strftime(CREATED_FORMAT), "machine": machine_info(), "variants": [],
-            "problems": [],
-        }
+        s = replace(settings, request=self.request).record()  # as this sweep runs: its own request
+        self.results = SweepResults(config=settings.config or settings.url, settings=s,
+                                    created=time.strftime(CREATED_FORMAT), machine=machine_info())
 
     # ------------------------------------------------------------------ bookkeeping
     def save(self) -> Path:
         self.out.mkdir(parents=True, exist_ok=True)
-        return write_json(self.out / "results.json", self.results)
+        return self.results.save(self.out / "results.json")
 
     # ------------------------------------------------------------------ the sweep
     def plan(self, dry_run: bool = False) -> SweepPlan:
         """The sweep's plan without starting anything. `dry_run`: made for the machine the config
         describes (a GPU config plans on a laptop: what this machine lacks is listed as skipped),
         with no server contacted and no model built or loaded."""
-        self.workload = load_workload(self.settings.request.workload)
+        self.workload = load_workload(self.request.workload)
         if self.settings.url:
             variants = [Variant("server", "running server (not contacted in a dry run)", (), False, None, None)]
             if self.settings.baseline_url:
@@ -154,9 +152,9 @@ class Sweep:
             repeat=s.repeat, rates=list(s.rates), loop=s.loop,
             requests=({r: requests_for_rate(r, s.requests, s.duration_s) for r in s.rates} if s.loop == "open" else
                       {} if s.duration_s else {c: requests_for(c, s.requests) for c in s.users}),
-            duration_s=s.duration_s, warmup=s.warmup, max_tokens=s.request.max_tokens,
-            temperatures=[s.request.temperature], vllm_bench=s.vllm_bench, timings=self.timings,
-            skipped=skipped or [], notes=notes or [], traffic=traffic.describe(s.request, s.traffic_source))
+            duration_s=s.duration_s, warmup=s.warmup, max_tokens=self.request.max_tokens,
+            temperatures=[self.request.temperature], vllm_bench=s.vllm_bench, timings=self.timings,
+            skipped=skipped or [], notes=notes or [], traffic=traffic.describe(self.request, s.traffic_source))
         return self.sweep_plan
 
     def _setup(self) -> tuple[list[Variant], dict[str, Running], SweepPlan]:
@@ -164,8 +162,8 @@ class Sweep:
         ConfigError, EndpointError, ValueError or OSError before any server starts."""
         self.out.mkdir(parents=True, exist_ok=True)
         # Read once; a bad workload fails here, before any server starts.
-        self.workload = load_workload(self.settings.request.workload)
-        self._levels = LevelRunner(self.settings, self.out, self.workload, self.targets)
+        self.workload = load_workload(self.request.workload)
+        self._levels = LevelRunner(self.settings, self.request, self.out, self.workload, self.targets)
         if self.settings.url:
             variants, running = self._running_servers()
             plan = self._make_plan([self._servers[v.name] for v in variants], together=True)
@@ -182,58 +180,65 @@ class Sweep:
             finish_variant(state)
         for entry in vllm_bench.systematic_by_level(self.results):
             if entry["agrees"] is False:
-                self.results["problems"].append(vllm_bench.describe_systematic(entry))
-        if self.results["status"] != "interrupted":
-            self.results["status"] = overall_status(self.results)
+                self.results.problems.append(vllm_bench.describe_systematic(entry))
+        if self.results.status != "interrupted":
+            self.results.status = overall_status(self.results)
         self.save()
 
     def run(self) -> SweepResults:
         try:
             variants, running, plan = self._setup()
         except (ConfigError, EndpointError, ValueError, OSError) as exc:
-            self.results["status"] = "failed"
-            self.results["problems"].append(str(exc))
+            self.results.status = "failed"
+            self.results.problems.append(str(exc))
             self.save()
             return self.results
         by_name = {v.name: v for v in variants}
         order = [(r, c, by_name[server.name]) for r, c, server in plan.steps]
-        self.results["plan"] = {"order": plan.order_name, "why": plan.why, "servers_together": plan.together,
-                                "server_starts": len(plan.starts()), "estimated_s": round(plan.total_s()),
-                                "planned_runs": len(order), "variants": [v.name for v in variants]}
+        self.results.plan = {"order": plan.order_name, "why": plan.why, "servers_together": plan.together,
+                             "server_starts": len(plan.starts()), "estimated_s": round(plan.total_s()),
+                             "planned_runs": len(order), "variants": [v.name for v in variants]}
         if plan.servers:
             print(plan.describe(), file=sys.stderr, flush=True)
         log.info("load test of %s: report in %s", self.settings.config or self.settings.url, self.out)
-        began = time.monotonic()
+        began, levels = time.monotonic(), self._levels
+        assert levels is not None  # set by `_setup`
         try:
             for n, (repeat, at, variant) in enumerate(order, 1):
-                self._step(running, plan, variant, at, repeat, n,
-                           lambda started: f"{n}/{len(order)}, {self._clock(began, n, started)}",
-                           f"[{n}/{len(order)}]", lambda: self._clock(began, n, started=True), self.settings.loop)
+                rate = self.settings.loop == "open"
+                which = (LevelResult(rate=float(at), repeat=repeat) if rate
+                         else LevelResult(concurrency=int(at), repeat=repeat))
+                state = self._ready(running, plan, variant, which,
+                                    lambda started: f"{n}/{len(order)}, {self._clock(began, n, started)}")
+                if not isinstance(state, Running):
+                    continue
+                title = (f"[{n}/{len(order)}] {variant.name} {f'{at:g}/s' if rate else f'c={at}'} run {repeat}/"
+                         f"{self.settings.repeat} ({self._clock(began, n, started=True)})")
+                run_began = time.monotonic()
+                level = (levels.open(state, variant, float(at), repeat, title) if rate
+                         else levels.closed(state, variant, int(at), repeat, title))
+                self._keep(state, variant, level, n, run_began)
         except KeyboardInterrupt:
-            self.results["problems"].append("interrupted")
-            self.results["status"] = "interrupted"
+            self.results.problems.append("interrupted")
+            self.results.status = "interrupted"
             raise
         finally:
             self._finish(running)
         return self.results
 
-    def _step(self, running: dict[str, Running], plan: SweepPlan, variant: Variant, at: float, repeat: int,
-              sequence: int, where: Callable[[bool], str], position: str,
-              clock: Callable[[], str], loop: LoopKind, tag_suffix: str = "",
-              measured: Measured | None = None) -> LevelResult | None:
-        """One run of `variant` at level `at` (a concurrency, or a rate where `loop` is open): its
-        server started first where needed; the level appended to the results, or None where the
-        variant is broken. `measured`: an open-loop level's own length and second opinion (default:
-        the settings')."""
+    def _ready(self, running: dict[str, Running], plan: SweepPlan, variant: Variant, which: LevelResult,
+               where: Callable[[bool], str]) -> Running | LevelResult | None:
+        """The variant's server, up for the level `which` names (its rate or concurrency, and its
+        repeat): started first where needed, the others stopped first where servers run one at a
+        time. Where it cannot run: the level kept as skipped (its server died), or None (the
+        variant is broken)."""
         state = running[variant.name]
-        rate = loop == "open"
         if not state.broken and state.server is not None and not state.server.alive():
             state.broken, state.died = "server no longer running", True
         if state.broken:
             if state.died:
-                skipped: LevelResult = {("rate" if rate else "concurrency"): at, "repeat": repeat,  # type: ignore[misc]
-                                        "status": "skipped", "problems": [state.broken]}
-                state.entry["levels"].append(skipped)
+                skipped = replace(which, status="skipped", problems=[state.broken])
+                state.entry.levels.append(skipped)
                 return skipped
             return None
         if plan.one_at_a_time:  # the others stop first
@@ -242,15 +247,13 @@ class Sweep:
                     stop(other)
         if state.server is None and not self._start(state, variant, where(False)):
             return None
-        title = (f"{position} {variant.name} {f'{at:g}/s' if rate else f'c={at}'} run {repeat}/{self.settings.repeat} "
-                 f"({clock()})")
-        run_began = time.monotonic()
-        assert self._levels is not None  # set by `_setup`
-        level = (self._levels.open(state, variant, float(at), repeat, title, tag_suffix, measured) if rate
-                 else self._levels.closed(state, variant, int(at), repeat, title))
-        self._record_run(state, variant, level, time.monotonic() - run_began)
-        level = {**level, "sequence": sequence}  # type: ignore[typeddict-item]
-        state.entry["levels"].append(level)
+        return state
+
+    def _keep(self, state: Running, variant: Variant, level: LevelResult, sequence: int, began: float) -> LevelResult:
+        """A measured level: its cost kept for later plans, its place in the sweep, appended and saved."""
+        self._record_run(state, variant, level, time.monotonic() - began)
+        level.sequence = sequence
+        state.entry.levels.append(level)
         self.save()
         return level
 
@@ -262,19 +265,19 @@ class Sweep:
         an unreachable URL) before any server starts."""
         variants, running, plan = self._setup()
         self._serving = ({v.name: v for v in variants}, running, plan)
-        self.results["plan"] = {"order": "on demand", "why": "levels chosen one at a time (rate_level)",
-                                "servers_together": plan.together, "server_starts": 0, "estimated_s": 0}
+        self.results.plan = {"order": "on demand", "why": "levels chosen one at a time (rate_level)",
+                             "servers_together": plan.together, "server_starts": 0, "estimated_s": 0}
         try:
             yield self
         except KeyboardInterrupt:
-            self.results["problems"].append("interrupted")
-            self.results["status"] = "interrupted"
+            self.results.problems.append("interrupted")
+            self.results.status = "interrupted"
             raise
         finally:
             self._serving = None
             for state in running.values():
-                if not state.entry["levels"] and not state.broken:
-                    state.entry["status"] = "skipped"  # the search never asked for it
+                if not state.entry.levels and not state.broken:
+                    state.entry.status = "skipped"  # the search never asked for it
             self._finish(running)
 
     def variants(self) -> list[str]:
@@ -292,13 +295,13 @@ class Sweep:
 
     def rate_level(self, variant_name: str, rate: float, repeat: int = 1, *, vllm_bench: bool | None = None,
                    duration_s: float | None = None) -> LevelResult:
-        """One open-loop level of one variant at `rate` requests/s, now (inside `serving()`, whatever
-        `settings.loop`): the same run and result shape as a level of `run()` with rates (warm-up,
-        snapshots, the open-loop Locust run of `requests_for_rate(rate, settings.requests,
-        settings.duration_s)` requests seeded by `repeat`, vLLM's benchmark unless
-        `settings.vllm_bench` is off). `vllm_bench` (None: the settings') and `duration_s` (the
-        requests arriving in this long instead; None: the settings' count or duration) are this
-        level's own; the settings stay as they are. Its server starts on first use. A variant whose
+        """One open-loop level of one variant at `rate` requests/s, now (inside `serving()`; a search
+        over rates says `loop="open"` in its settings): the same run and result shape as a level of
+        `run()` with rates (warm-up, snapshots, the open-loop Locust run of
+        `requests_for_rate(rate, settings.requests, settings.duration_s)` requests seeded by
+        `repeat`, vLLM's benchmark unless `settings.vllm_bench` is off). `vllm_bench` (None: the
+        settings') and `duration_s` (the requests arriving in this long instead; None: the
+        settings' count or duration) are this level's own; the settings stay as they are. Its server starts on first use. A variant whose
         server failed or died gets a level with status `failed`/`skipped` and the reason in `problems`."""
         if self._serving is None:
             raise RuntimeError("Sweep.rate_level() runs inside `with sweep.serving():`")
@@ -311,22 +314,27 @@ class Sweep:
         measured = Measured(None if duration_s else s.requests, duration_s or s.duration_s,
                             s.vllm_bench if vllm_bench is None else vllm_bench)
         self._on_demand += 1
+        n, variant = self._on_demand, by_name[variant_name]
+        state = self._ready(running, plan, variant, LevelResult(rate=rate, repeat=repeat),
+                            lambda started: f"on demand {n}")
+        if isinstance(state, LevelResult):  # its server died: the level is kept as skipped
+            return state
+        if state is None:
+            return LevelResult(rate=rate, repeat=repeat, status="failed",
+                               problems=[running[variant_name].broken or "server not running"])
+        assert self._levels is not None  # set by `_setup`
+        began = time.monotonic()
         # Its files are named by its place among the levels asked for, so a level asked for
         # again (the same variant, rate and repeat) keeps the earlier one's.
-        level = self._step(running, plan, by_name[variant_name], rate, repeat, self._on_demand,
-                           lambda started: f"on demand {self._on_demand}", f"[{self._on_demand}]",
-                           lambda: "on demand", "open", tag_suffix=f"-n{self._on_demand}", measured=measured)
-        if level is None:
-            state = running[variant_name]
-            level = {"rate": rate, "repeat": repeat, "status": "failed",
-                     "problems": [state.broken or "server not running"]}
-        return level
+        level = self._levels.open(state, variant, rate, repeat, f"[{n}] {variant.name} {rate:g}/s run {repeat}/"
+                                  f"{s.repeat} (on demand)", f"-n{n}", measured)
+        return self._keep(state, variant, level, n, began)
 
     def _prepare(self, variant: Variant, plan_only: bool = False) -> Running:
         """The variant's server planned (`servers.prepare`), its entry in the results and what the
         plan shows of it kept."""
-        state, info = prepare(self.settings, variant, self.out, plan_only)
-        self.results["variants"].append(state.entry)
+        state, info = prepare(self.settings, variant, plan_only)
+        self.results.variants.append(state.entry)
         if info is not None:
             self._servers[variant.name] = info
         return state
@@ -336,7 +344,7 @@ class Sweep:
         results as it is found."""
         variants, running = [], {}
         for variant, state, info in running_servers(self.settings):
-            self.results["variants"].append(state.entry)
+            self.results.variants.append(state.entry)
             self._servers[variant.name] = info
             running[variant.name] = state
             variants.append(variant)
@@ -351,19 +359,19 @@ class Sweep:
 
     def _record_run(self, state: Running, variant: Variant, level: LevelResult, wall_s: float) -> None:
         """Keep a measured run's cost (wall seconds per output token it asked for) for later plans."""
-        client = level.get("client") or {}
-        if level.get("status") not in ("ok", "flagged") or not client.get("requests"):
+        client = level.client or {}
+        if level.status not in ("ok", "flagged") or not client.get("requests"):
             return
-        self._measured[(variant.name, level_key(level))] = wall_s
-        if state.entry.get("url") or "rate" in level:
+        self._measured[(variant.name, level.at)] = wall_s
+        if state.entry.url or level.concurrency is None:
             return  # another machine's server, or an open loop (its length is the schedule's): no timings
         s = self.settings
-        tokens = (level["concurrency"] * s.warmup + client["requests"]
-                  + ((level.get("vllm_bench") or {}).get("completed") or 0)) * s.request.max_tokens
-        self.timings.record_run(self._servers[variant.name].key, level["concurrency"], wall_s / tokens)
+        tokens = (level.concurrency * s.warmup + client["requests"]
+                  + ((level.vllm_bench or {}).get("completed") or 0)) * self.request.max_tokens
+        self.timings.record_run(self._servers[variant.name].key, level.concurrency, wall_s / tokens)
 
     def _start(self, state: Running, variant: Variant, position: str) -> bool:
-        server_log = self.out / state.entry["server_log"]
+        server_log = self.out / (state.entry.server_log or "")
         print(f"[{position}] {variant.name} ({variant.label}): starting vLLM, log {server_log}", file=sys.stderr,
               flush=True)
         server = Server(state.plan, server_log)
@@ -371,14 +379,14 @@ class Sweep:
         try:
             server.start()
             took = server.wait_healthy(state.startup_timeout_s, progress=True)
-            state.entry["startup_s"].append(took)
+            state.entry.startup_s.append(took)
             self._measured[("start", variant.name)] = took
             self.timings.record_start(self._servers[variant.name].key, took)
         except ServerStartError as exc:
             log.error("%s: server failed to start: %s", variant.name, exc.reason)
-            state.entry.update(status="failed", error=f"server failed to start: {exc.reason}",
-                               server_log_tail=exc.log_tail[-20:])
-            state.broken = state.entry["error"]
+            state.entry.status, state.entry.error = "failed", f"server failed to start: {exc.reason}"
+            state.entry.server_log_tail = exc.log_tail[-20:]
+            state.broken = state.entry.error
             stop(state)
             self.save()
             return False

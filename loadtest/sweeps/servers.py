@@ -46,13 +46,11 @@ class Running:
     """What the plan should say of this server (weights to download, a pair to build)."""
 
 
-def prepare(settings: SweepSettings, variant: Variant, out: Path,
-            plan_only: bool = False) -> tuple[Running, ServerInfo | None]:
+def prepare(settings: SweepSettings, variant: Variant, plan_only: bool = False) -> tuple[Running, ServerInfo | None]:
     """The variant's server planned (`plan_only`: for the machine its config describes, as a dry
     run shows it; the embedded pair is not built for it), and what the plan shows of it (None
-    where its config failed: the state says why)."""
-    entry: VariantResult = {"name": variant.name, "label": variant.label, "k": variant.k,
-                             "drafter": variant.drafter, "status": "starting", "levels": []}
+    where its config failed: the state says why). Its log's path is relative to the sweep's folder."""
+    entry = VariantResult(name=variant.name, label=variant.label, k=variant.k, drafter=variant.drafter)
     state = Running(entry)
     overrides = [*settings.overrides, *variant.overrides, Override("server.port", free_port())]
     try:
@@ -63,8 +61,8 @@ def prepare(settings: SweepSettings, variant: Variant, out: Path,
             return state, server_info(settings, variant, config, None)
         resolved, plan = plan_from_config(settings.config, overrides, variant.no_speculation, plan_only=plan_only)
     except (ConfigError, OSError, ValueError) as exc:
-        entry.update(status="failed", error=f"config: {exc}")
-        state.broken = entry["error"]
+        entry.status, entry.error = "failed", f"config: {exc}"
+        state.broken = entry.error
         return state, None
     state.plan = plan
     state.resolved = resolved
@@ -73,10 +71,9 @@ def prepare(settings: SweepSettings, variant: Variant, out: Path,
     state.embedded = is_embedded(resolved.config)
     state.api_key_env = resolved.config.server.api_key_env or ""
     state.startup_timeout_s = settings.startup_timeout_s or resolved.config.server.startup_timeout_s
-    server_log = out / "logs" / f"server-{variant.name}.log"
-    entry.update(served_model=plan.served_name, speculative_config=plan.speculative_config,
-                 device=plan.device, command=plan.describe(), server_log=str(server_log.relative_to(out)),
-                 startup_s=[])
+    server_log = Path("logs") / f"server-{variant.name}.log"  # under the sweep's folder
+    entry.served_model, entry.speculative_config = plan.served_name, plan.speculative_config
+    entry.device, entry.command, entry.server_log = plan.device, plan.describe(), str(server_log)
     return state, server_info(settings, variant, resolved.config, resolved)
 
 
@@ -96,11 +93,10 @@ def running_servers(settings: SweepSettings) -> Iterator[tuple[Variant, Running,
             continue
         remote = discover(url, model, key_env, tokenizer)
         variant = _running_variant(remote, role, url, bool(s.baseline_url), config)
-        entry: VariantResult = {
-            "name": variant.name, "label": variant.label, "k": variant.k, "drafter": variant.drafter,
-            "status": "running", "levels": [], "url": remote.base_url, "served_model": remote.served_name,
-            "speculative_config": {"num_speculative_tokens": remote.spec_k} if remote.speculates else None,
-            "metrics": remote.metrics, "startup_s": []}
+        entry = VariantResult(
+            name=variant.name, label=variant.label, k=variant.k, drafter=variant.drafter, status="running",
+            url=remote.base_url, served_model=remote.served_name, metrics=remote.metrics,
+            speculative_config={"num_speculative_tokens": remote.spec_k} if remote.speculates else None)
         if variant.name in names:
             raise EndpointError("--url and --baseline-url both serve without speculation; give the "
                                 "speculative server as --url")
@@ -159,17 +155,17 @@ def health(state: Running) -> str | None:
 def stop(state: Running) -> None:
     """Stop the variant's server if the sweep started it (one given by URL is not ours to stop)."""
     if isinstance(state.server, Server):
-        state.entry["server_exit_code"] = state.server.stop()
+        state.entry.server_exit_code = state.server.stop()
         state.server = None
 
 
 def finish_variant(state: Running) -> None:
     """The variant's status from its levels' (and its error, from the failed ones' problems)."""
     entry = state.entry
-    if entry["status"] in ("failed", "skipped") and not entry["levels"]:
+    if entry.status in ("failed", "skipped") and not entry.levels:
         return
-    failed = [lv for lv in entry["levels"] if lv["status"] in ("failed", "skipped")]
-    entry["status"] = "failed" if failed or not entry["levels"] else (
-        "flagged" if any(lv["status"] == "flagged" for lv in entry["levels"]) else "ok")
+    failed = [lv for lv in entry.levels if lv.status in ("failed", "skipped")]
+    entry.status = "failed" if failed or not entry.levels else (
+        "flagged" if any(lv.status == "flagged" for lv in entry.levels) else "ok")
     if failed:
-        entry["error"] = "; ".join(dict.fromkeys(p for lv in failed for p in lv.get("problems", [])[:2]))
+        entry.error = "; ".join(dict.fromkeys(p for lv in failed for p in lv.problems[:2]))

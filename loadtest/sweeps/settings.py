@@ -19,7 +19,6 @@ from models.embedded_pair import is_pair_folder
 from deploy.preflight import ResolvedDeployment
 from loadtest.arg_types import int_list, positive_int, rate_list
 from loadtest.cli_options import CliOption, add_cli_options, cli_values
-from loadtest.measurement.results import LevelResult
 from loadtest.measurement.slo import parse_targets
 from loadtest.sweeps.plan import ORDERS, LoopKind
 from loadtest.traffic import declared as traffic
@@ -44,10 +43,11 @@ class SweepSettings:
     users: list[int] = field(default_factory=lambda: [1, 32])
     rates: list[float] = field(default_factory=list)
     """Open loop: the levels are these arrival rates (requests/s), not `users`; empty: closed loop."""
-    loop: LoopKind = field(init=False)
-    """`open` (the levels are `rates`) or `closed` (the levels are `users`): set from `rates` when the
-    settings are made, never given; read this, not `rates`, for the kind of load. Not in results.json
-    (`record`): its `rates` say it there, as in reports made before this field."""
+    loop: LoopKind = "closed"
+    """`open` (the levels are arrival rates) or `closed` (the levels are `users`); `rates` make it
+    open, and a search that picks its rates as it goes (capacity) gives `open` with none. Read this,
+    not `rates`, for the kind of load. Not in results.json (`record`): its levels' `rate` or
+    `concurrency` say it there, as in reports made before this field."""
     repeat: int = 3
     """Runs of every (variant, concurrency); speedups get a 95% interval over them."""
     order: str = "auto"
@@ -91,7 +91,8 @@ class SweepSettings:
         # Overrides are data from here on; a caller may still give their `field=value` texts.
         self.overrides = as_overrides(self.overrides)
         self.alternatives = [(name, as_overrides(overrides)) for name, overrides in self.alternatives]
-        self.loop = "open" if self.rates else "closed"
+        if self.rates:
+            self.loop = "open"
 
     def record(self) -> dict[str, Any]:
         """The settings as results.json keeps them: flat (`settings_record`), without `loop` (a
@@ -236,11 +237,6 @@ def requests_for_rate(rate: float, requested: int | None, duration_s: float | No
     if duration_s:
         return max(1, round(duration_s * rate))
     return max(OPEN_LOOP_MIN_REQUESTS, math.ceil(OPEN_LOOP_SECONDS * rate))
-
-
-def level_key(level: LevelResult) -> float:
-    """A level's place in the sweep: its rate (open loop) or its concurrency."""
-    return level["rate"] if "rate" in level else level["concurrency"]
 
 
 def seed_for(repeat: int) -> int:

@@ -12,10 +12,9 @@ from __future__ import annotations
 import logging
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 from loadtest.reports.report import write_report
-from loadtest.reports.temperature_report import write_summary
+from loadtest.reports.temperature_report import TemperatureRun, write_summary
 from loadtest.sweeps.settings import SweepSettings, default_out_dir
 from loadtest.sweeps.runner import Sweep
 
@@ -26,24 +25,24 @@ def folder_for(temperature: float) -> str:
     return f"temperature-{temperature:g}"
 
 
-def run_temperatures(settings: SweepSettings, temperatures: list[float]) -> tuple[list[dict[str, Any]], Path]:
+def run_temperatures(settings: SweepSettings, temperatures: list[float]) -> tuple[list[TemperatureRun], Path]:
     """One sweep per temperature into `<out>/temperature-<T>/`; returns each sweep's results (with
-    `temperature` and `report` added) and the parent folder. Ctrl-C stops after the running sweep
+    its temperature and report folder) and the parent folder. Ctrl-C stops after the running sweep
     has stopped its servers and written its report."""
     out = settings.out or default_out_dir(settings.config or "running-servers")
-    runs: list[dict[str, Any]] = []
+    runs: list[TemperatureRun] = []
     for n, temperature in enumerate(temperatures, 1):
         sub = out / folder_for(temperature)
         log.info("temperature %g (%d of %d): sweep into %s", temperature, n, len(temperatures), sub)
-        sweep = Sweep(replace(settings, request=replace(settings.request, temperature=temperature), out=sub))
+        sweep = Sweep(replace(settings, out=sub), temperature=temperature)
         try:
             results = sweep.run()
         except KeyboardInterrupt:
             write_report(sweep.results, sub)
-            runs.append({**sweep.results, "temperature": temperature, "report": folder_for(temperature)})
+            runs.append(TemperatureRun(temperature, folder_for(temperature), sweep.results))
             write_summary(runs, out)
             raise
         write_report(results, sub)
-        runs.append({**results, "temperature": temperature, "report": folder_for(temperature)})
+        runs.append(TemperatureRun(temperature, folder_for(temperature), results))
         write_summary(runs, out)  # after each temperature: an interrupted run keeps what it measured
     return runs, out

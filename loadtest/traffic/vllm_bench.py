@@ -31,6 +31,7 @@ from typing import Any
 
 from loadtest.measurement import content
 from loadtest.measurement import stats
+from loadtest.measurement.results import SweepResults
 from loadtest.traffic.request_settings import RequestSettings
 from loadtest.traffic.workloads import Workload, uses_chat
 
@@ -332,13 +333,12 @@ def systematic(agreements: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def systematic_by_level(results: dict[str, Any]) -> list[dict[str, Any]]:
+def systematic_by_level(results: SweepResults) -> list[dict[str, Any]]:
     """`systematic` for every (variant, concurrency) of a sweep's results that has comparisons."""
     groups: dict[tuple[str, int], list[dict[str, Any]]] = {}
-    for variant in results.get("variants", []):
-        for level in variant.get("levels", []):
-            if level.get("vllm_bench_agreement") and "rate" not in level:  # closed-loop levels
-                groups.setdefault((variant["name"], level["concurrency"]), []).append(level["vllm_bench_agreement"])
+    for variant, level in results.levels():
+        if level.vllm_bench_agreement and level.concurrency is not None:  # closed-loop levels
+            groups.setdefault((variant.name, level.concurrency), []).append(level.vllm_bench_agreement)
     return [{"variant": name, "concurrency": c, **systematic(a)} for (name, c), a in groups.items()]
 
 
