@@ -397,3 +397,12 @@ def test_a_temperature_run_is_summarized_from_its_sweeps_folders(tmp_path):
     assert "- T=0: [temperature-0/report.md](temperature-0/report.md) (ok)" in md
     summary = json.loads(files["json"].read_text())
     assert summary["sweeps"]["1"] == {"report": "temperature-1", "status": "flagged", "problems": []}
+
+
+def test_a_temperature_runs_problems_name_each_level_by_its_load():
+    """A closed-loop level by its users (`c=1`), an open-loop one by its rate (`2/s`), not `c=None`."""
+    from loadtest.reports import temperature_report as tr
+
+    results = SweepResults.from_json({"variants": [{"name": "spec-k4", "levels": [
+        {"concurrency": 1, "problems": ["slow"]}, {"rate": 2.0, "problems": ["behind"]}]}]})
+    assert tr.run_problems(results) == ["slow (spec-k4 c=1)", "behind (spec-k4 2/s)"]

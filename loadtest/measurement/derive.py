@@ -181,7 +181,7 @@ def content_warnings(entry: dict[str, Any]) -> list[str]:
 
 def slo_lines(results: SweepResults) -> list[str]:
     """Per variant: the highest concurrency at which every run met every service target."""
-    targets = (results.settings or {}).get("slo")
+    targets = results.settings.get("slo")
     if not targets:
         return []
     described = ", ".join(t.describe() for t in slo.parse_targets(targets))

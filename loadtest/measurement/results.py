@@ -123,6 +123,11 @@ class LevelResult(Record):
         return self.rate if self.rate is not None else (self.concurrency or 0)
 
     @property
+    def label(self) -> str:
+        """`2/s` for an arrival rate, `c=32` for a concurrency: how lines and titles name it."""
+        return f"{self.rate:g}/s" if self.rate is not None else f"c={self.concurrency}"
+
+    @property
     def ok_client(self) -> dict[str, Any] | None:
         """What the client measured, where it measured anything (`client["ok"]`)."""
         return self.client if self.client and self.client.get("ok") else None

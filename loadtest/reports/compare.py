@@ -45,7 +45,7 @@ def load(folder: Path) -> SweepResults:
 
 
 def _value(results: SweepResults, key: str) -> Any:
-    return (results.settings or {}).get(key)
+    return results.settings.get(key)
 
 
 def _describe(results: SweepResults, what: str) -> str:

@@ -151,7 +151,7 @@ def compare_table(results: SweepResults, concurrencies: list[int] | None = None)
             lines.append("")
         previous = r["concurrency"]
         lines.append("  ".join(c.rjust(w) if i > 1 else c.ljust(w) for i, (c, w) in enumerate(zip(b, widths))))
-    notes = [f"{v.name} c={lv.concurrency} run {lv.repeat}: {n}" for v, lv in results.levels()
+    notes = [f"{v.name} {lv.label} run {lv.repeat}: {n}" for v, lv in results.levels()
              if lv.concurrency is not None and (not concurrencies or lv.concurrency in concurrencies)
              for n in lv.problems + lv.notes]
     if notes:
@@ -263,8 +263,7 @@ def _trust_rows(results: SweepResults) -> tuple[list[str], list[list[str]]]:
 
 
 def _slo_rows(results: SweepResults) -> tuple[list[str], list[list[str]]]:
-    targets = slo.parse_targets((results.settings or {}).get("slo") or "") \
-        if (results.settings or {}).get("slo") else []
+    targets = slo.parse_targets(results.settings["slo"]) if results.settings.get("slo") else []
     header = ["variant", "batch", "run", *[f"{t.describe()}: value ms, nearest rank (share within)" for t in targets],
               "goodput tok/s", "tok/s", "all met"]
     rows = []
@@ -487,8 +486,7 @@ def _locust_links(results: SweepResults) -> list[tuple[str, str]]:
     out = []
     for variant, level in results.levels():
         if level.locust:
-            out.append((f"{variant.name} " + (level_name(level) if level.rate is not None else f"c={level.concurrency}"),
-                        level.locust["html"]))
+            out.append((f"{variant.name} {level.label}", level.locust["html"]))
     return out
 
 

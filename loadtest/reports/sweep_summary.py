@@ -83,7 +83,7 @@ def lead(results: SweepResults) -> str:
         if "baseline" not in ran or not (ran - {"baseline"}):
             parts.append("no comparison")
         return "; ".join(parts) + "."
-    repeat = (results.settings or {}).get("repeat", 1)
+    repeat = results.settings.get("repeat", 1)
     if measured and repeat == 1:
         return ("One run per level: no 95% interval can be given, each verdict rests on a single pair of runs "
                 "(--repeat 3 gives intervals).")
@@ -95,7 +95,7 @@ def headline(results: SweepResults) -> list[str]:
     """The report's first lines: output that is no text first (`content_warnings`), then per batch
     size, whether speculation pays and by how much."""
     entries = sorted(summarize_speedups(results), key=lambda e: (e["concurrency"], e["variant"]))
-    settings = results.settings or {}
+    settings = results.settings
     lines = traffic.describe(settings) if settings.get("workload") else []  # which traffic ran, first
     lines += [w for e in entries for w in content_warnings(e)]
     # Grouped sweeps (one server start per variant) pair runs by repeat, not by time.
@@ -327,7 +327,7 @@ def badges(results: SweepResults) -> list[Badge]:
 # ---------------------------------------------------------------------------------- setup
 def setup(results: SweepResults, method: str) -> str:
     """One paragraph: model, drafter, K, workload, temperature, machine, repeats; `method` links the method."""
-    s = results.settings or {}
+    s = results.settings
     m = results.machine or {}
     spec = [v for v in results.variants if v.name != "baseline" and v.k]
     served = next((v.served_model for v in results.variants if v.served_model), None)

@@ -122,7 +122,7 @@ def run_problems(results: SweepResults) -> list[str]:
             found.setdefault(variant.error, []).append(variant.name)
         for level in variant.levels:
             for problem in level.problems:
-                found.setdefault(problem, []).append(f"{variant.name} c={level.concurrency}")
+                found.setdefault(problem, []).append(f"{variant.name} {level.label}")
     return [f"{p} ({', '.join(dict.fromkeys(where))})" if where else p for p, where in found.items()] or ["-"]
 
 

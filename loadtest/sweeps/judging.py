@@ -65,9 +65,7 @@ def rejudge(results: SweepResults, out: Path) -> SweepResults:
         if variant.status in ("ok", "flagged"):
             variant.status = "flagged" if any(lv.status == "flagged" for lv in variant.levels) else "ok"
     results.problems = [p for p in results.problems if "Locust against vLLM's benchmark" not in p]
-    for entry in vllm_bench.systematic_by_level(results):
-        if entry["agrees"] is False:
-            results.problems.append(vllm_bench.describe_systematic(entry))
+    results.problems += vllm_bench.systematic_problems(results)
     if results.status in ("ok", "flagged"):
         results.status = overall_status(results)
     return results

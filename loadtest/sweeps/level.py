@@ -306,4 +306,4 @@ def _log_level(tag: str, level: LevelResult) -> None:
            f"{(c.get('output_tokens_per_s') or 0):.1f} tok/s"
            + (f", acceptance {accept:.2f}" if accept is not None else ""))
     (log.warning if level.problems else log.info)("%s%s", msg,
-                                                     "; " + "; ".join(level.problems) if level.problems else "")
+                                                  "; " + "; ".join(level.problems) if level.problems else "")

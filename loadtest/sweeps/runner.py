@@ -178,9 +178,7 @@ class Sweep:
         for state in running.values():
             stop(state)
             finish_variant(state)
-        for entry in vllm_bench.systematic_by_level(self.results):
-            if entry["agrees"] is False:
-                self.results.problems.append(vllm_bench.describe_systematic(entry))
+        self.results.problems += vllm_bench.systematic_problems(self.results)
         if self.results.status != "interrupted":
             self.results.status = overall_status(self.results)
         self.save()
@@ -212,8 +210,8 @@ class Sweep:
                                     lambda started: f"{n}/{len(order)}, {self._clock(began, n, started)}")
                 if not isinstance(state, Running):
                     continue
-                title = (f"[{n}/{len(order)}] {variant.name} {f'{at:g}/s' if rate else f'c={at}'} run {repeat}/"
-                         f"{self.settings.repeat} ({self._clock(began, n, started=True)})")
+                title = (f"[{n}/{len(order)}] {variant.name} {which.label} run {repeat}/{self.settings.repeat} "
+                         f"({self._clock(began, n, started=True)})")
                 run_began = time.monotonic()
                 level = (levels.open(state, variant, float(at), repeat, title) if rate
                          else levels.closed(state, variant, int(at), repeat, title))
@@ -314,19 +312,17 @@ class Sweep:
         measured = Measured(None if duration_s else s.requests, duration_s or s.duration_s,
                             s.vllm_bench if vllm_bench is None else vllm_bench)
         self._on_demand += 1
-        n, variant = self._on_demand, by_name[variant_name]
-        state = self._ready(running, plan, variant, LevelResult(rate=rate, repeat=repeat),
-                            lambda started: f"on demand {n}")
+        n, variant, which = self._on_demand, by_name[variant_name], LevelResult(rate=rate, repeat=repeat)
+        state = self._ready(running, plan, variant, which, lambda started: f"on demand {n}")
         if isinstance(state, LevelResult):  # its server died: the level is kept as skipped
             return state
         if state is None:
-            return LevelResult(rate=rate, repeat=repeat, status="failed",
-                               problems=[running[variant_name].broken or "server not running"])
+            return replace(which, status="failed", problems=[running[variant_name].broken or "server not running"])
         assert self._levels is not None  # set by `_setup`
         began = time.monotonic()
         # Its files are named by its place among the levels asked for, so a level asked for
         # again (the same variant, rate and repeat) keeps the earlier one's.
-        level = self._levels.open(state, variant, rate, repeat, f"[{n}] {variant.name} {rate:g}/s run {repeat}/"
+        level = self._levels.open(state, variant, rate, repeat, f"[{n}] {variant.name} {which.label} run {repeat}/"
                                   f"{s.repeat} (on demand)", f"-n{n}", measured)
         return self._keep(state, variant, level, n, began)
 

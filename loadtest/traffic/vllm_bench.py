@@ -342,6 +342,11 @@ def systematic_by_level(results: SweepResults) -> list[dict[str, Any]]:
     return [{"variant": name, "concurrency": c, **systematic(a)} for (name, c), a in groups.items()]
 
 
+def systematic_problems(results: SweepResults) -> list[str]:
+    """A problem for each (variant, concurrency) where Locust and vLLM's benchmark disagree over its runs."""
+    return [describe_systematic(e) for e in systematic_by_level(results) if e["agrees"] is False]
+
+
 JUDGED_NAMES = (("output_tokens_per_s", "tok/s"), ("ttft_p50_ms", "TTFT"), ("per_token_p50_ms", "per-token"))
 """The figures `systematic` judges, as a level's line names them."""
 
