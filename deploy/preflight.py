@@ -125,10 +125,21 @@ def resolve_model_ref(ref: str, config_dir: Path | None = None) -> str:
     """`embedded:target` -> the built folder; a relative path -> absolute; a hub id as is."""
     if ref.startswith(EMBEDDED_PREFIX):
         which = ref.removeprefix(EMBEDDED_PREFIX)
-        if which not in ("target", "draft"):
-            raise ConfigError(ref, [f"unknown embedded model '{which}': use embedded:target or embedded:draft"])
-        from models.embedded_pair import ensure_pair
+        if which not in ("target", "draft", "code-target", "code-draft"):
+            raise ConfigError(ref, [f"unknown embedded model '{which}': use embedded:target or embedded:draft (the "
+                                    f"embedded default), embedded:code-target or embedded:code-draft (the kit's code pair)"])
+        from models.embedded_pair import ensure_pair, pair_kind
 
+        if which.startswith("code-"):
+            which = which.removeprefix("code-")
+        elif pair_kind() == "smollm2":
+            from models.smollm2 import BuildError, ensure_pair as ensure_smollm2
+
+            try:
+                smol = ensure_smollm2()
+            except BuildError as exc:
+                raise ConfigError(ref, [f"{ref}: {exc}"]) from None
+            return str(smol.target if which == "target" else smol.draft)
         pair = ensure_pair()
         return str(pair.served_target() if which == "target" else pair.draft)
     if looks_like_path(ref):
@@ -446,7 +457,7 @@ def resolve_table_path(resolved: ResolvedDeployment) -> Path:
                 f"`{BUILD_HINT.format(tokenizer=tokenizer, out='bigram.npz')}`, then set {name}: bigram.npz"])
         from models.bigram_tables import embedded_table
 
-        path = embedded_table()
+        path = embedded_table(ref=resolved.config.target.model)
     else:
         path = Path(configured).expanduser().resolve()
     try:
@@ -503,7 +514,8 @@ def preflight(config: DeploymentConfig, config_dir: Path | None = None, machine:
     problems += check_parallelism(config, target, draft, device, notes)
     from models.embedded_pair import pair_kind
 
-    plumbing = config.target.model == f"{EMBEDDED_PREFIX}target" and pair_kind() == "plumbing"
+    plumbing = config.target.model in (f"{EMBEDDED_PREFIX}target", f"{EMBEDDED_PREFIX}code-target") \
+        and pair_kind() == "plumbing"
     if plumbing:
         notes.append("embedded:target is the plumbing target (SPECDEPLOY_PAIR=plumbing), served eager: same "
                      "predictions at a fraction of the cost and start-up; for tests of behaviour, never for measurements")

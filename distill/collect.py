@@ -32,10 +32,14 @@ def _token_id(token: str) -> int:
     return int(token.removeprefix("token_id:"))  # how `return_tokens_as_token_ids` spells a token
 
 
-def complete(base_url: str, model: str, prompt_ids: list[int], max_tokens: int, temperature: float, seed: int,
+def complete(base_url: str, model: str, prompt_ids: list[int], max_tokens: int, temperature: float, seed: int | None,
              top_logprobs: int, headers: dict[str, str] | None = None, timeout_s: float = 300) -> Example:
+    """One continuation; `seed` None sends none (vLLM 0.32's CPU sampler fails a batch that holds a
+    seeded request with top log-probabilities: "CPU Generator does not use offset")."""
     body: dict[str, Any] = {"model": model, "prompt": prompt_ids, "max_tokens": max_tokens, "temperature": temperature,
-                            "seed": seed, "return_tokens_as_token_ids": True}
+                            "return_tokens_as_token_ids": True}
+    if seed is not None:
+        body["seed"] = seed
     if top_logprobs:
         body["logprobs"] = top_logprobs
     resp = requests.post(f"{base_url}/v1/completions", json=body, headers=headers, timeout=timeout_s)

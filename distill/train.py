@@ -51,7 +51,7 @@ def _batches(examples: Sequence[Example], size: int, seed: int, epochs: int) -> 
             yield order[i:i + size]
 
 
-def _tensors(batch: list[Example], pad_id: int, max_len: int, device: str) -> dict[str, Any]:
+def position_tensors(batch: list[Example], pad_id: int, max_len: int, device: str) -> dict[str, Any]:
     """Inputs (prompt + continuation minus its last token, right-padded), and for each generated
     position: where it is, the target's probabilities of its top tokens, and the mass left over."""
     import torch
@@ -86,16 +86,21 @@ def _tensors(batch: list[Example], pad_id: int, max_len: int, device: str) -> di
             "rest": (1 - p.sum(-1)).clamp_min(0).to(device)}
 
 
-def _loss(model: Any, t: dict[str, Any]) -> Any:
+def top_kl_loss(model: Any, t: dict[str, Any]) -> Any:
     """KL(target || draft) over the target's top tokens plus one bucket for all the others (up to
     a constant). The bucket matters: renormalising the top 20 instead taught the embedded draft to
     leave out the 31% of the target's mass beyond them, and its acceptance of sampled (T=1) drafts
     fell from 64% to 39% while greedy acceptance rose."""
+    logits = model(input_ids=t["input_ids"], attention_mask=t["attention_mask"]).logits
+    return top_kl(logits[t["rows"], t["cols"]], t)
+
+
+def top_kl(picked: Any, t: dict[str, Any]) -> Any:
+    """`top_kl_loss` from the draft's logits at the answer positions (`picked`, one row each)."""
     import torch
     import torch.nn.functional as F
 
-    logits = model(input_ids=t["input_ids"], attention_mask=t["attention_mask"]).logits
-    logq = F.log_softmax(logits[t["rows"], t["cols"]].float(), dim=-1)
+    logq = F.log_softmax(picked.float(), dim=-1)
     top = logq.gather(1, t["ids"])
     # log of the draft's mass outside the top tokens (duplicated padding ids counted once)
     seen = torch.zeros_like(logq, dtype=torch.bool).scatter_(1, t["ids"], True)
@@ -124,9 +129,9 @@ def fine_tune(model: Any, examples: Sequence[Example], settings: TrainSettings, 
             bar.update()
             bar.set_postfix(loss=f"{sum(losses[-10:]) / len(losses[-10:]):.3f}")
 
-        batches = (_tensors(batch, pad_id, settings.max_len, device)
+        batches = (position_tensors(batch, pad_id, settings.max_len, device)
                    for batch in _batches(examples, settings.batch_size, settings.seed, settings.epochs))
-        loop.run(batches, lambda t: _loss(model, t), range(steps), on_step=note)
+        loop.run(batches, lambda t: top_kl_loss(model, t), range(steps), on_step=note)
     head = losses[:max(1, len(losses) // 10)]
     tail = losses[-max(1, len(losses) // 10):]
     return {"steps": steps, "seconds": round(time.perf_counter() - started, 1),
@@ -143,14 +148,14 @@ def evaluate(model: Any, examples: Sequence[Example], pad_id: int, device: str =
     loss_sum = 0.0
     with torch.inference_mode():
         for i in range(0, len(examples), 16):
-            t = _tensors(list(examples[i:i + 16]), pad_id, max_len, device)
+            t = position_tensors(list(examples[i:i + 16]), pad_id, max_len, device)
             logits = model(input_ids=t["input_ids"], attention_mask=t["attention_mask"]).logits
             picked = logits[t["rows"], t["cols"]].float()
             # ids[:, 0]: the target's most likely token (its sorted top list's first; the generated
             # token where none came back), which greedy decoding generates.
             agree += (picked.argmax(-1) == t["ids"][:, 0]).sum().item()
             total += len(picked)
-            loss_sum += _loss(model, t).item() * len(picked)
+            loss_sum += top_kl_loss(model, t).item() * len(picked)
     return {"greedy_agreement": agree / total if total else 0.0, "loss": loss_sum / total if total else 0.0,
             "positions": total}
 

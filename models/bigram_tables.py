@@ -15,7 +15,7 @@ import logging
 import sys
 from pathlib import Path
 
-from models.embedded_pair import corpus_files, ensure_pair
+from models.embedded_pair import corpus_files, ensure_pair, pair_kind
 from plugins.bigram_table import (DEFAULT_ALPHA, DEFAULT_TOP_K, BigramTableError, build_table, load_table,
                                   tokenizer_fingerprint)
 
@@ -24,14 +24,23 @@ log = logging.getLogger("specdeploy")
 EMBEDDED_TABLE_NAME = "bigram-table.npz"
 
 
-def embedded_table(progress: bool = True) -> Path:
-    """The embedded pair's table, built from its training corpus on first use (file-locked, cached)."""
+def embedded_table(progress: bool = True, ref: str = "embedded:target") -> Path:
+    """The table of the embedded model `ref` resolves to (`SPECDEPLOY_PAIR`: SmolLM2 by default,
+    else the code pair), built from the code pair's training corpus with that model's tokenizer on
+    first use (file-locked, cached)."""
     from filelock import FileLock
 
-    pair = ensure_pair()
-    # Beside the pair's folder (named after it), not inside: that folder is the other build's output.
-    path = Path(pair.root).parent / f"{Path(pair.root).name}.{EMBEDDED_TABLE_NAME}"
-    tokenizer = str(pair.target)
+    if pair_kind() == "smollm2" and not ref.startswith("embedded:code-"):
+        from models.smollm2 import ensure_target
+
+        target = ensure_target()
+        path = target.parent / f"{target.name}.{EMBEDDED_TABLE_NAME}"
+    else:
+        pair = ensure_pair()
+        # Beside the pair's folder (named after it), not inside: that folder is the other build's output.
+        path = Path(pair.root).parent / f"{Path(pair.root).name}.{EMBEDDED_TABLE_NAME}"
+        target = pair.target
+    tokenizer = str(target)
     expected = tokenizer_fingerprint(tokenizer)
     with FileLock(str(path) + ".lock", timeout=1800):
         if path.is_file():

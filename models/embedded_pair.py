@@ -63,11 +63,16 @@ from models.widen import widen_llama
 log = logging.getLogger("specdeploy")
 
 # Bump when the code changes the served pair built from the same weights (the hash covers the knobs).
-BUILD_VERSION = 5
+BUILD_VERSION = 6
 WEIGHTS = Path(__file__).parent / "embedded_weights"
 """The trained pair shipped in the repository: tokenizer/, target/, draft/ and training.json."""
 PAIR_ENV = "SPECDEPLOY_PAIR"
-"""Which target `embedded:target` serves: `cost` (default, the cost-faithful one) or `plumbing`."""
+"""Which pair `embedded:target` and `embedded:draft` serve: `smollm2` (default: SmolLM2-135M-Instruct
+and the kit's draft, `models.smollm2`), or the kit's own code pair: `cost` (its cost-faithful
+widened target) or `plumbing` (the test suite's)."""
+PAIR_KINDS = ("smollm2", "cost", "plumbing")
+CHAT_TEMPLATE = "{% for m in messages %}{{ m['content'] }}\n{% endfor %}"
+"""The code pair's chat template: each message's text on a line (it has no chat format of its own)."""
 
 
 SERVED_WIDTH = {"bfloat16": 1536, "float32": 768}
@@ -142,9 +147,9 @@ class EmbeddedPair:
 
 
 def pair_kind() -> str:
-    kind = os.environ.get(PAIR_ENV, "cost") or "cost"
-    if kind not in ("cost", "plumbing"):
-        raise ValueError(f"{PAIR_ENV}={kind!r}: use cost (the default) or plumbing")
+    kind = os.environ.get(PAIR_ENV, "smollm2") or "smollm2"
+    if kind not in PAIR_KINDS:
+        raise ValueError(f"{PAIR_ENV}={kind!r}: use smollm2 (the default), cost or plumbing")
     return kind
 
 
@@ -198,6 +203,15 @@ def is_built() -> bool:
     root = pair_dir()
     return all((root / name).is_file() for name in ("report.json", "target/config.json", "draft/config.json",
                                                     "plumbing-target/config.json"))
+
+
+def served_pair_built(ref: str = "embedded:target") -> bool:
+    """Whether the pair the embedded reference `ref` resolves to now (`pair_kind`) is built."""
+    if pair_kind() == "smollm2" and not ref.startswith("embedded:code-"):
+        from models.smollm2 import is_built as smollm2_built
+
+        return smollm2_built()
+    return is_built()
 
 
 def _load(root: Path) -> EmbeddedPair:
@@ -291,6 +305,9 @@ def _build_served(serving: Serving, weights: Path, out: Path, build_hash: str) -
     served = {"target": widen_llama(trained["target"], serving.target_copies, serving.target_kv_copies),
               "plumbing-target": widen_llama(trained["target"], serving.plumbing_copies, serving.plumbing_copies),
               "draft": trained["draft"]}
+    # A code model has no chat format; this plain template lets the chat API (and the load tests'
+    # chat workloads) talk to it.
+    tok.chat_template = CHAT_TEMPLATE
     for name, model in progress(served.items(), desc="save served models", unit="model"):
         model.to(dtype).save_pretrained(out / name)
         tok.save_pretrained(out / name)  # each folder loads on its own (vLLM, AutoTokenizer)

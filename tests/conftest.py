@@ -4,7 +4,7 @@ Two tiers (`make test`, `make test-full`):
 - Tests of behaviour serve the *plumbing* target (`SPECDEPLOY_PAIR=plumbing`: the trained model
   widened twice instead of 4-8 times; same predictions, a fraction of the cost and start-up).
   They ask the session's `servers` pool for a configuration
-  (`servers.get("default", ["speculation.drafter=none"])`) and get the same running server as
+  (`servers.get("embedded-code", ["speculation.drafter=none"])`) and get the same running server as
   every other test that asked for it: a configuration starts once, and stays up until the end.
 - Tests marked `full` measure costs or speed. They run last, on the cost-faithful pair, after the
   pool has stopped every idle server (fixture `measurement`), so that nothing else competes for
@@ -50,7 +50,7 @@ os.environ[START_LOG_ENV] = str(START_LOG.resolve())
 # key tests need no second one. The helpers below send the key.
 TEST_KEY_ENV, TEST_KEY = "SPECDEPLOY_TEST_KEY", "sk-test-running"
 os.environ[TEST_KEY_ENV] = TEST_KEY
-BASELINE = ("default", ("speculation.drafter=none", f"server.api_key_env={TEST_KEY_ENV}"))
+BASELINE = ("embedded-code", ("speculation.drafter=none", f"server.api_key_env={TEST_KEY_ENV}"))
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -66,8 +66,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 Key = tuple[str, tuple[str, ...]]
 # The configurations the behaviour tests share, in the order they first need them: the pool starts
 # them in the background, one at a time, while the tests before them run (the 2 cores both work).
-PRESTART: list[Key] = [BASELINE, ("embedded-bigram", ()), ("default", ()),
-                       ("default", ("speculation.draft_sampling=greedy",)), ("embedded-small-plugin", ())]
+PRESTART: list[Key] = [BASELINE, ("embedded-bigram", ()), ("embedded-code", ()),
+                       ("embedded-code", ("speculation.draft_sampling=greedy",)), ("embedded-small-plugin", ())]
 
 
 class ServerPool:
@@ -84,7 +84,7 @@ class ServerPool:
                 if key not in self.alive and key not in self.pending:
                     self.pending[key] = self._background.submit(self._start, key)
 
-    def get(self, config: str = "default", overrides: list[str] | tuple[str, ...] = ()) -> Server:
+    def get(self, config: str = "embedded-code", overrides: list[str] | tuple[str, ...] = ()) -> Server:
         key = (config, tuple(overrides))
         with self._lock:
             future = self.pending.pop(key, None)
@@ -185,7 +185,7 @@ def running_sweep(servers, tmp_path_factory) -> tuple[dict, dict, Path]:
     from loadtest.sweeps.settings import SweepSettings
     from loadtest.sweeps.runner import Sweep
 
-    spec, baseline = servers.get("default"), servers.get(*BASELINE)
+    spec, baseline = servers.get("embedded-code"), servers.get(*BASELINE)
     settings = SweepSettings("", url=spec.base_url, baseline_url=baseline.base_url, api_key_env=TEST_KEY_ENV,
                              users=[2], repeat=1, requests=4, slo="ttft_p95=30s,tpot_p50=1ms", warmup=1,
                              request=RequestSettings(workload="mixed", max_tokens=32, request_timeout_s=120),

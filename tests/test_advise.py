@@ -42,7 +42,7 @@ def test_verdicts_say_what_to_do_and_which_cost_is_to_blame() -> None:
     rare_plugin = verdict([row(1, 0.9, tokens=1.2, acceptance=0.05)], k=4, remedy=sampled_remedy(plugin))
     assert "draft_max_temperature below it" in rare_plugin and "probabilistic" not in rare_plugin
     assert "draft_sampling: probabilistic" in verdict([row(1, 0.9, tokens=1.2, acceptance=0.05)], k=4,
-                                                      remedy=sampled_remedy(load_config("default").speculation))
+                                                      remedy=sampled_remedy(load_config("embedded-code").speculation))
     assert verdict([], k=4) == "not measured"
 
 
@@ -88,7 +88,7 @@ def test_advise_on_the_embedded_default(tmp_path: Path, embedded_pair, measureme
     # 64-token outputs, not 32: early in a text fewer drafts are accepted (36% of them over 32 tokens, 47%
     # over 64 on the float32 pair) and the prompt's prefill, dearer under speculation, weighs more. With 32
     # tokens batch 1 made 1.16-1.17x (CI and a rerun), with 64 1.39x.
-    run = advise_cli("default.yaml", "--batches", "1,8", "--requests", "8", "--max-tokens", "64",
+    run = advise_cli("embedded-code.yaml", "--batches", "1,8", "--requests", "8", "--max-tokens", "64",
                      "--cost-repeats", "2", "--repeat", "2", "--out", str(tmp_path), timeout=2400)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
     advice = json.loads((tmp_path / "advice.json").read_text())

@@ -220,7 +220,7 @@ def test_the_first_line_says_raises_or_lowers_with_intervals() -> None:
 # ---------------------------------------------------------------------------------- the whole command
 def test_the_command_writes_capacity_json_report_and_plots(tmp_path: Path) -> None:
     levels = FakeLevels({"spec-k4": 3.1, "baseline": 1.3})
-    result = Capacity(levels, CapacitySettings(SLO, overload_s=5), tmp_path, context={"config": "default.yaml"}).run()
+    result = Capacity(levels, CapacitySettings(SLO, overload_s=5), tmp_path, context={"config": "embedded-code.yaml"}).run()
     files = capacity_report.write(result, tmp_path)
     saved = CapacityResults.load(tmp_path)
     assert saved == result and json.loads((tmp_path / "capacity.json").read_text())["schema"] == 2
@@ -397,7 +397,7 @@ def test_capacity_command_on_running_servers(servers, tmp_path: Path) -> None:
     from conftest import BASELINE, TEST_KEY_ENV
     from loadtest.__main__ import main
 
-    spec, baseline = servers.get("default"), servers.get(*BASELINE)
+    spec, baseline = servers.get("embedded-code"), servers.get(*BASELINE)
     handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP)}
     try:
         code = main(["capacity", "--url", spec.base_url, "--baseline-url", baseline.base_url,

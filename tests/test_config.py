@@ -524,7 +524,8 @@ def test_default_preset_on_cpu(embedded_pair) -> None:
     assert plan.argv[plan.argv.index("--kv-cache-memory-bytes") + 1] == str(2**30)
     assert plan.env["VLLM_HTTP_TIMEOUT_KEEP_ALIVE"] == "65"  # not vLLM's 5 s: see ServerConfig
     spec = json.loads(plan.argv[plan.argv.index("--speculative-config") + 1])
-    assert spec == {"method": "draft_model", "model": str(embedded_pair.draft), "num_speculative_tokens": 4,
+    assert spec == {"method": "draft_model", "model": str(embedded_pair.draft),
+                    "num_speculative_tokens": load_config("default").speculation.num_speculative_tokens,
                     "draft_sample_method": "probabilistic"}
     # The suite serves the plumbing target (conftest); `make serve` the cost-faithful one.
     assert plan.argv[plan.argv.index("--model") + 1] == str(embedded_pair.plumbing_target)
@@ -535,6 +536,10 @@ def test_default_preset_on_cpu(embedded_pair) -> None:
         assert plan.argv[plan.argv.index("--model") + 1] == str(embedded_pair.target)
         assert not any("plumbing target" in note for note in resolved.notes) and "--enforce-eager" not in plan.argv
         assert plan.env["SPECDEPLOY_CPU_START"] == "fork"  # engine and worker processes forked (plugins.cpu_start)
+        # The code pair by name is the code pair whatever the default pair is.
+        env.setenv("SPECDEPLOY_PAIR", "smollm2")
+        _, plan = plan_from_config("embedded-code")
+        assert plan.argv[plan.argv.index("--model") + 1] == str(embedded_pair.target)
     # engine_args pass through with vLLM's own spelling, booleans included
     _, plan = plan_from_config("default", ["engine_args={enforce_eager: false, max_num_batched_tokens: 512}"])
     assert "--no-enforce-eager" in plan.argv and plan.argv[plan.argv.index("--max-num-batched-tokens") + 1] == "512"

@@ -77,7 +77,7 @@ def test_cost_variants_are_built_from_the_served_config(embedded_pair) -> None:
     overrides = step_costs.variant_overrides(4)
     args = {}
     for name, (extra, no_spec) in overrides.items():
-        resolved, _ = plan_from_config("default", extra, no_spec)
+        resolved, _ = plan_from_config("embedded-code", extra, no_spec)
         args[name] = engine_arguments(resolved)
     assert "speculative_config" not in args["plain"]
     assert args["verify"]["speculative_config"] == {"method": "custom_class", "num_speculative_tokens": 4,

@@ -58,7 +58,7 @@ def test_check_refuses_a_draft_with_other_tokens_and_a_config_without_a_draft_mo
     shutil.copytree(embedded_pair.draft, draft)
     vocab = Tokenizer.from_file(str(draft / "tokenizer.json")).get_vocab()
     write_tokenizer(draft, {token: (i + 1) % len(vocab) for token, i in vocab.items()})  # same size, other ids
-    config = yaml.safe_load((REPO / "configs" / "default.yaml").read_text())
+    config = yaml.safe_load((REPO / "configs" / "embedded-code.yaml").read_text())
     config["speculation"]["model"] = str(draft)
     (tmp_path / "other.yaml").write_text(yaml.safe_dump(config))
     data = write_prompts([f"def f{i}():\n" for i in range(20)], tmp_path / "data.jsonl")
@@ -103,7 +103,7 @@ def test_distill_collects_from_the_served_target_and_writes_a_better_draft(tmp_p
     data = stdlib_test_prompts(tmp_path / "tests.jsonl", count=40)
     # A short, gentle fine-tune: the shipped draft starts close to the target, and 4 epochs at 5e-4
     # on these 64 sequences took it further away on the held-out prompts.
-    settings = DistillSettings("default.yaml", data=str(data), max_tokens=32, train=TrainSettings(epochs=2, lr=1e-4),
+    settings = DistillSettings("embedded-code.yaml", data=str(data), max_tokens=32, train=TrainSettings(epochs=2, lr=1e-4),
                                measure=False, output=tmp_path / "default-distilled.yaml", out=tmp_path / "out")
     result = distill(settings)
     assert result["status"] == "distilled", result
@@ -121,7 +121,7 @@ def test_distill_collects_from_the_served_target_and_writes_a_better_draft(tmp_p
 @pytest.mark.full
 def test_distill_measures_the_original_and_the_distilled_draft(tmp_path: Path, embedded_pair, measurement) -> None:
     data = stdlib_test_prompts(tmp_path / "tests.jsonl", count=40)
-    settings = DistillSettings("default.yaml", data=str(data), max_tokens=32, train=TrainSettings(epochs=4, lr=5e-4),
+    settings = DistillSettings("embedded-code.yaml", data=str(data), max_tokens=32, train=TrainSettings(epochs=4, lr=5e-4),
                                batches=[1], measure_temperatures=[0.0], repeat=2, requests=8, measure_max_tokens=64,
                                output=tmp_path / "default-distilled.yaml", out=tmp_path / "out")
     result = distill(settings)

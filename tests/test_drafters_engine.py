@@ -34,10 +34,10 @@ from plugins.small_model import SmallModelDrafter, TransformersDraft
 
 DRAFTERS = {
     "bigram": ("embedded-bigram", ()),  # draft_sampling: probabilistic, as all three presets
-    "small_model-native": ("default", ()),
-    "small_model-native-greedy": ("default", ("speculation.draft_sampling=greedy",)),
+    "small_model-native": ("embedded-code", ()),
+    "small_model-native-greedy": ("embedded-code", ("speculation.draft_sampling=greedy",)),
     "small_model-plugin": ("embedded-small-plugin", ()),
-    "ngram": ("default", ("speculation.drafter=ngram", "speculation.model=", "speculation.draft_sampling=greedy")),
+    "ngram": ("embedded-code", ("speculation.drafter=ngram", "speculation.model=", "speculation.draft_sampling=greedy")),
 }
 SLOW_DRAFTERS = {"ngram"}  # a server no other test shares
 # A verifier that accepts every draft token: the broken acceptance rule the distribution test

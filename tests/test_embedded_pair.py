@@ -39,8 +39,10 @@ def test_both_served_targets_predict_what_the_shipped_one_does(embedded_pair) ->
     report = embedded_pair.report
     serving = Serving()
     assert report["serving"]["target_copies"] == serving.target_copies and report["serving"]["plumbing_copies"] == 2
-    # The plumbing target costs a fraction of the cost-faithful one (weights grow with copies squared).
-    assert report["params"]["plumbing_target"] * 2 < report["params"]["target"]
+    # The plumbing target costs a fraction of the cost-faithful one: its weights grow at least as fast
+    # as the copies (the layers' with their square), on any CPU kind (3 copies in float32, 6 in bf16).
+    assert report["params"]["plumbing_target"] * serving.target_copies / serving.plumbing_copies \
+        < report["params"]["target"]
     # The served pair comes from the shipped weights, and the shipped weights from the code's recipe.
     assert report["training"] == json.loads((WEIGHTS / "training.json").read_text())
     assert report["training"]["recipe_hash"] == recipe_hash(RECIPE), \

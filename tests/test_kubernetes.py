@@ -69,7 +69,7 @@ def test_manifests_run_locked_down() -> None:
 
 
 def test_manifests_refuse_what_a_pod_cannot_run() -> None:
-    result = k8s("default")
+    result = k8s("embedded-code")
     assert result.returncode == 2 and "a pod cannot see this machine's folders" in result.stderr
     result = k8s("llama70b-7b", "--set", "parallelism.tensor_parallel_size=1")
     assert result.returncode == 2 and "GiB of GPU memory are usable" in result.stderr

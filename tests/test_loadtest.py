@@ -336,7 +336,7 @@ def test_malformed_workload_files_are_refused_before_anything_starts(tmp_path, n
     (tmp_path / "latin1.jsonl").write_bytes(b'{"prompt": "caf\xe9"}\n')
     with pytest.raises(ValueError, match="not UTF-8"):
         load_workload(str(tmp_path / "latin1.jsonl"))
-    settings = SweepSettings("default", request=RequestSettings(workload=str(path)), users=[1], out=tmp_path / "report")
+    settings = SweepSettings("embedded-code", request=RequestSettings(workload=str(path)), users=[1], out=tmp_path / "report")
     started = time.monotonic()
     results = Sweep(settings).run()
     assert results.status == "failed" and expected in "; ".join(results.problems)
@@ -345,14 +345,14 @@ def test_malformed_workload_files_are_refused_before_anything_starts(tmp_path, n
 
 def test_requests_per_user_and_variants():
     assert requests_for(1, None) == 32 and requests_for(32, None) == 256 and requests_for(4, 10) == 10
-    names = [v.name for v in plan_variants(SweepSettings("default", extra_k=[2, 4, 8]))]
+    names = [v.name for v in plan_variants(SweepSettings("embedded-code", extra_k=[2, 4, 8]))]
     assert names == ["spec-k4", "spec-k2", "spec-k8", "baseline"]
-    assert [v.name for v in plan_variants(SweepSettings("default", no_spec=True))] == ["baseline"]
-    assert [v.name for v in plan_variants(SweepSettings("default", baseline=False))] == ["spec-k4"]
+    assert [v.name for v in plan_variants(SweepSettings("embedded-code", no_spec=True))] == ["baseline"]
+    assert [v.name for v in plan_variants(SweepSettings("embedded-code", baseline=False))] == ["spec-k4"]
 
 
 def test_variants_take_turns_and_who_goes_first_alternates():
-    names = [v.name for v in plan_variants(SweepSettings("default", extra_k=[2]))]
+    names = [v.name for v in plan_variants(SweepSettings("embedded-code", extra_k=[2]))]
     order = run_order(names, [1, 32], 3, together=True)
     assert order[:6] == [(1, 1, "spec-k4"), (1, 1, "spec-k2"), (1, 1, "baseline"),
                          (2, 1, "baseline"), (2, 1, "spec-k2"), (2, 1, "spec-k4")]
@@ -370,7 +370,7 @@ def test_servers_run_together_only_where_kv_weights_and_processes_fit(tmp_path, 
     monkeypatch.setenv("SPECDEPLOY_PAIR", "cost")  # the served weights, not the suite's plumbing target
 
     def fits(kv_gib: int, host_gib: float) -> bool:
-        settings = SweepSettings("default", extra_k=[1, 2, 3, 5], out=tmp_path,
+        settings = SweepSettings("embedded-code", extra_k=[1, 2, 3, 5], out=tmp_path,
                                  overrides=[f"resources.cpu_kvcache_space_gib={kv_gib}"])
         sweep = Sweep(settings)
         planned = [sweep._prepare(v) for v in plan_variants(settings)]
@@ -402,7 +402,7 @@ def test_request_settings_reach_every_command_line_unchanged():
         known, _ = parser.parse_known_args(argv)
         assert RequestSettings.from_cli_args(known) == custom
     # results.json keeps them flat beside the sweep's own settings, as older reports have them.
-    record = settings_record(SweepSettings("default", request=custom, out=Path("x")))
+    record = settings_record(SweepSettings("embedded-code", request=custom, out=Path("x")))
     assert record["max_tokens"] == 7 and record["fixed_length"] is False and "request" not in record
     assert record["out"] == "x"
 
@@ -534,7 +534,7 @@ def _served_tokens(server) -> float:
 @pytest.mark.parametrize("workers", [0, 2])
 def test_locust_closed_loop_local_and_distributed(servers, tmp_path, workers):
     """Real Locust (one process, then a master and 2 workers) against the real engine."""
-    server = servers.get("default")
+    server = servers.get("embedded-code")
     before = _served_tokens(server)
     job = LocustJob(host=server.base_url, users=3, records_dir=tmp_path / "rec", model=server.plan.served_name,
                     request=RequestSettings(max_tokens=7), requests=6, workers=workers, csv_prefix=tmp_path / "locust",
@@ -564,7 +564,7 @@ def test_users_start_one_arrival_gap_apart(servers, tmp_path, workers):
     """Not in lockstep: user n's first request is planned n gaps after user 0's, across workers
     too, and never leaves before its time. The budget keeps room for every user's first request
     (locustfile `_may_send`), so all four send theirs however fast the first ones finish."""
-    server = servers.get("default")
+    server = servers.get("embedded-code")
     gap = 0.15
     job = LocustJob(host=server.base_url, users=4, records_dir=tmp_path / "rec", model=server.plan.served_name,
                     request=RequestSettings(max_tokens=96, arrival_gap_s=gap), requests=4, workers=workers)
@@ -583,7 +583,7 @@ def test_users_start_one_arrival_gap_apart(servers, tmp_path, workers):
 
 @pytest.mark.engine
 def test_locust_duration_mode_lets_requests_finish(servers, tmp_path):
-    server = servers.get("default")
+    server = servers.get("embedded-code")
     before = _served_tokens(server)
     job = LocustJob(host=server.base_url, users=2, records_dir=tmp_path / "rec", model=server.plan.served_name,
                     request=RequestSettings(max_tokens=7, request_timeout_s=60), duration_s=5)
@@ -617,7 +617,7 @@ def _vllm_spec_metrics(base_url: str) -> Any:
 def test_sweep_spec_and_baseline_report_agrees_with_server(servers, running_sweep):
     """A sweep of the session's speculative and baseline servers (the runner's own start, interleave
     and stop are the next tests'), its report, and vLLM's benchmark beside Locust on each."""
-    spec, baseline = servers.get("default"), servers.get(*BASELINE)
+    spec, baseline = servers.get("embedded-code"), servers.get(*BASELINE)
     # On the same server: vLLM's benchmark code and ours read the same counters.
     theirs_before, ours_before = _vllm_spec_metrics(spec.base_url), prom.scrape(spec.base_url)
     for prompt in ("def main():\n", "class A:\n"):
@@ -633,7 +633,7 @@ def test_sweep_spec_and_baseline_report_agrees_with_server(servers, running_swee
     assert d.mean_accepted_length == pytest.approx(1 + accepted / drafts)
     assert d.effective_k == pytest.approx(draft_tokens / drafts) and 1 <= d.effective_k <= 4
 
-    # The session's sweep of these two servers: the `mixed` workload uses both APIs (default.yaml
+    # The session's sweep of these two servers: the `mixed` workload uses both APIs (embedded-code.yaml
     # gives the embedded pair a chat template), 2 users, 4 requests each.
     results, files, report = running_sweep
     assert results.status in ("ok", "flagged"), results.problems
@@ -727,7 +727,7 @@ def test_sweep_spec_and_baseline_report_agrees_with_server(servers, running_swee
 @pytest.mark.engine
 def test_server_that_fails_to_start_gives_a_failed_run(tmp_path, embedded_pair):
     # vLLM itself refuses this (batched tokens below max_model_len): the server exits during start-up.
-    settings = SweepSettings("default", overrides=["engine_args.max_num_batched_tokens=8"], no_spec=True,
+    settings = SweepSettings("embedded-code", overrides=["engine_args.max_num_batched_tokens=8"], no_spec=True,
                              users=[1], requests=2, out=tmp_path / "report", startup_timeout_s=300, **FAST)
     started = time.monotonic()
     results = Sweep(settings).run()
@@ -754,7 +754,7 @@ def test_a_schedule_gives_the_k_of_the_batch_size_and_a_killed_server_keeps_part
     skipped. (One server for both checks: each engine start costs half a minute of `make test`.)
     Levels run for a time, not a count of requests: a level of a few requests could end before the
     kill on a fast machine, one of 15 s is still running when its first requests have finished."""
-    settings = SweepSettings("default", overrides=["speculation.schedule=[[1, 1, 4], [2, 64, 1]]"], baseline=False,
+    settings = SweepSettings("embedded-code", overrides=["speculation.schedule=[[1, 1, 4], [2, 64, 1]]"], baseline=False,
                              users=[1, 2, 4, 8], repeat=1, duration_s=LEVEL_S, vllm_bench=False,
                              out=tmp_path / "report", **{**FAST, "request": replace(FAST["request"], max_tokens=48)})
     records_dir = settings.out / "records" / "spec-schedule-c4"
@@ -807,9 +807,9 @@ def test_temperatures_are_parsed_or_refused_clearly() -> None:
     assert run.returncode == 2 and "numbers separated by commas" in run.stderr
 
 
-@pytest.mark.parametrize("argv", [["loadtest", "run", "default.yaml", "--repeat", "0"],
-                                  ["tuning", "tune", "default.yaml", "--proof-repeats", "0"],
-                                  ["tuning", "advise", "default.yaml", "--cost-repeats", "-1"],
+@pytest.mark.parametrize("argv", [["loadtest", "run", "embedded-code.yaml", "--repeat", "0"],
+                                  ["tuning", "tune", "embedded-code.yaml", "--proof-repeats", "0"],
+                                  ["tuning", "advise", "embedded-code.yaml", "--cost-repeats", "-1"],
                                   ["tuning", "bench-drafters", "--rounds", "0"]])
 def test_a_count_of_runs_below_one_is_refused_before_any_work(argv: list[str]) -> None:
     run = subprocess.run([sys.executable, "-m", *argv], cwd=REPO, capture_output=True, text=True,
@@ -824,7 +824,7 @@ def test_temperature_sweep_reports_acceptance_against_temperature(servers, tmp_p
     drafts probabilistically, so its acceptance holds at T=1: ~43% on this pair (ledger R49) where
     greedy drafts keep ~5-7%. The floor sits between the two, far from both: 4 requests of 32 tokens
     are ~30 draft steps, and one such run measured 29% (a floor of 30% failed by chance)."""
-    spec, baseline = servers.get("default"), servers.get(*BASELINE)
+    spec, baseline = servers.get("embedded-code"), servers.get(*BASELINE)
     out = tmp_path / "report"
     run = subprocess.run([sys.executable, "-m", "loadtest", "run", "--url", spec.base_url, "--baseline-url",
                           baseline.base_url, "--api-key-env", TEST_KEY_ENV, "--temperature", "1,0", "--users", "1",
@@ -858,7 +858,7 @@ def test_speculation_pays_at_batch_1_greedy_and_sampled(tmp_path, embedded_pair,
     """The embedded default's reason to exist: on the cost-faithful pair, speculation is faster at
     batch 1 at T=0 and at T=1 (probabilistic drafts), in each of two runs per temperature."""
     out = tmp_path / "report"
-    run = subprocess.run([sys.executable, "-m", "loadtest", "run", "default", "--temperature", "1,0", "--users", "1",
+    run = subprocess.run([sys.executable, "-m", "loadtest", "run", "embedded-code", "--temperature", "1,0", "--users", "1",
                           "--repeat", "2", "--requests", "8", "--max-tokens", "64", "--no-vllm-bench",
                           "--out", str(out)], cwd=REPO, capture_output=True, text=True, timeout=2400)
     assert run.returncode in (0, 1), run.stderr[-3000:]

@@ -40,7 +40,7 @@ def test_dashboard_and_scrape_config_from_a_config(tmp_path: Path) -> None:
     assert job["authorization"]["type"] == "Bearer"  # the preset keeps /metrics behind its key
     public = yaml.safe_load(scrape_config(load_config("llama70b-7b", ["server.public_metrics=true"]), ["h:1"]))
     assert "authorization" not in public["scrape_configs"][0]
-    baseline = [p.title for p in dashboard_panels(load_config("default", no_speculation=True))]
+    baseline = [p.title for p in dashboard_panels(load_config("embedded-code", no_speculation=True))]
     assert "Acceptance rate" not in baseline and "Output tokens per second" in baseline
 
 
@@ -48,8 +48,8 @@ def test_dashboard_and_scrape_config_from_a_config(tmp_path: Path) -> None:
 def test_every_dashboard_query_returns_data_from_a_real_prometheus(servers, tmp_path: Path) -> None:
     assert PROMETHEUS, ("no `prometheus` on PATH: `make venv` installs Debian's package where it runs as root with "
                         "apt; elsewhere install it (apt install prometheus, or a release binary on PATH)")
-    server = servers.get("default")
-    config = load_config("default")
+    server = servers.get("embedded-code")
+    config = load_config("embedded-code")
     target = server.base_url.removeprefix("http://")
     (tmp_path / "prometheus.yml").write_text(scrape_config(config, [target], interval_s=1))
     port = free_port()

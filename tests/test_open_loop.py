@@ -169,7 +169,7 @@ def test_rates_and_users_are_one_or_the_other(capsys):
 
 
 def test_dry_run_with_rates_plans_rates(tmp_path: Path):
-    sweep = Sweep(SweepSettings("default", rates=[0.5, 2], repeat=2, out=tmp_path / "r"),
+    sweep = Sweep(SweepSettings("embedded-code", rates=[0.5, 2], repeat=2, out=tmp_path / "r"),
                   timings=Timings.load(tmp_path / "t.json"))
     plan = sweep.plan(dry_run=True)
     text = plan.describe(dry_run=True)
@@ -182,7 +182,7 @@ def test_dry_run_with_rates_plans_rates(tmp_path: Path):
 def test_the_cli_dry_run_with_rates(capsys):
     from loadtest.__main__ import main
 
-    assert main(["run", "default", "--rates", "1,4", "--dry-run"]) == 0
+    assert main(["run", "embedded-code", "--rates", "1,4", "--dry-run"]) == 0
     assert "rates 1, 4 requests/s" in capsys.readouterr().out
 
 
@@ -302,7 +302,7 @@ def test_sweep_with_rates_on_running_servers(servers, tmp_path: Path):
     """`make loadtest RATES=... URL=... BASELINE_URL=...`: an open-loop level per variant with vLLM's
     benchmark at the same arrivals, and the report; then one level on demand (`rate_level`).
     Requests are sent on their schedule, whether or not earlier ones ended."""
-    spec, baseline = servers.get("default"), servers.get(*BASELINE)
+    spec, baseline = servers.get("embedded-code"), servers.get(*BASELINE)
     settings = SweepSettings("", url=spec.base_url, baseline_url=baseline.base_url, api_key_env=TEST_KEY_ENV,
                              rates=[8.0], repeat=1, requests=12, warmup=1, slo="ttft_p95=30s",
                              request=RequestSettings(max_tokens=16, request_timeout_s=120), level_timeout_s=600,

@@ -71,8 +71,8 @@ def same_or_near_tie(reference: list[dict], other: list[dict], prompts: list[str
 
 def test_tensor_parallel_2_with_speculation_matches_one_rank(servers) -> None:
     """Seen on 2026-11-24: identical on every prompt."""
-    one_rank = with_logprobs(servers.get("default"), PROMPTS)
-    two_ranks, accepted, processes = _serve_and_stop("default", ["parallelism.tensor_parallel_size=2"],
+    one_rank = with_logprobs(servers.get("embedded-code"), PROMPTS)
+    two_ranks, accepted, processes = _serve_and_stop("embedded-code", ["parallelism.tensor_parallel_size=2"],
                                                      "default-tp2", PROMPTS, with_logprobs)
     assert accepted > 0, "no draft token was accepted with two ranks"
     differences = same_or_near_tie(one_rank, two_ranks, PROMPTS)
@@ -85,7 +85,7 @@ def test_pipeline_parallel_2_without_speculation_matches_one_stage(servers) -> N
     """One request at a time on both. Seen: two of three prompts identical, the third equal up
     to a near-tie in a run of one repeated token."""
     one_stage = with_logprobs(servers.get(*BASELINE), PROMPTS)
-    two_stages, _, _ = _serve_and_stop("default", ["speculation.drafter=none", "parallelism.pipeline_parallel_size=2"],
+    two_stages, _, _ = _serve_and_stop("embedded-code", ["speculation.drafter=none", "parallelism.pipeline_parallel_size=2"],
                                        "default-pp2", PROMPTS, with_logprobs)
     differences = same_or_near_tie(one_stage, two_stages, PROMPTS)
     print("pipeline parallel 2 against one stage:", differences or "identical")
@@ -98,9 +98,9 @@ def test_two_nodes_over_loopback_serve_like_one_rank(servers) -> None:
     from deploy import Server
     from deploy.engine_args import node_plans
 
-    one_rank = with_logprobs(servers.get("default"), PROMPTS)
+    one_rank = with_logprobs(servers.get("embedded-code"), PROMPTS)
     port = free_port()
-    resolved, _ = plan_from_config("default", [
+    resolved, _ = plan_from_config("embedded-code", [
         "parallelism.tensor_parallel_size=2", "parallelism.nodes=2", "parallelism.master_addr=127.0.0.1",
         f"parallelism.master_port={free_port()}", f"server.port={port}",
         # Both "nodes" share two cores: let the OS place each one's single rank.

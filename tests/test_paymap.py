@@ -152,8 +152,8 @@ def test_schedule_written_as_a_config(tmp_path: Path) -> None:
     is 4 at batch 1, 2 at batch 4, 1 at batch 16; at batch 32 nothing pays and K=0 (0.9x) beats K=1."""
     batches = [1, 4, 16, 32]
     grid = grid_for(batches, [1, 2, 4], k0=0.9)
-    settings = PaymapSettings("default.yaml", batches=batches, ks=[1, 2, 4], output=tmp_path / "suggested.yaml")
-    result = paymap.write_schedule(settings, ROOT / "configs" / "default.yaml", grid, 0.7, tmp_path)
+    settings = PaymapSettings("embedded-code.yaml", batches=batches, ks=[1, 2, 4], output=tmp_path / "suggested.yaml")
+    result = paymap.write_schedule(settings, ROOT / "configs" / "embedded-code.yaml", grid, 0.7, tmp_path)
     assert [r["k"] for r in result["rows"]] == [4, 2, 1, 0]
     assert result["schedule"] == [[1, 2, 4], [3, 8, 2], [9, 22, 1], [23, 64, 0]]
     text = (tmp_path / "suggested.yaml").read_text()
@@ -173,7 +173,7 @@ def test_report_and_heat_map(tmp_path: Path) -> None:
     grid = grid_for(batches, [1, 2, 4], k0=0.9)
     assert paymap.plot_heatmap(grid, 0.62, tmp_path / "heatmap.png") == "heatmap.png"
     assert (tmp_path / "heatmap.png").read_bytes()[:4] == b"\x89PNG"
-    result = {"status": "mapped", "config": "default.yaml", "grid": grid, "headline": paymap.headline(grid, 0.62),
+    result = {"status": "mapped", "config": "embedded-code.yaml", "grid": grid, "headline": paymap.headline(grid, 0.62),
               "heatmap": "heatmap.png", "plan": {}, "deployment": {"a": 0.62, "per_position": None, "source": "given"},
               "settings": {"max_tokens": 128, "temperature": 0.0, "repeats": 3}, "notes": [paymap.DUMMY_NOTE]}
     text = paymap.describe(result)
@@ -203,7 +203,7 @@ def test_dry_run_of_the_70b_preset_prints_the_plan_and_starts_nothing(tmp_path: 
 
 def test_a_config_without_drafter_is_refused() -> None:
     with pytest.raises(ValueError, match="no drafter"):
-        paymap.make_plan(PaymapSettings("default.yaml", ["speculation.drafter=none"]))
+        paymap.make_plan(PaymapSettings("embedded-code.yaml", ["speculation.drafter=none"]))
 
 
 # --- on the engines ---------------------------------------------------------------------------------
@@ -213,7 +213,7 @@ def test_small_map_on_the_engine(tmp_path: Path) -> None:
     """Two engines (plumbing pair): batch 1 and 2, acceptance 0.3 and 0.9, K 1 and 2, one generation
     a cell. The report, heat map and schedule config are written, and every cell's first position
     was accepted, by the engine's own count, at the rate asked (4.5 binomial standard errors)."""
-    settings = PaymapSettings("default.yaml", ["resources.cpu_kvcache_space_gib=0.25"], batches=[1, 2],
+    settings = PaymapSettings("embedded-code.yaml", ["resources.cpu_kvcache_space_gib=0.25"], batches=[1, 2],
                               acceptance=[0.3, 0.9], ks=[1, 2], repeats=1, max_tokens=48,
                               deployment_acceptance=[0.6], out=tmp_path / "report")
     result = paymap.paymap(settings)
@@ -238,6 +238,6 @@ def test_small_map_on_the_engine(tmp_path: Path) -> None:
     (["--acceptance", "0.6", "--url", "http://127.0.0.1:9"], "either as --acceptance or by --url"),
 ])
 def test_bad_command_lines_are_refused_before_any_engine(args: list[str], message: str) -> None:
-    done = subprocess.run([sys.executable, "-m", "tuning", "paymap", "default.yaml", *args], cwd=ROOT,
+    done = subprocess.run([sys.executable, "-m", "tuning", "paymap", "embedded-code.yaml", *args], cwd=ROOT,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and message in done.stderr, done.stderr[-1000:]

@@ -61,7 +61,7 @@ def test_the_cpu_default_keeps_alternating(tmp_path: Path, monkeypatch, host_gib
     """On a CPU the variants keep taking turns (a shared CPU drifts): up together where the servers
     fit in memory, started once each; else one at a time, restarted as the turns require."""
     monkeypatch.setattr(Machine, "detect", staticmethod(lambda: Machine(0, 0.0, host_gib, (0, 1))))
-    plan = plan_of(tmp_path, "default", users=[1, 32], repeat=3)
+    plan = plan_of(tmp_path, "embedded-code", users=[1, 32], repeat=3)
     assert [s.name for s in plan.servers] == ["spec-k4", "baseline"] and {s.device for s in plan.servers} == {"cpu"}
     assert plan.order_name == "alternate" and plan.together is together and len(plan.starts()) == starts
     if together:  # every run, both variants, who goes first flipping
@@ -95,7 +95,7 @@ def test_measured_timings_replace_the_assumptions(tmp_path: Path) -> None:
     plan.timings = again
     text = plan.describe()
     assert "starts in about 5 min (measured here before)" in text and "guess" not in text
-    tokens = sum(plan.run_tokens(s, c) for _, c, s in plan.steps)
+    tokens = sum(plan.run_tokens(s, c, r) for r, c, s in plan.steps)
     assert plan.total_s() == pytest.approx(2 * 300 + 0.01 * tokens) != assumed
     # Time left: what the sweep measured replaces the estimates of the steps still to come, and
     # scales those of runs it has not measured yet alike.
@@ -103,7 +103,7 @@ def test_measured_timings_replace_the_assumptions(tmp_path: Path) -> None:
     run_1 = 0.01 * plan.run_tokens(first, 1)
     assert plan.left_s(0, {}) == pytest.approx(plan.total_s())
     assert plan.left_s(0, {}, skip_start=True) == pytest.approx(plan.total_s() - 300)
-    left = plan.left_s(1, {(first.name, 1): run_1 / 2})  # after the first step, its run twice as fast
+    left = plan.left_s(1, {(first.name, 1, 1): run_1 / 2})  # after the first step, its run twice as fast
     assert left == pytest.approx(300 + (plan.total_s() - 600 - run_1) / 2)
 
 
@@ -185,12 +185,12 @@ def test_the_configured_k_follows_vllms_reading_of_the_schedule() -> None:
     from vllm.v1.spec_decode.dynamic.utils import build_dynamic_sd_schedule_lookup
 
     for schedule in ([[1, 8, 4], [9, 32, 2], [33, 1024, 0]], [[1, 4, 3], [10, 20, 1]], [[1, 2, 3]]):
-        spec = load_config("default", ["speculation.num_speculative_tokens=4",
+        spec = load_config("embedded-code", ["speculation.num_speculative_tokens=4",
                                        f"speculation.schedule={schedule}"]).speculation
         lookup = build_dynamic_sd_schedule_lookup(schedule, 64, 4)
         assert [spec.k_at_batch(b) for b in range(1, 65)] == lookup[1:]
-    assert load_config("default").speculation.k_at_batch(32) == 4
-    assert load_config("default", no_speculation=True).speculation.k_at_batch(1) == 0
+    assert load_config("embedded-code").speculation.k_at_batch(32) == 4
+    assert load_config("embedded-code", no_speculation=True).speculation.k_at_batch(1) == 0
 
 
 # ------------------------------------------------------------------------------------ make serve
@@ -218,5 +218,5 @@ def test_serve_names_a_plugin_drafters_temperature_gate(embedded_pair) -> None:
     assert "specdeploy's plugin plugins.bigram.BigramProposer" in text
     assert "1-4: 4, 5-64: 0 (no drafts) (the plugin reads it from --additional-config)" in text
     assert "requests at T <= 0 draft, hotter ones decode without drafts; drafts sampled by the plugin" in text
-    assert describe_speculation(plan_from_config("default", no_speculation=True, plan_only=True)[0]) == \
+    assert describe_speculation(plan_from_config("embedded-code", no_speculation=True, plan_only=True)[0]) == \
         "speculation: off"

@@ -115,7 +115,7 @@ def keyed_baseline(servers):
 
 @pytest.mark.engine
 def test_sweep_of_running_servers_with_service_targets(servers, keyed_baseline, running_sweep):
-    spec = servers.get("default")
+    spec = servers.get("embedded-code")
     results, files, out = running_sweep
     assert results.status in ("ok", "flagged"), results.problems
     # What each server is was read from the server: name, speculation and its K.
@@ -158,7 +158,7 @@ def test_a_greedy_run_that_loops_is_flagged_in_the_reports_first_lines(servers, 
     """The embedded target, greedy and forced to a fixed length, repeats one import line to the end
     after these prompts (after most built-in code prompts it loops too, later). The
     report says so before its verdict; the sampled sweep (T=1, the default) says nothing of the kind."""
-    spec, out = servers.get("default"), tmp_path / "greedy"
+    spec, out = servers.get("embedded-code"), tmp_path / "greedy"
     workload = tmp_path / "loops.jsonl"
     workload.write_text("".join(json.dumps({"prompt": p}) + "\n"
                                 for p in ("def main():\n", "from .. import fixer_base\n", "class StreamError(Exception):\n")))
@@ -199,8 +199,8 @@ def test_chat_traffic_on_the_embedded_default_end_to_end(servers, tmp_path):
     """`--workload chat` on the embedded default: chat prompts through the chat API (the config's
     plain chat template), each answer ending at the model's end of text or at the maximum, Locust
     and vLLM's benchmark alike; the report's first line says which traffic ran."""
-    spec, out = servers.get("default"), tmp_path / "chat"
-    run = subprocess.run([sys.executable, "-m", "loadtest", "run", "default.yaml", "--url", spec.base_url,
+    spec, out = servers.get("embedded-code"), tmp_path / "chat"
+    run = subprocess.run([sys.executable, "-m", "loadtest", "run", "embedded-code.yaml", "--url", spec.base_url,
                           "--api-key-env", KEY_ENV, "--workload", "chat", "--no-fixed-length", "--max-tokens", "32",
                           "--users", "1", "--repeat", "1", "--requests", "3", "--warmup", "0", "--out", str(out)],
                          cwd=REPO, capture_output=True, text=True, timeout=600)
@@ -222,7 +222,7 @@ def test_chat_traffic_on_the_embedded_default_end_to_end(servers, tmp_path):
     assert "Traffic: chat prompts through the chat API (/v1/chat/completions), natural lengths" in setup, setup
     findings = [x[2:] for x in md.split("## Every finding in full", 1)[1].splitlines() if x.startswith("- ")]
     assert findings[0] == ("traffic: chat prompts through the chat API (/v1/chat/completions), natural lengths (each "
-                           "ends at the model's end of text, at most 32 tokens), temperature 1 (default.yaml's traffic "
+                           "ends at the model's end of text, at most 32 tokens), temperature 1 (embedded-code.yaml's traffic "
                            "section; from the command line: --workload, --max-tokens, --fixed-length/--no-fixed-length)")
 
 
@@ -250,7 +250,7 @@ def test_the_api_key_guards_every_route_but_health(keyed_baseline):
 
 @pytest.mark.engine
 def test_running_server_problems_are_one_clear_line(servers, keyed_baseline, monkeypatch, tmp_path):
-    spec = servers.get("default")
+    spec = servers.get("embedded-code")
     nobody = f"http://127.0.0.1:{free_port()}"
     with pytest.raises(EndpointError, match="cannot reach .*is the server running"):
         discover(nobody)

@@ -161,7 +161,7 @@ def test_engine_counts_the_synthetic_rates_asked(servers, temperature: float) ->
     (vllm:spec_decode_num_accepted_tokens_per_pos_total / vllm:spec_decode_num_drafts_total) show
     the rates asked, greedy (vLLM's greedy kernel) and sampled (its random kernel), within
     4.5 binomial standard errors (+-0.03 to +-0.05 at ~1,000 drafts)."""
-    server = servers.get("default", SYNTHETIC)
+    server = servers.get("embedded-code", SYNTHETIC)
     drafts0, accepted0 = spec_counters(server)
 
     def complete(i_prompt: tuple[int, str]) -> dict:
@@ -193,7 +193,7 @@ def test_paymap_reads_a_running_servers_acceptance(servers) -> None:
     /metrics: on the synthetic server that is the rates it was started with."""
     from tuning.paymap import acceptance_from_url
 
-    server = servers.get("default", SYNTHETIC)
+    server = servers.get("embedded-code", SYNTHETIC)
     body = {"model": server.plan.served_name, "prompt": PROMPTS[0], "max_tokens": MAX_TOKENS, "temperature": 0,
             "ignore_eos": True}
     with ThreadPoolExecutor(len(PROMPTS)) as pool:

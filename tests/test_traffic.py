@@ -18,7 +18,7 @@ from loadtest.traffic.workloads import request_for, load_workload
 from tuning.__main__ import build_parser as tuning_parser
 
 REPO = Path(__file__).resolve().parent.parent
-CHAT_PRESETS = ("llama70b-7b", "llama70b-1b", "qwen3-4b-0.6b", "smollm2-1.7b-360m", "llama3.1-8b-eagle3")
+CHAT_PRESETS = ("default", "embedded-bigram", "embedded-small-plugin", "llama70b-7b", "llama70b-1b", "qwen3-4b-0.6b", "smollm2-1.7b-360m", "llama3.1-8b-eagle3")
 
 
 def test_every_preset_declares_its_traffic_and_the_chat_models_get_chat():
@@ -44,8 +44,8 @@ def test_the_config_is_the_default_and_each_option_replaces_one_field():
     # A workload given without --api: the prompts pick the API, not the config's API for its own prompts.
     opts = run.parse_args(["run", "llama70b-7b.yaml", "--workload", "code"])
     assert traffic.chosen(opts, declared)["api"] == "auto"
-    opts = run.parse_args(["run", "default.yaml", "--no-fixed-length"])
-    assert traffic.chosen(opts, traffic.declared("default.yaml")[0])["fixed_length"] is False
+    opts = run.parse_args(["run", "embedded-code.yaml", "--no-fixed-length"])
+    assert traffic.chosen(opts, traffic.declared("embedded-code.yaml")[0])["fixed_length"] is False
     # advise takes the same fields; tune its workload, API and lengths (its proof keeps its own length).
     adv = tuning_parser().parse_args(["advise", "llama70b-7b.yaml"])
     assert traffic.chosen(adv, declared) == values
@@ -81,7 +81,7 @@ def test_a_maximum_that_leaves_no_room_for_a_prompt_is_refused():
                                           r"target.max_model_len 4096"):
         load_config("llama70b-7b.yaml", ["traffic.max_tokens=4096"])
     with pytest.raises(ConfigError, match="traffic.lengths"):
-        load_config("default.yaml", ["traffic.lengths=exact"])
+        load_config("embedded-code.yaml", ["traffic.lengths=exact"])
 
 
 def test_the_quick_starts_dry_run_names_chat_traffic():

@@ -57,7 +57,7 @@ def test_schedule_ranges_meet_between_measured_batch_sizes() -> None:
 
 
 def test_the_tuned_yaml_keeps_the_input_and_validates(tmp_path: Path) -> None:
-    source = (REPO / "configs" / "default.yaml").read_text()
+    source = (REPO / "configs" / "embedded-code.yaml").read_text()
     text = tuned_yaml(source, 4, [[1, 8, 4], [9, 64, 0]], ["measured: K=4 at batch 1", "", "K=0 at 32"])
     path = tmp_path / "default-tuned.yaml"  # the embedded default's models resolve from any folder
     path.write_text(text)
@@ -110,7 +110,7 @@ def load_config_text(tmp_path: Path, text: str):
 
 def test_a_tuned_config_is_load_tested_against_each_fixed_k(tmp_path: Path) -> None:
     path = tmp_path / "tuned.yaml"
-    path.write_text(tuned_yaml((REPO / "configs" / "default.yaml").read_text(), 4, [[1, 8, 4], [9, 64, 1]], []))
+    path.write_text(tuned_yaml((REPO / "configs" / "embedded-code.yaml").read_text(), 4, [[1, 8, 4], [9, 64, 1]], []))
     variants = plan_variants(SweepSettings(str(path), extra_k=[1, 2, 3, 4]))
     assert [v.name for v in variants] == ["spec-schedule", "spec-k1", "spec-k2", "spec-k3", "spec-k4", "baseline"]
     assert "1-8: 4, 9-64: 1" in variants[0].label and variants[0].overrides == ()
@@ -156,7 +156,7 @@ def test_a_schedule_reaches_vllm_for_native_drafters_and_the_plugin_for_plugins(
     from deploy.engine_args import engine_arguments
 
     schedule = "speculation.schedule=[[1, 4, 4], [5, 64, 0]]"
-    native = engine_arguments(plan_from_config("default", [schedule])[0])
+    native = engine_arguments(plan_from_config("embedded-code", [schedule])[0])
     assert native["speculative_config"]["num_speculative_tokens_per_batch_size"] == [[1, 4, 4], [5, 64, 0]]
     plugin = engine_arguments(plan_from_config("embedded-bigram", [schedule])[0])
     assert "num_speculative_tokens_per_batch_size" not in plugin["speculative_config"]
@@ -203,7 +203,7 @@ def test_a_gpu_preset_on_this_machine_says_what_it_would_measure_and_refuses(tmp
 @pytest.mark.full
 def test_tune_on_the_embedded_default(tmp_path: Path, embedded_pair, measurement) -> None:
     output = tmp_path / "default-tuned.yaml"
-    run = tune_cli("default.yaml", "--set", "speculation.num_speculative_tokens=2", "--batches", "1,8",
+    run = tune_cli("embedded-code.yaml", "--set", "speculation.num_speculative_tokens=2", "--batches", "1,8",
                    "--cost-repeats", "2", "--proof-temperature", "1", "--proof-repeats", "2", "--requests", "8",
                    "--max-tokens", "32", "--output", str(output), "--out", str(tmp_path), timeout=2400)
     assert run.returncode in (0, 1), run.stdout[-2000:] + run.stderr[-3000:]

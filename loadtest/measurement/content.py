@@ -108,13 +108,33 @@ def reference_vocabulary() -> frozenset[str]:
     return frozenset(words)
 
 
+_SUFFIXES = (("ies", "y"), ("ied", "y"), ("ing", ""), ("ing", "e"), ("ed", ""), ("ed", "e"), ("es", ""), ("s", ""),
+             ("ly", ""), ("er", ""), ("er", "e"), ("est", ""), ("ness", ""), ("ment", ""), ("ful", ""), ("al", ""))
+"""Inflections and common suffixes: the word list holds `battery`, `harness` and `mind`, not
+`batteries`, `harnessing` or `minds`, which real English (and a real model's answers) are full of."""
+
+
+def is_known(part: str, vocabulary: frozenset[str]) -> bool:
+    """Whether a word part is in the vocabulary, as it is or without an inflection (`minds`,
+    `harnessing`, `batteries`, `running`)."""
+    if part in vocabulary:
+        return True
+    for suffix, replacement in _SUFFIXES:
+        if part.endswith(suffix) and len(part) - len(suffix) >= 3:
+            stem = part[:-len(suffix)]
+            if stem + replacement in vocabulary or (stem[-1:] == stem[-2:-1] and stem[:-1] in vocabulary):
+                return True
+    return False
+
+
 def known_words(text: str, prompt: str = "") -> tuple[float | None, int]:
-    """(share of `text`'s word parts found in `prompt` or the reference vocabulary, how many parts)."""
+    """(share of `text`'s word parts found in `prompt` or the reference vocabulary, as they are or
+    inflected, and how many parts)."""
     parts = word_parts(text)
     if not parts:
         return None, 0
     own, vocabulary = set(word_parts(prompt)), reference_vocabulary()
-    return sum(1 for p in parts if p in own or p in vocabulary) / len(parts), len(parts)
+    return sum(1 for p in parts if p in own or is_known(p, vocabulary)) / len(parts), len(parts)
 
 
 def figures(tokens: Sequence[int], prompt_tokens: Sequence[int] | None = None, text: str | None = None,

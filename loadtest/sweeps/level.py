@@ -108,7 +108,8 @@ class LevelRunner:
         """warm-up -> settled /metrics snapshot -> measured Locust run -> snapshot -> judge."""
         s = self.settings
         run = LevelRun(state, users, f"{variant.name}-c{users}" + (f"-r{repeat}" if s.repeat > 1 else ""),
-                       title, 0 if s.duration_s else requests_for(users, s.requests), s.duration_s, s.vllm_bench)
+                       title, 0 if s.duration_s else requests_for(users, s.requests, s.requests_per_user, s.requests_min),
+                       s.duration_s, s.vllm_bench and (repeat == 1 or s.vllm_bench_every_repeat))
         level = self.run(run)
         level.concurrency, level.repeat, level.requests = users, repeat, run.total or None
         level.duration_target_s, level.configured_k = s.duration_s, configured_k(state.resolved, variant, users)

@@ -49,6 +49,10 @@ UNKNOWN_WEIGHTS_GIB = 1.0
 # user at batch 32, docs/results.md); on GPUs a guess for a 70B-class target on 8 GPUs.
 ASSUMED_START = {"cuda": (120.0, 1.0), "cpu": (40.0, 10.0)}
 ASSUMED_USER_TPS = {"cuda": (30.0, 15.0), "cpu": (50.0, 13.0)}
+ASSUMED_CPU_TPS_GIB = (8.0, 40.0)
+"""On a CPU with the weights' size known: output tokens/s x GiB of weights at batch 1 (reading the
+weights bounds a step) and of the whole server at batch 32 (arithmetic does); the smaller of these
+and `ASSUMED_USER_TPS` is assumed."""
 RUN_OVERHEAD_S = 30.0
 """Per run, besides generating tokens: Locust's and the benchmark's start-up, settled /metrics scrapes."""
 KEEP = 5
@@ -204,9 +208,11 @@ def assumed_start_s(server: ServerInfo) -> float:
     return fixed + per_gib * (server.weight_gib or 0.0)
 
 
-def assumed_tokens_per_s(device: str, users: int) -> float:
+def assumed_tokens_per_s(device: str, users: int, weight_gib: float | None = None) -> float:
     """Output tokens/s of the whole server at `users` concurrent users (an assumption)."""
     one, at32 = ASSUMED_USER_TPS.get(device, ASSUMED_USER_TPS["cuda"])
+    if device == "cpu" and weight_gib:
+        one, at32 = min(one, ASSUMED_CPU_TPS_GIB[0] / weight_gib), min(at32, ASSUMED_CPU_TPS_GIB[1] / weight_gib / 32)
     x = min(max(math.log(max(users, 1)) / math.log(32), 0.0), 1.0)
     return users * math.exp((1 - x) * math.log(one) + x * math.log(at32))
 
@@ -230,6 +236,8 @@ class SweepPlan:
     temperatures: list[float]
     vllm_bench: bool
     timings: Timings = field(default_factory=Timings)
+    vllm_bench_every_repeat: bool = False
+    """vLLM's benchmark after every repeat's run, not only the first's."""
     skipped: list[str] = field(default_factory=list)
     """Checks this machine fails, not applied to a dry run's plan (it is made for the config's machine)."""
     notes: list[str] = field(default_factory=list)
@@ -272,50 +280,58 @@ class SweepPlan:
         measured = self.timings.start_s(server.key)
         return Estimate(measured, True) if measured is not None else Estimate(assumed_start_s(server), False)
 
-    def run_tokens(self, server: ServerInfo, users: int) -> float:
+    def bench_runs(self, repeat: int) -> int:
+        """1 where vLLM's benchmark follows repeat `repeat`'s run, else 0."""
+        return int(self.vllm_bench and (repeat == 1 or self.vllm_bench_every_repeat))
+
+    def run_tokens(self, server: ServerInfo, users: int, repeat: int = 1) -> float:
         """Output tokens a run generates: warm-up, the measured requests, and vLLM's benchmark's."""
+        clients = 1 + self.bench_runs(repeat)
         if self.loop == "open":  # `users` is a rate
-            return (RATE_WARMUP_USERS * self.warmup + self.requests[users] * (2 if self.vllm_bench else 1)) \
-                * self.max_tokens
+            return (RATE_WARMUP_USERS * self.warmup + self.requests[users] * clients) * self.max_tokens
         if self.duration_s:
-            measured = self.duration_s * assumed_tokens_per_s(server.device, users) / self.max_tokens
+            measured = self.duration_s * self.assumed_tps(server, users) / self.max_tokens
         else:
             measured = self.requests[users]
-        return (users * self.warmup + measured * (2 if self.vllm_bench else 1)) * self.max_tokens
+        return (users * self.warmup + measured * clients) * self.max_tokens
 
-    def run_estimate(self, server: ServerInfo, users: int) -> Estimate:
+    def assumed_tps(self, server: ServerInfo, users: int) -> float:
+        return assumed_tokens_per_s(server.device, users, server.weight_gib)
+
+    def run_estimate(self, server: ServerInfo, users: int, repeat: int = 1) -> Estimate:
         if self.loop == "open":
-            return Estimate(self.rate_run_s(server, users), False)
-        tokens = self.run_tokens(server, users)
+            return Estimate(self.rate_run_s(server, users, repeat), False)
+        tokens = self.run_tokens(server, users, repeat)
         per_token = self.timings.seconds_per_token(server.key, users)
         if per_token is not None:
             return Estimate(tokens * per_token, True)
-        return Estimate(tokens / assumed_tokens_per_s(server.device, users) + RUN_OVERHEAD_S, False)
+        return Estimate(tokens / self.assumed_tps(server, users) + RUN_OVERHEAD_S, False)
 
-    def rate_run_s(self, server: ServerInfo, rate: float) -> float:
+    def rate_run_s(self, server: ServerInfo, rate: float, repeat: int = 1) -> float:
         """An open-loop run's seconds (always assumed): the schedule's length, or the time the
         server takes for its tokens where it cannot keep up, plus the last request's own time,
         for Locust and again for vLLM's benchmark; the warm-up; the run's overhead."""
-        n, one = self.requests[rate], self.max_tokens / assumed_tokens_per_s(server.device, 1)
-        client = max(n / rate, n * self.max_tokens / assumed_tokens_per_s(server.device, 32)) + one
-        warm = RATE_WARMUP_USERS * self.warmup * self.max_tokens / assumed_tokens_per_s(server.device, RATE_WARMUP_USERS)
-        return client * (2 if self.vllm_bench else 1) + warm + RUN_OVERHEAD_S
+        n, one = self.requests[rate], self.max_tokens / self.assumed_tps(server, 1)
+        client = max(n / rate, n * self.max_tokens / self.assumed_tps(server, 32)) + one
+        warm = RATE_WARMUP_USERS * self.warmup * self.max_tokens / self.assumed_tps(server, RATE_WARMUP_USERS)
+        return client * (1 + self.bench_runs(repeat)) + warm + RUN_OVERHEAD_S
 
     def step_seconds(self, measured: dict[Any, float] | None = None) -> list[tuple[float, float]]:
         """(server start, run) seconds of each step of one sweep, the start 0 where its server is up;
-        `measured` replaces estimates with what this sweep measured: ("start", name) and (name, users)."""
+        `measured` replaces estimates with what this sweep measured: ("start", name) and
+        (name, level, repeat) (a repeat's run may differ from another's: vLLM's benchmark)."""
         measured = measured or {}
         steps = self.steps
         needed = ([False] * len(steps) if any(s.url for s in self.servers)
                   else starts_needed(steps, self.one_at_a_time))
         # Runs not measured yet: their estimates scaled by how far off the measured ones were.
         by_name = {s.name: s for s in self.servers}
-        pairs = [(seconds, self.run_estimate(by_name[key[0]], key[1]).seconds) for key, seconds in measured.items()
+        pairs = [(seconds, self.run_estimate(by_name[key[0]], key[1], key[2]).seconds) for key, seconds in measured.items()
                  if key[0] != "start" and key[0] in by_name]
         scale = sum(m for m, _ in pairs) / sum(e for _, e in pairs) if pairs else 1.0
         return [(measured.get(("start", server.name), self.start_estimate(server).seconds) if start else 0.0,
-                 measured.get((server.name, users), scale * self.run_estimate(server, users).seconds))
-                for (_, users, server), start in zip(steps, needed)]
+                 measured.get((server.name, users, repeat), scale * self.run_estimate(server, users, repeat).seconds))
+                for (repeat, users, server), start in zip(steps, needed)]
 
     def total_s(self) -> float:
         return sum(a + b for a, b in self.step_seconds()) * max(1, len(self.temperatures))
@@ -379,8 +395,8 @@ class SweepPlan:
         lines = self._per_server("    a run takes about {} (each variant)", "    a run of {} takes about {}", runs)
         guessed = any(not self.run_estimate(s, c).measured for s in self.servers for c in self.levels)
         if guessed:
-            assumed = "; ".join(f"{d}: {a:g} tok/s per user at batch 1, {b:g} at 32"
-                                for d, (a, b) in ASSUMED_USER_TPS.items() if d in {s.device for s in self.servers})
+            assumed = "; ".join(sorted({f"{s.device}: {self.assumed_tps(s, 1):.3g} tok/s per user at batch 1, "
+                                        f"{self.assumed_tps(s, 32) / 32:.3g} at 32" for s in self.servers}))
             lines.append(f"    * a guess, no measured throughput yet: assumed {assumed}, +{RUN_OVERHEAD_S:g} s a run")
         start_s = sum(self.start_estimate(s).seconds for s in starts) * sweeps
         total = self.total_s()
@@ -397,12 +413,19 @@ class SweepPlan:
             return (f"  each run: {self.warmup * RATE_WARMUP_USERS} warm-up request(s) (closed loop, "
                     f"{RATE_WARMUP_USERS} users), then {per_run} (the same arrival times for every variant of "
                     f"a repeat), {self.max_tokens} output tokens each"
-                    + (", then vLLM's benchmark with the same requests and arrivals" if self.vllm_bench else ""))
+                    + self._bench_text(" and arrivals"))
         per_run = (f"{self.duration_s:g} s measured" if self.duration_s else
                    ", ".join(f"{self.requests[c]} requests at c={c}" for c in self.users))
         return (f"  each run: {self.warmup} warm-up request(s) per user, then {per_run}, {self.max_tokens} "
                 f"output tokens each"
-                + (", then vLLM's benchmark with the same requests" if self.vllm_bench else ""))
+                + self._bench_text(""))
+
+    def _bench_text(self, arrivals: str) -> str:
+        if not self.vllm_bench:
+            return ""
+        when = "" if self.vllm_bench_every_repeat or self.repeat == 1 else \
+            " (first repeat only; --vllm-bench-every-repeat for all)"
+        return f", then vLLM's benchmark with the same requests{arrivals}{when}"
 
     @staticmethod
     def _per_server(all_same: str, each: str, texts: dict[str, str]) -> list[str]:

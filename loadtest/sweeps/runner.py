@@ -151,9 +151,11 @@ class Sweep:
             config=s.config or s.url, servers=servers, order_name=order, why=why, together=together, users=s.users,
             repeat=s.repeat, rates=list(s.rates), loop=s.loop,
             requests=({r: requests_for_rate(r, s.requests, s.duration_s) for r in s.rates} if s.loop == "open" else
-                      {} if s.duration_s else {c: requests_for(c, s.requests) for c in s.users}),
+                      {} if s.duration_s else {c: requests_for(c, s.requests, s.requests_per_user, s.requests_min)
+                                               for c in s.users}),
             duration_s=s.duration_s, warmup=s.warmup, max_tokens=self.request.max_tokens,
             temperatures=[self.request.temperature], vllm_bench=s.vllm_bench, timings=self.timings,
+            vllm_bench_every_repeat=s.vllm_bench_every_repeat,
             skipped=skipped or [], notes=notes or [], traffic=traffic.describe(self.request, s.traffic_source))
         return self.sweep_plan
 
@@ -358,7 +360,7 @@ class Sweep:
         client = level.client or {}
         if level.status not in ("ok", "flagged") or not client.get("requests"):
             return
-        self._measured[(variant.name, level.at)] = wall_s
+        self._measured[(variant.name, level.at, level.repeat or 1)] = wall_s
         if state.entry.url or level.concurrency is None:
             return  # another machine's server, or an open loop (its length is the schedule's): no timings
         s = self.settings

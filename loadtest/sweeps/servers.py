@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from deploy import ConfigError, Override, Server, free_port, load_config, plan_from_config
-from models.embedded_pair import is_built
+from models.embedded_pair import served_pair_built
 from deploy.preflight import GIB, Machine, ResolvedDeployment, choose_device
 from loadtest.measurement.results import VariantResult
 from loadtest.sweeps.plan import ServerInfo, server_key
@@ -55,7 +55,8 @@ def prepare(settings: SweepSettings, variant: Variant, plan_only: bool = False) 
     overrides = [*settings.overrides, *variant.overrides, Override("server.port", free_port())]
     try:
         config = load_config(settings.config, overrides, variant.no_speculation)
-        if plan_only and is_embedded(config) and not is_built():
+        model = str(config.target.model)
+        if plan_only and model.startswith("embedded:") and not served_pair_built(model):
             state.plan_notes.append("the embedded pair is not built yet: the sweep builds it first (`make models`, "
                                     "about a minute), so its weights' size is not known here")
             return state, server_info(settings, variant, config, None)

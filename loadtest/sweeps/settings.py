@@ -15,7 +15,7 @@ from typing import Any
 
 from deploy import load_config
 from deploy.config import DEFAULT_CONFIG, Override, as_overrides
-from models.embedded_pair import is_pair_folder
+from models.embedded_pair import is_pair_folder, pair_kind
 from deploy.preflight import ResolvedDeployment
 from loadtest.arg_types import int_list, positive_int, rate_list
 from loadtest.cli_options import CliOption, add_cli_options, cli_values
@@ -67,7 +67,15 @@ class SweepSettings:
     workers: int = 0
     """Locust worker processes (0: one local process)."""
     vllm_bench: bool = True
-    """After each Locust run, run vLLM's serving benchmark on the same server and compare."""
+    """After a Locust run, run vLLM's serving benchmark on the same server and compare."""
+    vllm_bench_every_repeat: bool = False
+    """vLLM's benchmark after every repeat's run; by default after the first repeat's only (the
+    second opinion checks the method, the repeats the spread; it doubles a run's time)."""
+    requests_per_user: int = 8
+    """Without `requests`: measured requests per user at a closed-loop level (the config's
+    `traffic.requests_per_user`) ..."""
+    requests_min: int = 32
+    """... and at least this many (`traffic.requests_min`)."""
     level_timeout_s: float = 1800
     startup_timeout_s: float | None = None
     """Default: the config's server.startup_timeout_s."""
@@ -128,7 +136,8 @@ class SweepSettings:
             values["temperature"] = values["temperature"][0]
         asked = cli_values(SWEEP_OPTIONS, opts)
         asked.update(config=config, overrides=overrides, request=RequestSettings.from_cli_args(opts, **values),
-                     traffic_source=traffic.origin(source, given))
+                     traffic_source=traffic.origin(source, given), requests_per_user=declared.requests_per_user,
+                     requests_min=declared.requests_min)
         return cls(**{**asked, **changes})
 
 
@@ -174,7 +183,8 @@ SWEEP_OPTIONS: dict[str, CliOption] = {
                                      "grouped: each variant's server starts once and runs all its levels and "
                                      "repeats; auto: grouped where servers cannot be up together on GPUs, else "
                                      "alternate (default: auto)", {"choices": ORDERS, "default": "auto"}),
-    "requests": CliOption(("--requests",), "measured requests per run (default: max(32, 8 x concurrency); with "
+    "requests": CliOption(("--requests",), "measured requests per run (default: the config's traffic.requests_min "
+                                           "and requests_per_user, max(32, 8 x concurrency) unless it sets them; with "
                                            "--rates: max(32, 60 s x rate))", {"type": int, "default": None}),
     "duration": CliOption(("--duration",), "measure each level for S seconds instead of a request count (with "
                                            "--rates: the requests arriving in S seconds)",
@@ -186,6 +196,9 @@ SWEEP_OPTIONS: dict[str, CliOption] = {
     "no_vllm_bench": CliOption(("--no-vllm-bench",), "skip vLLM's serving benchmark after each Locust run (the "
                                                      "independent check)", {"action": "store_true"},
                                field="vllm_bench", value=operator.not_),
+    "vllm_bench_every_repeat": CliOption(("--vllm-bench-every-repeat",), "run vLLM's serving benchmark after every "
+                                         "repeat's Locust run (default: after the first repeat's only)",
+                                         {"action": "store_true"}),
     "level_timeout": CliOption(("--level-timeout",), "seconds before a level is abandoned",
                                {"type": float, "default": 1800}, field="level_timeout_s"),
     "startup_timeout": CliOption(("--startup-timeout",), "seconds to wait for each server",
@@ -214,14 +227,17 @@ once, taken by `loadtest run`, `loadtest capacity` and where `tuning` starts swe
 
 
 def is_embedded(config: Any = None, folder: str = "") -> bool:
-    """Whether a config (its target is `embedded:target`) or a model folder serves the embedded pair."""
-    return (config is not None and str(config.target.model).startswith("embedded:")) or is_pair_folder(folder)
+    """Whether a config or a model folder serves the kit's own code pair (`SPECDEPLOY_PAIR=cost` or
+    `plumbing`), whose held-out code is the content check's reference text."""
+    model = str(config.target.model) if config is not None else ""
+    return model.startswith("embedded:code-") or (model.startswith("embedded:") and pair_kind() != "smollm2") \
+        or is_pair_folder(folder)
 
 
-def requests_for(concurrency: int, requested: int | None) -> int:
-    """Measured requests of a run: `requested`, or max(32, 8 x concurrency): on the embedded
-    default about half a minute a run at batch 1 and at batch 32 without speculation."""
-    return max(1, requested or max(32, 8 * concurrency))
+def requests_for(concurrency: int, requested: int | None, per_user: int = 8, minimum: int = 32) -> int:
+    """Measured requests of a run: `requested`, or max(`minimum`, `per_user` x concurrency) (a
+    config's traffic section sets both: a slow model measures fewer)."""
+    return max(1, requested or max(minimum, per_user * concurrency))
 
 
 OPEN_LOOP_SECONDS = 60.0

@@ -2,7 +2,8 @@
 
 Built-in sets (`--workload NAME`):
   code   code completion: the start of a Python function/class, the model continues it
-  chat   questions as chat messages (needs a model with a chat template)
+  chat   questions as chat messages: about Python, everyday matters, writing and arithmetic
+         (needs a model with a chat template)
   edit   repetitive text: a snippet, then an instruction to copy/edit/summarise it and the
          start of the copy, so much of the output repeats the prompt (drafters love this)
   mixed  all of the above, interleaved
@@ -88,6 +89,23 @@ _CHAT = [
     "What does the `yield` keyword do?",
     "How can I sort a dictionary by its values?",
     "Explain the difference between `is` and `==`.",
+    # Everyday requests, writing and arithmetic: a chat model's traffic is not only code.
+    "What should I pack for a weekend hiking trip?",
+    "Write a short thank-you note to a teacher.",
+    "Why is the sky blue?",
+    "Suggest a name for a bakery that sells only bread.",
+    "How many minutes are there in a week? Show the calculation.",
+    "Give me a simple recipe for pancakes.",
+    "What is the difference between weather and climate?",
+    "Write four lines of a song about the sea.",
+    "How can I become better at remembering names?",
+    "A book costs 12 dollars and a pen costs 3. How much do 2 books and 5 pens cost?",
+    "Explain what a noun is, with three examples.",
+    "What are the planets of the solar system, in order from the Sun?",
+    "Rewrite this sentence to be more polite: Send me the report now.",
+    "What is a good way to start learning to draw?",
+    "Describe a cat to someone who has never seen one.",
+    "Why do leaves change colour in autumn?",
 ]
 
 _SNIPPETS = [
