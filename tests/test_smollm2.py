@@ -129,3 +129,37 @@ def test_the_pair_answers_chat_through_the_chat_api_with_valid_content(pair: smo
         assert accepted > 0, "no draft token was accepted"
     finally:
         server.stop()
+
+
+@pytest.mark.engine
+def test_the_draft_recipe_trains_saves_and_resumes(pair: smollm2.SmolPair, tmp_path: Path,
+                                                   caplog: pytest.LogCaptureFixture) -> None:
+    """The recipe's fit on a few answers: a candidate trains from the target's projected embeddings,
+    is evaluated on the held-out answers and saved as a folder transformers (and vLLM) load; run
+    again, it resumes from its checkpoint instead of training anew."""
+    from dataclasses import replace
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from models.draft_training import RECIPE, Candidate, fit
+
+    tok = AutoTokenizer.from_pretrained(str(pair.target))
+    texts = ["The capital of France is Paris.", "def add(a, b):\n    return a + b\n", "Two plus two is four."] * 4
+    answers = tmp_path / "answers.jsonl"
+    rows = []
+    for n, text in enumerate(texts):
+        ids = tok(text).input_ids
+        rows.append({"id": str(n), "category": "chat", "temperature": 1.0, "prompt_ids": ids[:2],
+                     "answer_ids": ids[2:], "top": [{str(t): -0.1, "0": -3.0} for t in ids[2:]]})
+    answers.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    recipe = replace(RECIPE, candidates=(Candidate("tiny", 1, 64, 128),), epochs=1, batch=4, heldout_every=4)
+    record = fit(recipe, pair.target, answers, tmp_path / "run", tmp_path / "draft")
+    assert record["chosen"] == "tiny" and record["answers"] == 12 and record["heldout_answers"] == 3
+    figures = record["candidates"]["tiny"]
+    assert figures["steps"] == 3 and 0 <= figures["heldout"]["acceptance_t1"] <= 1
+    assert figures["trained_parameters"] < figures["parameters"]  # the embeddings stay frozen
+    draft = AutoModelForCausalLM.from_pretrained(str(tmp_path / "draft"))
+    assert draft.config.vocab_size == 49152 and (tmp_path / "draft" / "training.json").is_file()
+    with caplog.at_level("INFO", logger="specdeploy"):
+        fit(recipe, pair.target, answers, tmp_path / "run", tmp_path / "draft")
+    assert "resuming tiny at step 3 of 3" in caplog.text

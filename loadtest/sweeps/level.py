@@ -124,7 +124,8 @@ class LevelRunner:
         m = measured or Measured.of(s)
         total = requests_for_rate(rate, m.requests, m.duration_s)
         tag = f"{variant.name}-rate{rate:g}" + (f"-r{repeat}" if s.repeat > 1 else "") + tag_suffix
-        run = LevelRun(state, RATE_WARMUP_USERS, tag, title, total, m.duration_s, m.vllm_bench, rate=rate,
+        bench = m.vllm_bench and (measured is not None or repeat == 1 or s.vllm_bench_every_repeat)
+        run = LevelRun(state, RATE_WARMUP_USERS, tag, title, total, m.duration_s, bench, rate=rate,
                        seed=seed_for(repeat))
         level = self.run(run)
         level.rate, level.repeat, level.seed, level.requests = rate, repeat, run.seed, total

@@ -47,7 +47,9 @@ UNKNOWN_WEIGHTS_GIB = 1.0
 # (interpolated on a log scale between, flat beyond): on a CPU, between the embedded default's
 # baseline and speculation on a 2-core AVX2 machine (38 and 75 tok/s at batch 1, 12.5 and 15 per
 # user at batch 32, docs/results.md); on GPUs a guess for a 70B-class target on 8 GPUs.
-ASSUMED_START = {"cuda": (120.0, 1.0), "cpu": (40.0, 10.0)}
+ASSUMED_START = {"cuda": (120.0, 1.0), "cpu": (40.0, 170.0)}
+"""Seconds a server takes to start: fixed + per GiB of weights (on a CPU warm-up compiles grow with the
+model: SmolLM2-135M, 0.6 GiB with its draft, took 142 s on 2 cores)."""
 ASSUMED_USER_TPS = {"cuda": (30.0, 15.0), "cpu": (50.0, 13.0)}
 ASSUMED_CPU_TPS_GIB = (8.0, 40.0)
 """On a CPU with the weights' size known: output tokens/s x GiB of weights at batch 1 (reading the
