@@ -72,7 +72,7 @@ def first_start_lines(resolved: ResolvedDeployment) -> list[str]:
                               for speed in LINK_GBIT_S)
             timeout = resolved.config.server.startup_timeout_s
             slow = total * 8 / LINK_GBIT_S[0] + load_s
-            advice = (f"a first start on a slow link outlasts it: download first (`huggingface-cli download <model>`, "
+            advice = (f"a first start on a slow link outlasts it: download first (`hf download <model>`, "
                       f"HF_TOKEN for gated ones) or raise it (SET='server.startup_timeout_s={round(slow * 1.5, -2):.0f}')"
                       if slow > timeout else "enough for a first start at 1 Gbit/s")
             lines.append(f"first start: the download takes {times}, besides about {_time(load_s)} of "

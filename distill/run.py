@@ -96,7 +96,7 @@ def check(settings: DistillSettings) -> Checked:
     assert resolved.draft is not None
     if not resolved.draft.local:
         raise ValueError(f"the draft {resolved.draft.ref} is not a folder on this machine: download it "
-                         f"(huggingface-cli download {resolved.draft.ref}) and point speculation.model at it")
+                         f"(hf download {resolved.draft.ref}) and point speculation.model at it")
     if not 1 <= settings.top_logprobs <= 20:
         raise ValueError(f"--top-logprobs {settings.top_logprobs}: vLLM returns 1 to 20 by default")
     stem = re.sub(r"[^A-Za-z0-9._-]", "_", config_path.stem)

@@ -106,7 +106,7 @@ def test_the_first_start_of_a_hub_preset_is_planned_and_a_local_one_has_nothing_
     assert weights.startswith("weights: meta-llama/Llama-2-70b-chat-hf about 140 GB; meta-llama/Llama-2-7b-chat-hf "
                               "about 14 GB: about 154 GB of disk, downloaded on the first start into the Hugging Face "
                               "cache")
-    assert "server.startup_timeout_s (900 s) counts the whole start" in first and "huggingface-cli download" in first
+    assert "server.startup_timeout_s (900 s) counts the whole start" in first and "hf download" in first
     assert "R580" in gpus and "NVLink" in nvlink
     small, _ = plan_from_config("qwen3-4b-0.6b.yaml", ["resources.device=cuda"], False, True, plan_only=True)
     assert "enough for a first start at 1 Gbit/s" in first_start_lines(small)[1]

@@ -157,7 +157,7 @@ def test_schedule_written_as_a_config(tmp_path: Path) -> None:
     assert [r["k"] for r in result["rows"]] == [4, 2, 1, 0]
     assert result["schedule"] == [[1, 2, 4], [3, 8, 2], [9, 22, 1], [23, 64, 0]]
     text = (tmp_path / "suggested.yaml").read_text()
-    assert "Suggested by `make paymap`" in text and "The embedded default" in text  # the input's own comments
+    assert "Suggested by `make paymap`" in text and "The kit's own code pair" in text  # the input's own comments
     written = yaml.safe_load(text)["speculation"]
     assert written["schedule"] == result["schedule"] and written["num_speculative_tokens"] == 4
     assert "extra" not in written  # the map's synthetic acceptance is not the deployment's

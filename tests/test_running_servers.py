@@ -125,7 +125,7 @@ def test_sweep_of_running_servers_with_service_targets(servers, keyed_baseline, 
     assert variants["baseline"].speculative_config is None
     assert {v.url for v in variants.values()} == {spec.base_url, keyed_baseline.base_url}
     for variant in variants.values():
-        assert variant.served_model == "embedded-default"
+        assert variant.served_model == "embedded-code"
         for level in variant.levels:
             assert level.status in ("ok", "flagged") and level.client["ok"] == 4
             assert level.consistency["ok"]                              # the engine's counter agrees
@@ -232,10 +232,10 @@ def test_the_api_key_guards_every_route_but_health(keyed_baseline):
     completions, /tokenize and /metrics would answer anyone. With specdeploy's middleware only
     /health answers without the key."""
     base, key = keyed_baseline.base_url, {"Authorization": "Bearer sk-test-running"}
-    completion = {"model": "embedded-default", "prompt": "def f(", "max_tokens": 2}
+    completion = {"model": "embedded-code", "prompt": "def f(", "max_tokens": 2}
     routes = [("GET", "/v1/models", None), ("POST", "/invocations", completion),
-              ("POST", "/tokenize", {"model": "embedded-default", "prompt": "def f("}),
-              ("POST", "/detokenize", {"model": "embedded-default", "tokens": [1, 2]}),
+              ("POST", "/tokenize", {"model": "embedded-code", "prompt": "def f("}),
+              ("POST", "/detokenize", {"model": "embedded-code", "tokens": [1, 2]}),
               ("GET", "/metrics", None), ("GET", "/docs", None), ("GET", "/openapi.json", None),
               ("POST", "/scale_elastic_ep", {"new_data_parallel_size": 2}), ("GET", "/load", None)]
     for method, path, body in routes:
@@ -254,7 +254,7 @@ def test_running_server_problems_are_one_clear_line(servers, keyed_baseline, mon
     nobody = f"http://127.0.0.1:{free_port()}"
     with pytest.raises(EndpointError, match="cannot reach .*is the server running"):
         discover(nobody)
-    with pytest.raises(EndpointError, match="does not serve 'llama'; it serves: embedded-default"):
+    with pytest.raises(EndpointError, match="does not serve 'llama'; it serves: embedded-code"):
         discover(spec.base_url, model="llama")
     with pytest.raises(EndpointError, match="wants an API key: name the variable"):
         discover(keyed_baseline.base_url)
@@ -266,7 +266,7 @@ def test_running_server_problems_are_one_clear_line(servers, keyed_baseline, mon
     with pytest.raises(EndpointError, match="baseline server .* speculates"):
         Sweep(SweepSettings("", url=spec.base_url, baseline_url=spec.base_url))._running_servers()
     remote = discover(keyed_baseline.base_url, api_key_env=KEY_ENV)
-    assert remote.served_name == "embedded-default" and not remote.speculates and remote.metrics
+    assert remote.served_name == "embedded-code" and not remote.speculates and remote.metrics
     # The command line: one line on stderr, exit 2, nothing else.
     env = {k: v for k, v in os.environ.items() if k != KEY_ENV}
     for args, expected in ((["--url", nobody], "cannot reach"),

@@ -64,7 +64,7 @@ def test_the_tuned_yaml_keeps_the_input_and_validates(tmp_path: Path) -> None:
     config = load_config(path)
     assert config.speculation.schedule == [(1, 8, 4), (9, 64, 0)]
     assert config.speculation.draft_sampling == "probabilistic"  # the rest of the input is kept
-    assert "# The embedded default" in text and "  # measured: K=4 at batch 1" in text
+    assert "# The kit's own code pair" in text and "  # measured: K=4 at batch 1" in text
     assert yaml.safe_load(text)["server"] == yaml.safe_load(source)["server"]
     # Tuning a tuned file replaces its schedule instead of adding a second one.
     again = tuned_yaml(text, 3, [[1, 8, 3], [9, 64, 2]], ["again"])
