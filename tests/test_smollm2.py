@@ -107,7 +107,9 @@ def test_the_pair_answers_chat_through_the_chat_api_with_valid_content(pair: smo
     """The default config on the real pair: the chat workload's prompts through the chat API, sampled
     at the config's temperature, come back as text (no loops, no noise) with drafts accepted."""
     monkeypatch.setenv("SPECDEPLOY_PAIR", "smollm2")
-    config = plan_from_config("default", [f"server.port={free_port()}"])[1]
+    # Eager: compiling the graphs is most of a start here (as for the plumbing pair), and what this
+    # test checks does not depend on them.
+    config = plan_from_config("default", [f"server.port={free_port()}", "engine_args={enforce_eager: true}"])[1]
     temperature = plan_from_config("default")[0].config.traffic.temperature
     server = start_server(config, tmp_path / "server.log", progress=False)
     try:
