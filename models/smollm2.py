@@ -24,7 +24,6 @@ import errno
 import hashlib
 import json
 import logging
-import os
 import shutil
 import subprocess
 import sys
