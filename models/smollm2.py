@@ -254,9 +254,19 @@ def ensure_draft(target: Path) -> Path:
     if not (DRAFT_WEIGHTS / "config.json").is_file():
         raise BuildError(f"{DRAFT_WEIGHTS} is missing: the trained draft is part of the repository "
                          f"(git checkout models/smollm2_draft)")
+    from filelock import FileLock
+
     out = draft_dir()
     if (out / "config.json").is_file():
         return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(out) + ".lock"):  # two processes starting at once build it once
+        if not (out / "config.json").is_file():
+            _copy_draft(target, out)
+    return out
+
+
+def _copy_draft(target: Path, out: Path) -> None:
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
     try:
         for path in DRAFT_WEIGHTS.glob("*"):
@@ -269,7 +279,6 @@ def ensure_draft(target: Path) -> Path:
         tmp.rename(out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return out
 
 
 def ensure_pair(dtype: str | None = None) -> SmolPair:
