@@ -680,9 +680,13 @@ def test_sweep_spec_and_baseline_report_agrees_with_server(servers, running_swee
             assert window["requests_finished"] == 4
             assert agreement["per_token_p50_ms"]["engine_drift"] is not None
             # The content check read every output (the tokens came back with each stream), held against
-            # the pair's held-out code; at T=1, the default, the pair's output does not loop.
+            # the pair's held-out code. Sampled (T=1), the toy pair degenerates now and then (about one
+            # output in fifty): the level's count is its requests' own verdicts, whatever they are.
+            from loadtest.measurement.content import is_degenerate
+            ref = client["content"]["reference"]["distinct_4"]
+            assert client["content"]["degenerate"] == sum(is_degenerate(r.content, ref) for r in records)
             for checked in (client["content"], bench["content"]):
-                assert checked["checked"] == 4 and checked["degenerate"] == 0, checked
+                assert checked["checked"] == 4 and checked["degenerate_share"] == checked["degenerate"] / 4, checked
                 assert checked["reference"]["source"] == "the embedded pair's held-out code"
             assert all(len(r.output_token_ids) == 32 and r.content["tokens"] == 32 for r in records)
             # ... and its noise test read each output's text, from the stream and from the benchmark's file.
@@ -700,7 +704,11 @@ def test_sweep_spec_and_baseline_report_agrees_with_server(servers, running_swee
         assert files[name].is_file(), name
     assert results.settings["temperature"] == 1.0  # vLLM's default is the load test's
     assert "Second opinion" in files["markdown"].read_text() and "## Content" in files["markdown"].read_text()
-    assert not any("CONTENT" in line for line in headline(results))
+    # The first lines name content only where the check found some (their wording: the greedy test's).
+    found = any((lv.client["content"].get("degenerate") or lv.client["content"].get("noise"))
+                or (lv.vllm_bench["content"].get("degenerate") or lv.vllm_bench["content"].get("noise"))
+                for v in results.variants for lv in v.levels)
+    assert any("CONTENT" in line or "NOISE" in line for line in headline(results)) == found
     comparisons = {d["concurrency"]: d for d in json.loads(files["json"].read_text())["comparisons"]}
     assert set(comparisons) == {2}
     tps = {(v.name, lv.concurrency): lv.client["output_tokens_per_s"]

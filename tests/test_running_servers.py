@@ -153,11 +153,10 @@ def test_sweep_of_running_servers_with_service_targets(servers, keyed_baseline, 
 
 
 @pytest.mark.engine
-def test_a_greedy_run_that_loops_is_flagged_in_the_reports_first_lines(servers, keyed_baseline, running_sweep,
-                                                                         tmp_path):
+def test_a_greedy_run_that_loops_is_flagged_in_the_reports_first_lines(servers, keyed_baseline, tmp_path):
     """The embedded target, greedy and forced to a fixed length, repeats one import line to the end
     after these prompts (after most built-in code prompts it loops too, later). The
-    report says so before its verdict; the sampled sweep (T=1, the default) says nothing of the kind."""
+    report says so before its verdict."""
     spec, out = servers.get("embedded-code"), tmp_path / "greedy"
     workload = tmp_path / "loops.jsonl"
     workload.write_text("".join(json.dumps({"prompt": p}) + "\n"
@@ -190,8 +189,6 @@ def test_a_greedy_run_that_loops_is_flagged_in_the_reports_first_lines(servers, 
                                   "fixed lengths (64 output tokens each, ignore_eos), temperature 0"), findings[0]
     assert findings[1].startswith("batch 1, spec-k4: CONTENT: speculation's output rests mostly on degenerate output")
     assert any("vLLM's benchmark's output rests mostly" in x for x in findings[:3])
-    sampled, _, _ = running_sweep
-    assert not any("CONTENT" in line for line in headline(sampled))
 
 
 @pytest.mark.engine
