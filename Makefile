@@ -17,17 +17,17 @@ DRY = $(if $(DRY_RUN),--dry-run)
 # (DRY_RUN=1 on a target that ignored it would start servers). A target without a TAKES_ line is not checked.
 KIT_VARS := CONFIG SET NO_SPEC USERS RATES DRY_RUN ORDER WORKERS SLO URL BASELINE_URL NODE_RANK REPORT DATA \
 	REBUILD CHECK LOADTEST_ARGS CAPACITY_ARGS ADVISE_ARGS TUNE_ARGS DISTILL_ARGS SOAK_ARGS K8S_ARGS PYTEST_ARGS \
-	REPORTS ALLOW_DIFFERENT ACCEPTANCE PAYMAP_ARGS
+	REPORTS ALLOW_DIFFERENT ACCEPTANCE PAYMAP_ARGS DRAFTERS
 TAKES_serve := CONFIG SET NO_SPEC DRY_RUN NODE_RANK
 TAKES_check := CONFIG SET NO_SPEC
-TAKES_loadtest := CONFIG SET NO_SPEC USERS RATES DRY_RUN ORDER WORKERS SLO URL BASELINE_URL LOADTEST_ARGS
+TAKES_loadtest := CONFIG SET NO_SPEC USERS RATES DRY_RUN ORDER WORKERS SLO URL BASELINE_URL DRAFTERS LOADTEST_ARGS
 TAKES_compare := REPORT REPORTS ALLOW_DIFFERENT
 TAKES_capacity := CONFIG SET NO_SPEC DRY_RUN WORKERS SLO URL BASELINE_URL CAPACITY_ARGS
 TAKES_advise := CONFIG SET USERS DRY_RUN ADVISE_ARGS
 TAKES_tune := CONFIG SET USERS DRY_RUN TUNE_ARGS
 TAKES_paymap := CONFIG SET USERS ACCEPTANCE URL DRY_RUN PAYMAP_ARGS
 TAKES_distill := CONFIG SET DATA USERS DRY_RUN DISTILL_ARGS
-TAKES_bench-drafters := DRY_RUN
+TAKES_bench-drafters := USERS DRY_RUN LOADTEST_ARGS
 TAKES_soak := DRY_RUN SOAK_ARGS
 TAKES_observability := CONFIG SET NO_SPEC
 TAKES_k8s := CONFIG SET NO_SPEC K8S_ARGS
@@ -74,19 +74,22 @@ check: $(STAMP)
 LOADTEST_SERVERS = $(if $(URL),--url $(URL) $(if $(BASELINE_URL),--baseline-url $(BASELINE_URL)) \
 	$(if $(filter-out file,$(origin CONFIG)),$(CONFIG)),$(CONFIG_ARGS))
 
-## make loadtest [CONFIG=...] [SET=...] [NO_SPEC=1] [USERS=1,32] [RATES=0.5,1,2,4] [DRY_RUN=1] [ORDER=grouped|alternate] [WORKERS=N] [SLO=ttft_p95=500ms,tpot_p95=50ms] [LOADTEST_ARGS='--k 2,8']
+## make loadtest [CONFIG=...] [SET=...] [NO_SPEC=1] [USERS=1,32] [RATES=0.5,1,2,4] [DRY_RUN=1] [ORDER=grouped|alternate] [WORKERS=N] [SLO=ttft_p95=500ms,tpot_p95=50ms] [DRAFTERS=all|name,name] [LOADTEST_ARGS='--k 2,8']
 ##     start the config's server and its baseline (speculation off), load each at every batch size in USERS,
 ##     or with RATES open loop instead: requests arriving at each rate (requests/s) whatever is in flight;
 ##     write a report under reports/; the plan (servers, starts, levels, estimated duration) comes first,
 ##     DRY_RUN=1 prints it and stops; ORDER: each server once per sweep (grouped, the default on GPUs)
 ##     or the variants taking turns every run (alternate, the default on a CPU); WORKERS=N: Locust worker processes (0: one process);
-##     SLO: latency targets the report checks; LOADTEST_ARGS: further options of python -m loadtest run
+##     SLO: latency targets the report checks; DRAFTERS: also the config's alternative drafters (its alternatives
+##     section, all or names), each against the same baseline, the report leading with the best at each batch size;
+##     LOADTEST_ARGS: further options of python -m loadtest run
 ## make loadtest URL=http://host:port [BASELINE_URL=http://host:port] [CONFIG=...] [USERS=1,32] [RATES=...] [WORKERS=N] [SLO=...] [LOADTEST_ARGS=...]
 ##     the same against servers already running (make serve, elsewhere): URL is the server with speculation,
 ##     BASELINE_URL one without; CONFIG is read only when given
 loadtest: $(STAMP)
 	$(PY) -m loadtest run $(LOADTEST_SERVERS) $(if $(RATES),--rates $(RATES),--users $(USERS)) --workers $(WORKERS) \
-	  $(if $(SLO),--slo $(SLO)) $(if $(ORDER),--order $(ORDER)) $(if $(DRY_RUN),--dry-run) $(LOADTEST_ARGS)
+	  $(if $(SLO),--slo $(SLO)) $(if $(ORDER),--order $(ORDER)) $(if $(DRAFTERS),--drafters $(DRAFTERS)) \
+	  $(if $(DRY_RUN),--dry-run) $(LOADTEST_ARGS)
 
 ## make compare [REPORT=reports/...]
 ##     the batch-1 vs batch-32 table of the report in folder REPORT (default: the newest)
@@ -151,10 +154,12 @@ paymap: $(STAMP)
 distill: $(STAMP)
 	$(PY) -m distill $(CONFIG) $(foreach s,$(SET),--set $(s)) $(if $(DATA),--data $(DATA)) --batches $(USERS) $(DRY) $(DISTILL_ARGS)
 
-## make bench-drafters [DRY_RUN=1]
-##     each drafter against no speculation on the embedded default
+## make bench-drafters [USERS=1,32] [DRY_RUN=1] [LOADTEST_ARGS='--repeat 1']
+##     every drafter of the embedded default (its own and its alternatives) against one baseline in one sweep,
+##     on the kit's category prompts: make loadtest DRAFTERS=all LOADTEST_ARGS='--workload categories'
 bench-drafters: $(STAMP)
-	$(PY) -m tuning bench-drafters $(DRY)
+	$(PY) -m loadtest run default.yaml --drafters all --workload categories --users $(USERS) --workers $(WORKERS) \
+	  $(DRY) $(LOADTEST_ARGS)
 
 # Hours: not part of make test (tests/test_soak.py runs a short one on the engine).
 ## make soak [DRY_RUN=1] [SOAK_ARGS='--requests 5000 --rate 4']

@@ -402,6 +402,10 @@ class DeploymentConfig(Section):
     """The model that answers requests."""
     speculation: SpeculationConfig = Field(default_factory=SpeculationConfig)
     """The drafter and K; `drafter: none` is the baseline."""
+    alternatives: dict[str, SpeculationConfig] = Field(default_factory=dict)
+    """Other drafters to measure against the same baseline in one sweep (`make loadtest DRAFTERS=all`
+    or a list of names), by name: each a whole `speculation` section, whose omitted fields take their
+    defaults, not the main drafter's. Serving (`make serve`) uses `speculation` alone."""
     parallelism: ParallelismConfig = Field(default_factory=ParallelismConfig)
     """How the engine spreads over GPUs and nodes."""
     server: ServerConfig = Field(default_factory=ServerConfig)
@@ -448,6 +452,22 @@ class DeploymentConfig(Section):
                 raise ValueError(f"'{name}' is refused: {REFUSED_ENV[name]}")
         return env
 
+    @field_validator("alternatives")
+    @classmethod
+    def _check_alternatives(cls, alternatives: dict[str, SpeculationConfig]) -> dict[str, SpeculationConfig]:
+        for name, alternative in alternatives.items():
+            if not re.fullmatch(ALTERNATIVE_NAME, name) or name in RESERVED_VARIANTS or name.startswith("spec-"):
+                raise ValueError(f"alternative '{name}': a name is lower-case letters, digits, '.', '_' and '-', "
+                                 f"and not {', '.join(RESERVED_VARIANTS)} nor spec-... (the sweep's own variants)")
+            if not alternative.enabled:
+                raise ValueError(f"alternative '{name}' drafts nothing (drafter: none): the sweep measures the "
+                                 f"baseline anyway; remove it")
+        return alternatives
+
+    def alternative_override(self, name: str) -> Override:
+        """The override that serves alternative `name` in place of `speculation`: its section as written."""
+        return Override(("speculation",), self.alternatives[name].model_dump(exclude_unset=True))
+
     @model_validator(mode="after")
     def _check_traffic(self) -> DeploymentConfig:
         limit = self.target.max_model_len
@@ -463,6 +483,11 @@ class DeploymentConfig(Section):
     def without_speculation(self) -> DeploymentConfig:
         """The same deployment as a baseline: plain decoding, same name plus `-nospec`."""
         return self.model_copy(update={"speculation": SpeculationConfig()}, deep=True)
+
+
+ALTERNATIVE_NAME = r"[a-z0-9][a-z0-9._-]*"
+RESERVED_VARIANTS = ("baseline", "server", "all")
+"""Names a sweep gives its own variants (and `--drafters all`), which an alternative cannot take."""
 
 
 # vLLM arguments that the typed sections own, and where to set them.

@@ -4,6 +4,7 @@ bad input with a message naming it, before any work starts."""
 from __future__ import annotations
 
 import argparse
+import re
 
 
 
@@ -26,6 +27,14 @@ def int_list(text: str) -> list[int]:
     if not values or min(values) < 1:
         raise argparse.ArgumentTypeError("give positive integers, e.g. 1,32")
     return values
+
+
+def name_list(text: str) -> list[str]:
+    """Comma- or space-separated names, each once, in the order given."""
+    names = list(dict.fromkeys(x for x in re.split(r"[,\s]+", text) if x))
+    if not names:
+        raise argparse.ArgumentTypeError("give names, e.g. ngram,eagle3 (or all)")
+    return names
 
 
 def temperature_list(text: str) -> list[float]:

@@ -163,6 +163,20 @@ def corpus_files(split: str = "train") -> list[Path]:
     return list(stdlib_split(RECIPE)[split])
 
 
+def held_out_code_prompts(count: int, chars: int) -> list[str]:
+    """Beginnings of held-out standard-library files (the pair never trained on them), cut at a line end."""
+    prompts = []
+    for path in corpus_files("heldout"):
+        text = path.read_text(encoding="utf-8", errors="replace")
+        body = text[text.find("\nimport ") + 1:] if "\nimport " in text else text  # skip the licence header
+        cut = body[:chars].rsplit("\n", 1)[0] + "\n"
+        if len(cut) > chars // 2:
+            prompts.append(cut)
+        if len(prompts) == count:
+            break
+    return prompts
+
+
 @functools.lru_cache(maxsize=1)
 def heldout_tokens() -> tuple[int, ...]:
     """The held-out code as one token stream (files framed by <s> ... </s>), tokenized by the shipped

@@ -149,6 +149,19 @@ def read_profile(folder: str | Path) -> dict[str, dict[str, float]]:
     return total
 
 
+def read_settled(folder: str | Path, tries: int = 20) -> dict[str, dict[str, float]]:
+    """`read_profile` once the engine is idle: the files are rewritten every `WRITE_EVERY_S`, so
+    wait until two reads a write apart agree (the engine has finished its last step)."""
+    previous = None
+    for _ in range(tries):
+        current = read_profile(folder)
+        if current and current == previous:
+            return current
+        previous = current
+        time.sleep(WRITE_EVERY_S * 1.5)
+    return previous or {}
+
+
 def per_step_ms(before: dict[str, dict[str, float]], after: dict[str, dict[str, float]]) -> dict[str, float]:
     """Milliseconds per engine step of each phase between two reads, plus `steps` (their number)
     and `other`: what a step spent outside the named phases (glue, the executor's hand-offs)."""

@@ -59,7 +59,7 @@ def test_each_targets_variables_are_the_ones_its_help_names() -> None:
     (["tuning", "advise", "--dry-run"], "advise plan (dry run"),
     (["tuning", "tune", "--dry-run", "--batches", "1,8"], "tune plan (dry run"),
     (["distill", "--dry-run"], "distill plan (dry run"),
-    (["tuning", "bench-drafters", "--dry-run"], "bench-drafters plan (dry run"),
+    (["loadtest", "run", "--drafters", "all", "--workload", "categories", "--dry-run"], "load-test plan (dry run"),
     (["tuning", "soak", "--dry-run"], "soak plan (dry run"),
 ])
 def test_each_dry_run_prints_its_plan_and_writes_nothing(tmp_path: Path, argv: list[str], heading: str) -> None:

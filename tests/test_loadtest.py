@@ -792,6 +792,10 @@ def test_a_schedule_gives_the_k_of_the_batch_size_and_a_killed_server_keeps_part
     for level in (alone, two):
         assert level.status in ("ok", "flagged"), level.problems
     assert alone.configured_k == 4 and alone.server["effective_k"] == pytest.approx(4, abs=0.5)
+    # Its engine's steps, timed by phase over each measured run (a server the sweep started).
+    for level in (alone, two):
+        assert level.step_ms["steps"] > 0 and 0 < level.step_ms["forward"] < level.step_ms["step"], level.step_ms
+        assert level.step_ms["propose"] > 0
     # Two users draft one token a step; a request running alone (at the start, the end) drafts four.
     assert two.configured_k == 1 and 1 <= two.server["effective_k"] < 4
     assert "1 (" in compare_table(results)
@@ -817,8 +821,7 @@ def test_temperatures_are_parsed_or_refused_clearly() -> None:
 
 @pytest.mark.parametrize("argv", [["loadtest", "run", "embedded-code.yaml", "--repeat", "0"],
                                   ["tuning", "tune", "embedded-code.yaml", "--proof-repeats", "0"],
-                                  ["tuning", "advise", "embedded-code.yaml", "--cost-repeats", "-1"],
-                                  ["tuning", "bench-drafters", "--rounds", "0"]])
+                                  ["tuning", "advise", "embedded-code.yaml", "--cost-repeats", "-1"]])
 def test_a_count_of_runs_below_one_is_refused_before_any_work(argv: list[str]) -> None:
     run = subprocess.run([sys.executable, "-m", *argv], cwd=REPO, capture_output=True, text=True,
                          timeout=120)

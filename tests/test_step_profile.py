@@ -1,7 +1,8 @@
-"""The step profile (plugins/step_profile.py) and the drafter benchmark's summary (issue 12).
+"""The step profile (plugins/step_profile.py): where an engine step's time goes.
 
 The engine test serves the bigram drafter with the profile on and checks the timers saw real
-steps; the others check the arithmetic a report is made of.
+steps; the others check the arithmetic a report is made of. A sweep reads it around every run
+(tests/test_loadtest.py).
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ import requests
 from conftest import LOG_DIR, complete
 from deploy import free_port, plan_from_config, start_server
 from plugins import step_profile
-from tuning.bench_drafters import DrafterResult, markdown, settled_profile, summarize
 
 
 def figures(**seconds_and_calls: tuple[int, float]) -> dict[str, dict[str, float]]:
@@ -68,43 +68,6 @@ def test_install_wraps_each_method_once_and_names_what_it_cannot_find(tmp_path: 
     assert Scheduler.__dict__["schedule"] is wrapped  # not wrapped twice
 
 
-def result(name: str, round_: int, tok_s: float, speedup: float | None, accepted: float | None,
-           step: float, post_step: float = 0.0) -> DrafterResult:
-    return DrafterResult(name, 100, 100 / tok_s, tok_s, 10, 40, 30, accepted, 4.0 if accepted else None,
-                         speedup=speedup, round=round_,
-                         step_ms={"step": step, "forward": step * 0.9, "post_step": post_step})
-
-
-def test_summary_gives_medians_over_rounds_and_the_spread() -> None:
-    results = [result("none", 0, 50, 1.0, None, 20), result("bigram", 0, 150, 3.0, 0.8, 25),
-               result("bigram", 1, 120, 2.5, 0.7, 26), result("none", 1, 48, 1.0, None, 21),
-               result("bigram", 2, 160, 3.2, 0.9, 24), result("none", 2, 50, 1.0, None, 19)]
-    none, bigram = summarize(results, ["none", "bigram"])
-    assert bigram["rounds"] == 3 and bigram["speedup"] == 3.0 and bigram["speedup_range"] == [2.5, 3.2]
-    assert bigram["tokens_per_s"] == 150 and bigram["tokens_per_s_range"] == [120, 160]
-    assert bigram["acceptance_rate"] == 0.8 and bigram["step_ms"]["step"] == 25
-    assert none["acceptance_rate"] is None and none["step_ms"]["forward"] == pytest.approx(18.0)
-    assert summarize(results, ["ngram"]) == []  # not run: no row
-    assert bigram["vs_reference_at_equal_tokens"] is None  # no ngram in the run: nothing to hold it against
-
-
-def test_each_drafter_is_held_against_ngram_at_equal_tokens_per_step() -> None:
-    """ngram's step time (with post-step) over the drafter's, round by round: a drafter 25% slower
-    per step in one round and 10% faster in the other has the median of 0.8 and 1.1."""
-    results = [result("ngram", 0, 100, 2.0, 0.8, 20), result("bigram", 0, 110, 2.2, 0.9, 24, post_step=1),
-               result("ngram", 1, 100, 2.0, 0.8, 21, post_step=1), result("bigram", 1, 110, 2.2, 0.9, 20),
-               result("bigram", 2, 110, 2.2, 0.9, 40),  # round 2 has no ngram run: not compared
-               result("none", 0, 50, 1.0, None, 18)]
-    none, ngram, bigram = summarize(results, ["none", "ngram", "bigram"])
-    assert none["vs_reference_at_equal_tokens"] is None  # one token a step: no draft to compare
-    assert bigram["vs_reference_at_equal_tokens"] == pytest.approx(0.95)
-    assert bigram["vs_reference_at_equal_tokens_range"] == pytest.approx([0.8, 1.1])
-    assert ngram["vs_reference_at_equal_tokens"] == 1.0
-    cost = {"median_us": 170, "steps": 80, "min_us": 160, "p90_us": 200, "cpu_median_us": 170, "load_average": 1}
-    meta = {"prompts": 8, "max_tokens": 256, "k": 4, "machine": "test", "rounds": 3}
-    assert "| 0.950x [0.800-1.100] |" in markdown([ngram, bigram], cost, meta)
-
-
 @pytest.mark.engine
 @pytest.mark.full
 def test_a_served_drafter_reports_where_its_steps_go(tmp_path: Path, measurement) -> None:
@@ -116,11 +79,11 @@ def test_a_served_drafter_reports_where_its_steps_go(tmp_path: Path, measurement
     plan = replace(plan, env={**plan.env, step_profile.ENV: str(tmp_path)})
     with start_server(plan, LOG_DIR / "step-profile.log", progress=False) as server:
         complete(server, "def main():\n", max_tokens=8)  # warm-up
-        before = settled_profile(str(tmp_path))
+        before = step_profile.read_settled(tmp_path)
         began = time.perf_counter()
         complete(server, "import os\nimport sys\n\n\ndef main():\n", max_tokens=64)
         took = time.perf_counter() - began
-        after = settled_profile(str(tmp_path))
+        after = step_profile.read_settled(tmp_path)
         requests.get(f"{server.base_url}/health", timeout=10).raise_for_status()
     ms = step_profile.per_step_ms(before, after)
     assert ms, f"no engine step was timed; files: {sorted(p.name for p in tmp_path.iterdir())}"
@@ -129,30 +92,3 @@ def test_a_served_drafter_reports_where_its_steps_go(tmp_path: Path, measurement
     assert ms["forward"] < ms["step"] and ms["propose"] < ms["sample_tokens"]
     # The timed steps account for most of the request's time (the rest is HTTP and detokenising).
     assert 0.5 < ms["steps"] * (ms["step"] + ms["post_step"]) / 1000 / took <= 1.0
-
-
-@pytest.mark.engine
-@pytest.mark.full
-def test_bench_drafters_on_the_engine(tmp_path: Path, measurement) -> None:
-    """`make bench-drafters`, shortened: every drafter served in each of two rounds beside the
-    baseline; the small model pays at batch 1 in both, and every step is timed by phase."""
-    import json
-    import subprocess
-    import sys
-
-    run = subprocess.run([sys.executable, "-m", "tuning", "bench-drafters", "--prompts", "4", "--max-tokens", "96",
-                          "--rounds", "2", "--drafters", "none", "small_model (native)", "bigram",
-                          "--out", str(tmp_path)], capture_output=True, text=True, timeout=2400)
-    assert run.returncode == 0, run.stderr[-3000:]
-    summary = {row["drafter"]: row for row in json.loads((tmp_path / "results.json").read_text())["summary"]}
-    assert set(summary) == {"none", "small_model (native)", "bigram"}
-    assert all(row["rounds"] == 2 and row["step_ms"]["step"] > 0 for row in summary.values())
-    assert summary["none"]["acceptance_rate"] is None
-    small = summary["small_model (native)"]
-    assert small["acceptance_rate"] > 0.3 and small["speedup_range"][0] > 1, small
-    assert summary["bigram"]["acceptance_rate"] > 0
-    # Sampled at T=1 (the default), every output checked and none loops: the acceptance is prediction.
-    for row in summary.values():
-        assert row["content"]["checked"] == 8 and row["content"]["degenerate"] == 0, row["content"]
-        assert row["content"]["reference"]["source"] == "the embedded pair's held-out code"
-    assert small["content"]["acceptance_valid"] == pytest.approx(small["acceptance_rate"], abs=0.1)

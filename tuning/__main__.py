@@ -5,7 +5,6 @@
     python -m tuning advise default.yaml --batches 1,8,32   # is the draft worth it, at which batch sizes
     python -m tuning tune default.yaml --batches 1,4,16,32  # K per batch size, into default-tuned.yaml
     python -m tuning paymap default.yaml --batches 1,4,16,32 --acceptance 0.62   # where speculation pays
-    python -m tuning bench-drafters --rounds 3              # every drafter against none, on the embedded default
     python -m tuning soak --requests 5000                   # every drafter's memory and latency over a long run
 """
 
@@ -25,7 +24,7 @@ from loadtest.sweeps.settings import SweepSettings
 from loadtest.traffic.request_settings import RequestSettings
 from loadtest.traffic.declared import TRAFFIC_FIELDS
 from loadtest.traffic.workloads import load_workload
-from tuning import bench_drafters, soak
+from tuning import soak
 
 TUNE_TRAFFIC = ("workload", "api", "fixed_length")
 """The config's traffic fields tune takes (its temperatures are lists, its proof's length its own)."""
@@ -59,10 +58,6 @@ def build_parser() -> argparse.ArgumentParser:
     add_tune_parser(sub)
     add_paymap_parser(sub)
     add_costs_parser(sub)
-    bench = sub.add_parser("bench-drafters", help="compare drafters on the embedded default: each served beside "
-                                                   "no speculation, round after round (a benchmark, not a test)",
-                           description=bench_drafters.__doc__.split("\n\n")[0])
-    bench_drafters.add_options(bench)
     soaked = sub.add_parser("soak", help="serve each drafter thousands of short requests at a sustained rate: "
                                          "memory and latency of the last requests against the first (hours)",
                             description=soak.__doc__.split("\n\n")[0])
@@ -271,12 +266,13 @@ def k_list(values: list[int] | None) -> list[int] | None:
 
 
 def cmd_costs(opts: argparse.Namespace) -> int:
-    from models.embedded_pair import COSTS_FILE, FREE_RUNNING_TEMPERATURE, engine_costs, ensure_pair, goal_lines
+    from models.embedded_pair import (COSTS_FILE, FREE_RUNNING_TEMPERATURE, engine_costs, ensure_pair, goal_lines,
+                                      held_out_code_prompts)
     from tuning import step_costs
 
     # The pair's free-running goal: held-out prompts at vLLM's default temperature (models.embedded_pair.GOALS).
     # Greedy too, on the same prompts and on the code workload's: how often the pair loops.
-    free_running = {"prompts": bench_drafters.code_prompts(8, 600), "temperatures": [FREE_RUNNING_TEMPERATURE, 0.0],
+    free_running = {"prompts": held_out_code_prompts(8, 600), "temperatures": [FREE_RUNNING_TEMPERATURE, 0.0],
                     "max_tokens": 128, "embedded": True,
                     "greedy_sets": {"code": [i.prompt for i in load_workload("code").items if i.prompt]}}
 
@@ -304,11 +300,11 @@ def main(argv: list[str] | None = None) -> int:
     opts = parser.parse_args(argv)
     if opts.command == "soak":
         soak.validate(parser, opts)
-    # bench-drafters and soak show their progress in bars and their figures at the end: warnings only.
-    logging.basicConfig(level=logging.WARNING if opts.command in ("bench-drafters", "soak") else logging.INFO,
+    # soak shows its progress in bars and their figures at the end: warnings only.
+    logging.basicConfig(level=logging.WARNING if opts.command == "soak" else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     return {"costs": cmd_costs, "advise": cmd_advise, "tune": cmd_tune, "paymap": cmd_paymap,
-            "bench-drafters": bench_drafters.bench, "soak": soak.soak}[opts.command](opts)
+            "soak": soak.soak}[opts.command](opts)
 
 
 if __name__ == "__main__":

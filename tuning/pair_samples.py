@@ -1,7 +1,7 @@
 """What the embedded pair's target writes on the held-out prompts: greedy and sampled at T=1, beside
 the real continuation of the same file, each judged by the content check (loops and noise).
 
-`python -m tuning.pair_samples [--weights DIR] [--out FILE]`: 8 prompts (bench-drafters' held-out
+`python -m tuning.pair_samples [--weights DIR] [--out FILE]`: 8 prompts (the held-out
 prompts), 128 tokens each, T=1 seeded by the prompt's index. It runs the trained target itself
 (transformers, float32): the served one is the same function, widened. The JSON it writes has the
 shape of `tests/fixtures/embedded_pair_e987624_heldout.json`, the outputs of the pair before it.
@@ -32,13 +32,13 @@ def samples(weights: Path, count: int = PROMPTS, tokens: int = TOKENS) -> list[d
     from transformers import AutoTokenizer, LlamaForCausalLM
 
     from models.embedded_pair import corpus_files
-    from tuning.bench_drafters import code_prompts
+    from models.embedded_pair import held_out_code_prompts
 
     tok = AutoTokenizer.from_pretrained(weights / "tokenizer")
     model = LlamaForCausalLM.from_pretrained(weights / "target", torch_dtype=torch.float32).eval()
     files = [(p.name, p.read_text(encoding="utf-8", errors="replace")) for p in corpus_files("heldout")]
     out = []
-    for index, prompt in enumerate(code_prompts(count, PROMPT_CHARS)):
+    for index, prompt in enumerate(held_out_code_prompts(count, PROMPT_CHARS)):
         name, source = next(((n, t) for n, t in files if prompt in t), ("?", ""))
         ids = torch.tensor([tok(prompt).input_ids])
         row: dict[str, Any] = {"file": name, "prompt": prompt}
@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\n--- {r['file']}: greedy\n{r['greedy']}\n--- T=1\n{r['sampled_t1']}")
     if opts.out:
         about = (f"The embedded pair's target from {opts.weights}, on the {len(rows)} held-out prompts of "
-                 f"tuning.bench_drafters.code_prompts({len(rows)}, {PROMPT_CHARS}): {TOKENS} tokens sampled at "
+                 f"models.embedded_pair.held_out_code_prompts({len(rows)}, {PROMPT_CHARS}): {TOKENS} tokens sampled at "
                  f"T=1 (torch seed = prompt index), {TOKENS} greedy, and the real continuation ({TOKENS} tokens).")
         opts.out.write_text(json.dumps({"about": about, "outputs": rows}, indent=1) + "\n")
     return 0

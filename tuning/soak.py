@@ -1,7 +1,7 @@
 """Soak each drafter on the embedded default: `make soak` (about 2 hours on 2 cores; a check, not a test).
 
-For each drafter of `make bench-drafters` (small_model native and plugin, bigram, ngram; the same
-config overrides), one server: warm-up requests, then `--requests` short requests (32 output
+For the embedded default's drafter and each of its alternatives (`configs/default.yaml`: small_model
+native and plugin, bigram, ngram; those `make bench-drafters` measures), one server: warm-up requests, then `--requests` short requests (32 output
 tokens) sent open loop, Poisson arrivals at a sustained rate, prompts of a built-in workload in
 turn; the last `--window` arrivals repeat the first's gaps and prompts. Meanwhile the resident memory of the server's process tree (API server, engine core,
 workers) is sampled every few seconds. The last `--window` requests are then held against the
@@ -30,7 +30,8 @@ import psutil
 import requests
 from tqdm import tqdm
 
-from deploy import ConfigError, Override, Server, ServerStartError, free_port, plan_from_config
+from deploy import ConfigError, Override, Server, ServerStartError, free_port, load_config, plan_from_config
+from deploy.config import overrides_as_text
 from loadtest.measurement import prom
 from loadtest.measurement import stats
 from loadtest.arg_types import positive_int
@@ -41,14 +42,20 @@ from loadtest.progress import Progress
 from loadtest.sweeps.judging import load_records
 from loadtest.sampling import sampling
 from loadtest.traffic.workloads import Workload, load_workload
-from tuning import bench_drafters, soak_report
+from tuning import soak_report
 
 OUT_DIR = Path("reports/soak")
-CONFIG = bench_drafters.CONFIG
-DRAFTERS: dict[str, list[str]] = {name: overrides for name, overrides in bench_drafters.DRAFTERS.items()
-                                  if name not in ("none", "bigram (greedy drafts)")}
-"""name -> overrides of the embedded default: bench-drafters' drafters, its baseline and the bigram's
-greedy-draft variant (a comparison of acceptance, not another drafter's long-run state) left out."""
+CONFIG = "default"
+
+
+def drafters() -> dict[str, list[Override]]:
+    """name -> overrides of the embedded default: `native`, its drafter as configured (vLLM's
+    draft-model path), and each of its alternatives."""
+    config = load_config(CONFIG)
+    return {"native": [], **{name: [config.alternative_override(name)] for name in config.alternatives}}
+
+
+DRAFTERS = drafters()
 WINDOW = 500
 TOLERANCE = 0.10
 PROBE_USERS = 16
@@ -197,7 +204,7 @@ class _Run:
     def soak(self) -> dict[str, Any]:
         """Start, warm up, find the rate, run the soak; the server is stopped whatever happens."""
         opts = self.opts
-        result: dict[str, Any] = {"drafter": self.name, "overrides": DRAFTERS[self.name]}
+        result: dict[str, Any] = {"drafter": self.name, "overrides": overrides_as_text(DRAFTERS[self.name])}
         started = time.monotonic()
         tqdm.write(f"{self.name}: starting vLLM, log {self.server.log_path}")
         try:
@@ -268,7 +275,7 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--warmup", type=positive_int, default=8, help="warm-up requests, not judged (%(default)s)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the Poisson arrivals (%(default)s)")
     RequestSettings.add_cli_args(parser, only=("workload", "max_tokens", "temperature", "request_timeout_s"),
-                                 defaults={"max_tokens": 32})
+                                 defaults={"max_tokens": 32, "workload": "chat"})
     parser.add_argument("--out", type=Path, default=OUT_DIR, help="report folder (%(default)s)")
     parser.add_argument("--dry-run", action="store_true", help="print the plan (servers, requests, estimate) and exit")
 
@@ -287,7 +294,7 @@ def dry_run(opts: argparse.Namespace) -> int:
         f"soak plan (dry run: nothing starts): {CONFIG}.yaml (the embedded pair), workload '{opts.workload}', "
         f"{opts.max_tokens} output tokens a request, temperature {opts.temperature:g}",
         "  servers, one at a time, one start each (config overrides):",
-        *[f"    {name}: {' '.join(DRAFTERS[name]) or '(the config as it is)'}" for name in names],
+        *[f"    {name}: {' '.join(map(str, DRAFTERS[name])) or '(the config as it is)'}" for name in names],
         f"  each: {opts.warmup} warm-up requests, then {opts.requests} requests open loop (Poisson arrivals) at {rate}",
         f"  judged: the last {opts.window} requests' memory and latency against the first {opts.window}'s "
         f"(within {opts.tolerance:.0%})",
@@ -332,7 +339,7 @@ def soak(opts: argparse.Namespace) -> int:
         try:
             result = _Run(name, opts).soak()
         except (ConfigError, OSError, ValueError) as exc:
-            result = {"drafter": name, "overrides": DRAFTERS[name], "error": f"config: {exc}"}
+            result = {"drafter": name, "overrides": overrides_as_text(DRAFTERS[name]), "error": f"config: {exc}"}
         report["drafters"].append(result)
         soak_report.write(report, opts.out)
         tqdm.write(soak_report.verdict_line(name, result))

@@ -5,6 +5,7 @@ and short facts only; how they are worded on a page is the reports' (loadtest.re
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Iterator
 from typing import Any
 
@@ -144,6 +145,33 @@ def summarize_speedups(results: SweepResults) -> list[dict[str, Any]]:
         entry["verdict"] = verdict(entry)
         out.append(entry)
     return out
+
+
+def by_category(results: SweepResults) -> list[dict[str, Any]]:
+    """Per concurrency, prompt category and variant (closed loop, a categorised workload): requests,
+    acceptance, mean per-request tokens/s, and the speedup over the baseline's same category in the
+    same repeat (its mean over the repeats, with a 95% interval from two or more)."""
+    groups: dict[tuple[int, str, str], list[tuple[dict[str, Any], dict[str, Any] | None]]] = {}
+    for variant, level in levels(results):
+        base = level_at(results, "baseline", level.concurrency, level.repeat) if variant.name != "baseline" else None
+        for category, figs in ((level.client or {}).get("by_category") or {}).items():
+            base_figs = ((base.client or {}).get("by_category") or {}).get(category) if base else None
+            groups.setdefault((level.concurrency, category, variant.name), []).append((figs, base_figs))
+    rows = []
+    for (c, category, name), runs in groups.items():
+        drafted = [f["acceptance"] for f, _ in runs if f.get("acceptance") is not None]
+        speeds = [f["tokens_per_s"] for f, _ in runs if f.get("tokens_per_s")]
+        ratios = [f["tokens_per_s"] / b["tokens_per_s"] for f, b in runs
+                  if b and f.get("tokens_per_s") and b.get("tokens_per_s")]
+        rows.append({"concurrency": c, "category": category, "variant": name,
+                     "requests": sum(f["requests"] for f, _ in runs),
+                     "not_text": sum(f.get("not_text") or 0 for f, _ in runs),
+                     "acceptance": statistics.fmean(drafted) if drafted else None,
+                     "tokens_per_s": statistics.fmean(speeds) if speeds else None,
+                     "speedup": stats.mean_interval(ratios) if ratios else None})
+    order = {name: i for i, name in enumerate(v.name for v in results.variants)}
+    firsts = {c: i for i, c in enumerate(dict.fromkeys(r["category"] for r in rows))}
+    return sorted(rows, key=lambda r: (r["concurrency"], firsts[r["category"]], order.get(r["variant"], 99)))
 
 
 def verdict(entry: dict[str, Any]) -> str:

@@ -112,6 +112,9 @@ class LevelResult(Record):
     """The engine's counters over the benchmark's window."""
     vllm_bench_agreement: dict[str, Any] | None = None
     """Locust against the benchmark, figure by figure (`vllm_bench.compare`)."""
+    step_ms: dict[str, float] | None = None
+    """Where the engine's steps spent their time over the measured run, ms per step by phase
+    (`plugins.step_profile.per_step_ms`): servers the sweep started in one engine process."""
     status: Status = "running"
     """ok, flagged (measured, with problems to read), failed (not measured) or skipped."""
     sequence: int | None = None

@@ -187,6 +187,26 @@ def summarize(records: Sequence[RequestRecord], embedded: bool = False,
     return out
 
 
+def by_category(records: Sequence[RequestRecord], categories: dict[str, str | None]) -> dict[str, dict[str, Any]]:
+    """A run's figures per prompt category (`categories`: item id -> category): requests served,
+    output tokens, mean per-request output tokens/s, acceptance over the category's requests (the
+    server's per-request figures) and how many outputs are no text (loops or noise)."""
+    groups: dict[str, list[RequestRecord]] = {}
+    for r in records:
+        category = categories.get(r.item_id)
+        if category and r.ok:
+            groups.setdefault(category, []).append(r)
+    out = {}
+    for category, group in groups.items():
+        speeds = [(r.output_tokens or 0) / r.e2e_s for r in group if r.e2e_s]
+        checked = content.summarize([r.content for r in group])
+        out[category] = {"requests": len(group), "output_tokens": sum(r.output_tokens or 0 for r in group),
+                         "tokens_per_s": statistics.fmean(speeds) if speeds else None,
+                         "acceptance": content.acceptance([r.spec_decode for r in group]),
+                         "not_text": (checked.get("degenerate") or 0) + (checked.get("noise") or 0)}
+    return out
+
+
 def _peak_rate(records: Sequence[RequestRecord], start: float) -> float:
     """Highest output tokens in any one-second bin (as vLLM's benchmark reports it)."""
     bins: dict[int, int] = {}

@@ -18,7 +18,7 @@ from typing import Any
 
 
 from loadtest.measurement import slo
-from loadtest.measurement.derive import derive, derive_rates, level_at, level_name, levels, rate_levels, slo_lines
+from loadtest.measurement.derive import by_category, derive, derive_rates, level_at, level_name, levels, rate_levels, slo_lines
 from loadtest.reports import markdown
 from loadtest.reports import sweep_summary
 from loadtest.traffic import vllm_bench
@@ -237,6 +237,43 @@ def _content_rows(results: SweepResults) -> tuple[list[str], list[list[str]]]:
     return header, rows
 
 
+def _category_rows(rows: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
+    header = ["batch", "category", "variant", "requests", "acceptance", "tok/s per request", "speedup", "not text"]
+    table = []
+    for r in rows:
+        speed = r.get("speedup") or {}
+        speedup = "-" if speed.get("mean") is None else (
+            f"{speed['mean']:.2f}x" + (f" ({speed['low']:.2f}-{speed['high']:.2f})" if speed.get("low") is not None else ""))
+        table.append([str(r["concurrency"]), r["category"], r["variant"], str(r["requests"]),
+                      figure(r.get("acceptance"), pct=True), figure(r.get("tokens_per_s"), 1), speedup,
+                      str(r["not_text"])])
+    return header, table
+
+
+STEP_PHASES = [("schedule", "schedule"), ("forward", "target forward"), ("sample", "sample + verify"),
+               ("propose", "propose (the drafter)"), ("bookkeeping", "bookkeeping"), ("update", "update"),
+               ("sample_tokens_other", "runner glue"), ("other", "other"), ("post_step", "post-step")]
+
+
+def _step_rows(results: SweepResults) -> tuple[list[str], list[list[str]]] | None:
+    """Per run: milliseconds per engine step by phase (`plugins.step_profile`), and what a step
+    cost beside the target's forward pass (the drafter's cost to the engine, the verification's
+    extra tokens included)."""
+    rows = []
+    for variant, level in levels(results):
+        ms = level.step_ms
+        if not ms:
+            continue
+        total = (ms.get("step") or 0) + (ms.get("post_step") or 0)
+        rows.append([variant.name, str(level.concurrency), str(level.repeat), f"{ms.get('steps', 0):.0f}",
+                     figure(ms.get("step"), 2), *(figure(ms.get(key), 2) for key, _ in STEP_PHASES),
+                     figure(total - (ms.get("forward") or 0) if total else None, 2)])
+    if not rows:
+        return None
+    return ["variant", "batch", "run", "steps", "step ms", *(title for _, title in STEP_PHASES),
+            "besides the forward"], rows
+
+
 def _trust_rows(results: SweepResults) -> tuple[list[str], list[list[str]]]:
     header = ["variant", "batch", "run", "status", "client tokens", "server tokens", "difference", "client tok/s",
               "server tok/s", "TTFT mean client/server ms", "e2e mean client/server ms", "per-token mean client/server ms",
@@ -397,6 +434,13 @@ def _finding_sections(results: SweepResults, out: Path | None) -> list[Section]:
                                     "speedup over the baseline's run of the same repeat, and whether the second "
                                     "opinion and the server's counters agree." + _how("batch-comparison", out)
                                     + _table(compare)))
+    categories = by_category(results)
+    if categories:
+        out_sections.append(Section("by-category", "By category: acceptance and speedup per prompt category",
+                                    "Per batch size, category and variant, over the repeats: requests, acceptance "
+                                    "over the category's requests (the server's per-request figures), mean "
+                                    "per-request output tokens/s, and its ratio to the baseline's same category in "
+                                    "the same repeat." + _how("by-category", out) + _table(_category_rows(categories))))
     if any(True for _ in rate_levels(results)):
         out_sections.append(Section("open-loop", "Open loop: each variant at each arrival rate",
                                     "Per run: the rate asked and achieved, how requests ended, latencies, "
@@ -427,6 +471,11 @@ def _table_sections(results: SweepResults, out: Path | None) -> list[Section]:
         Section("speculation", "Speculation: acceptance, expected tokens and break-even",
                 "Acceptance, tokens per step against the model E(alpha, K), the step cost r and the break-even "
                 "acceptance per run." + _how("the-cost-model", out) + _table(_spec_rows(results))),
+        *([Section("steps", "Where an engine step's time goes",
+                   "Per run: milliseconds per engine step in each phase, from timers around vLLM's step phases "
+                   "(`plugins/step_profile.py`); besides the forward = step + post-step - target forward, what "
+                   "drafting and verifying cost the engine beyond the forward pass." + _how("where-a-step-goes", out)
+                   + _table(steps))] if (steps := _step_rows(results)) else []),
         Section("slo", "Service targets", "Per run: each target's percentile with the share of requests within "
                 "its bound, and the goodput." + _how("service-targets-slo---slo", out) + _table(_slo_rows(results))),
         Section("lag", "The load generator's own lag", "Send lag, the event loop's stalls and Locust's CPU per run."

@@ -152,9 +152,11 @@ def speedup_figure(speed: list[dict[str, Any]], concurrencies: list[int]) -> Any
     fig, ax = plots.speedup_axes()
     styles = {"speedup": ("o-", 7), "vllm_bench_speedup": ("d--", 5), "measured_speedup": ("x:", 5)}
     names = list(dict.fromkeys(e["variant"] for e in speed))
+    # Several drafters: one line each (the client's reading); three readings per drafter would hide them.
+    readings = SPEEDUPS if len(names) <= 2 else {"speedup": SPEEDUPS["speedup"]}
     for j, name in enumerate(names):
         rows = sorted((e for e in speed if e["variant"] == name), key=lambda e: e["concurrency"])
-        for key, label in SPEEDUPS.items():
+        for key, label in readings.items():
             pts = [(e["concurrency"], e[key]) for e in rows if (e.get(key) or {}).get("mean") is not None]
             if not pts:
                 continue
@@ -164,7 +166,7 @@ def speedup_figure(speed: list[dict[str, Any]], concurrencies: list[int]) -> Any
             fmt, size = styles[key]
             ax.errorbar(xs, ms, yerr=err, fmt=fmt, color=f"C{j}", capsize=4, ms=size,
                         lw=2 if key == "speedup" else 1, alpha=1 if key == "speedup" else 0.7,
-                        label=(f"{name}: " if len(names) > 1 else "") + label)
+                        label=(name if len(readings) == 1 else (f"{name}: " if len(names) > 1 else "") + label))
             if key == "speedup":
                 for x, m in zip(xs, ms):
                     ax.annotate(f"{m:.2f}x", (x, m), textcoords="offset points", xytext=(8, 6), fontsize=10,

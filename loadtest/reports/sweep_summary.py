@@ -98,6 +98,7 @@ def headline(results: SweepResults) -> list[str]:
     settings = results.settings
     lines = traffic.describe(settings) if settings.get("workload") else []  # which traffic ran, first
     lines += [w for e in entries for w in content_warnings(e)]
+    lines += best_drafter_findings(results)
     # Grouped sweeps (one server start per variant) pair runs by repeat, not by time.
     grouped = ((results.plan or {}).get("order") == "grouped")
     paired = "each paired with the baseline's run of the same repeat" if grouped else "each beside a baseline run"
@@ -184,11 +185,46 @@ def verdict_word(verdict: str, summary: dict[str, Any] | None = None) -> tuple[s
     return word, tone
 
 
+def best_by_batch(results: SweepResults) -> list[tuple[int, list[dict[str, Any]]]]:
+    """Where a sweep measured several drafters: per batch size, its speculative variants with a
+    speedup, best first (by the client's mean speedup over the baseline)."""
+    entries = [e for e in summarize_speedups(results) if (e.get("speedup") or {}).get("mean") is not None]
+    if len({e["variant"] for e in entries}) < 2:
+        return []
+    by_batch: dict[int, list[dict[str, Any]]] = {}
+    for e in entries:
+        by_batch.setdefault(e["concurrency"], []).append(e)
+    return [(c, sorted(group, key=lambda e: -e["speedup"]["mean"])) for c, group in sorted(by_batch.items())]
+
+
+def _best_line(c: int, ranked: list[dict[str, Any]]) -> Line:
+    """`batch 1: best drafter: ngram` (it pays), `... ngram breaks even`, `... none pays`; the others after it."""
+    best = ranked[0]
+    word, tone = verdict_word(best["verdict"], best.get("content"))
+    name = best["variant"]
+    said = {"good": name, "even": f"{name} breaks even", "bad": "none pays"}.get(tone, f"{name}, {word}")
+    rest = ", ".join(f"{e['variant']} {e['speedup']['mean']:.2f}x" for e in ranked[1:])
+    return Line(f"batch {c}: best drafter", said, f"{name} {_interval(best['speedup'])} output tok/s · then {rest}", tone)
+
+
+def best_drafter_findings(results: SweepResults) -> list[str]:
+    """The best drafter at each batch size, in words, for the findings."""
+    out = []
+    for c, ranked in best_by_batch(results):
+        best = ranked[0]
+        rest = "; then " + ", ".join(f"{e['variant']} {e['speedup']['mean']:.2f}x" for e in ranked[1:])
+        word = verdict_word(best["verdict"], best.get("content"))[0]
+        out.append(f"batch {c}: best drafter {best['variant']}, {_interval(best['speedup'])} client output tokens/s "
+                   f"over the baseline ({word}){rest}")
+    return out
+
+
 def verdict_lines(results: SweepResults) -> list[Line]:
-    """Closed loop: per batch size and speculative variant; open loop: per rate and variant."""
+    """Closed loop: the best drafter per batch size where there are several, then per batch size
+    and speculative variant; open loop: per rate and variant."""
     entries = sorted(summarize_speedups(results), key=lambda e: (e["concurrency"], e["variant"]))
     several = len({e["variant"] for e in entries}) > 1
-    lines = []
+    lines = [_best_line(c, ranked) for c, ranked in best_by_batch(results)]
     for e in entries:
         level = f"batch {e['concurrency']}" + (f", {e['variant']}" if several else "")
         accept = (e.get("acceptance_rate") or {}).get("mean")
@@ -337,7 +373,7 @@ def setup(results: SweepResults, method: str) -> str:
         what = sc.get("method") or v.drafter or "speculation"
         if sc.get("model"):
             what += f" `{sc['model']}`"
-        drafters.append(f"{what}, K={v.k}")
+        drafters.append((f"{v.name}: " if len(spec) > 1 else "") + f"{what}, K={v.k}")
     load = (f"open loop at {', '.join(f'{r:g}' for r in s['rates'])} req/s (Poisson arrivals)" if s.get("rates")
             else f"closed loop at batch {', '.join(str(u) for u in s.get('users') or [])}")
     order = (results.plan or {}).get("order")

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from deploy import Server
+from plugins import step_profile
 from loadtest.measurement import prom, slo, stats
 from loadtest.measurement.records import RequestRecord
 from loadtest.measurement.results import LevelResult
@@ -144,7 +145,11 @@ class LevelRunner:
         if failed:
             level.status, level.problems = "failed", [failed]
             return level
+        steps = run.state.step_profile
+        steps_before = step_profile.read_settled(steps) if steps else None
         outcome, records = self._measure(run, level)
+        if steps and run.server.alive():
+            level.step_ms = step_profile.per_step_ms(steps_before or {}, step_profile.read_settled(steps)) or None
         after = None
         if before is not None and run.server.alive():
             after, problem = self._snapshot(run, "/metrics after the run")
@@ -222,6 +227,8 @@ class LevelRunner:
         else:
             level.client = stats.summarize(records, run.state.embedded)
             level.load_generator = load_generator_lag(records, job.records_dir)
+        if self.workload.categories:
+            level.client["by_category"] = stats.by_category(records, {i.id: i.category for i in self.workload.items})
         if self.targets and records:
             # Open loop: unsent requests are in `records` too, and meet no target.
             level.slo = slo.evaluate(records, self.targets, level.client.get("duration_s") or 0.0)

@@ -46,6 +46,7 @@ from typing import Any
 from deploy import ConfigError, Server, ServerStartError
 from deploy.preflight import Machine
 from deploy.footprint import first_start_lines
+from plugins import step_profile
 from loadtest.measurement import slo
 from loadtest.traffic import declared as traffic
 from loadtest.traffic import vllm_bench
@@ -372,6 +373,13 @@ class Sweep:
         server_log = self.out / (state.entry.server_log or "")
         print(f"[{position}] {variant.name} ({variant.label}): starting vLLM, log {server_log}", file=sys.stderr,
               flush=True)
+        par = state.resolved.config.parallelism if state.resolved else None
+        if par is not None and par.world_size == 1:
+            # Where each step's time goes (schedule, forward, verify, draft): timers of about a
+            # microsecond a call, read around each measured run. One engine process only: the
+            # workers of tensor or pipeline parallelism would each add their own forward.
+            state.step_profile = self.out / "logs" / f"steps-{variant.name}"
+            state.plan = replace(state.plan, env={**state.plan.env, step_profile.ENV: str(state.step_profile)})
         server = Server(state.plan, server_log)
         state.server = server
         try:

@@ -44,6 +44,9 @@ class Running:
     """It serves the embedded pair: the content check holds its outputs against the pair's held-out code."""
     plan_notes: list[str] = field(default_factory=list)
     """What the plan should say of this server (weights to download, a pair to build)."""
+    step_profile: Path | None = None
+    """Where its engine writes its step timers (`plugins.step_profile`), when the sweep started it
+    and its steps run in one process (a CPU or a single GPU)."""
 
 
 def prepare(settings: SweepSettings, variant: Variant, plan_only: bool = False) -> tuple[Running, ServerInfo | None]:

@@ -14,10 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from deploy import load_config
-from deploy.config import DEFAULT_CONFIG, Override, as_overrides
+from deploy.config import DEFAULT_CONFIG, ConfigError, Override, as_overrides
 from models.embedded_pair import is_pair_folder, pair_kind
 from deploy.preflight import ResolvedDeployment
-from loadtest.arg_types import int_list, positive_int, rate_list
+from loadtest.arg_types import int_list, name_list, positive_int, rate_list
 from loadtest.cli_options import CliOption, add_cli_options, cli_values
 from loadtest.measurement.slo import parse_targets
 from loadtest.sweeps.plan import ORDERS, LoopKind
@@ -40,6 +40,9 @@ class SweepSettings:
     """More speculative variants with these K (num_speculative_tokens)."""
     alternatives: list[tuple[str, list[Override]]] = field(default_factory=list)
     """More speculative variants, each (name, overrides) of the config: another draft model, say."""
+    drafters: list[str] = field(default_factory=list)
+    """The config's named alternatives to measure beside its drafter, against the same baseline
+    (`--drafters all` or names; the config's `alternatives` section)."""
     users: list[int] = field(default_factory=lambda: [1, 32])
     rates: list[float] = field(default_factory=list)
     """Open loop: the levels are these arrival rates (requests/s), not `users`; empty: closed loop."""
@@ -168,6 +171,9 @@ SWEEP_OPTIONS: dict[str, CliOption] = {
                              field="baseline", value=operator.not_),
     "k": CliOption(("--k",), "extra speculative variants with these K",
                    {"type": int_list, "default": [], "metavar": "K,K"}, field="extra_k"),
+    "drafters": CliOption(("--drafters",), "also measure the config's alternative drafters (its `alternatives` "
+                                           "section) against the same baseline: all, or names", {
+                              "type": name_list, "default": [], "metavar": "all|NAME,NAME"}),
     "users": CliOption(("--users",), "concurrency levels (closed-loop users) (default: 1,32)",
                        {"type": int_list, "default": None, "metavar": "C,C"}, exclusive="levels",
                        value=lambda users: sorted(dict.fromkeys(users or [1, 32]))),
@@ -292,19 +298,50 @@ def plan_variants(settings: SweepSettings) -> list[Variant]:
                                                                  Override("speculation.draft_max_temperature", None),
                                                                  Override("speculation.num_speculative_tokens", k)),
                          False, k, spec.drafter) for k in dict.fromkeys(settings.extra_k)]
-        return [tuned, *fixed, *_alternatives(settings, spec)] + ([baseline] if settings.baseline else [])
+        return [tuned, *fixed, *_alternatives(settings, config)] + ([baseline] if settings.baseline else [])
     ks = [spec.num_speculative_tokens] + [k for k in settings.extra_k if k != spec.num_speculative_tokens]
     variants = []
     for k in dict.fromkeys(ks):
         extra = () if k == spec.num_speculative_tokens else (Override("speculation.num_speculative_tokens", k),)
         variants.append(Variant(f"spec-k{k}", f"{spec.drafter} K={k}", extra, False, k, spec.drafter))
-    return variants + _alternatives(settings, spec) + ([baseline] if settings.baseline else [])
+    return variants + _alternatives(settings, config) + ([baseline] if settings.baseline else [])
 
 
-def _alternatives(settings: SweepSettings, spec: Any) -> list[Variant]:
-    return [Variant(name, f"{spec.drafter} K={spec.num_speculative_tokens}, " + " ".join(map(str, overrides)),
-                    tuple(overrides), False, spec.num_speculative_tokens, spec.drafter)
-            for name, overrides in settings.alternatives]
+def _alternatives(settings: SweepSettings, config: Any) -> list[Variant]:
+    spec = config.speculation
+    given = [Variant(name, f"{spec.drafter} K={spec.num_speculative_tokens}, " + " ".join(map(str, overrides)),
+                     tuple(overrides), False, spec.num_speculative_tokens, spec.drafter)
+             for name, overrides in settings.alternatives]
+    named = []
+    for name in chosen_drafters(settings.drafters, config, settings.config):
+        alt = config.alternatives[name]
+        named.append(Variant(name, drafter_label(alt), (config.alternative_override(name),), False,
+                             alt.num_speculative_tokens, alt.drafter))
+    return given + named
+
+
+def drafter_label(spec: Any) -> str:
+    """A drafter as reports name it: `ngram K=4`, `small_model (plugin) K=1`."""
+    path = f" ({spec.implementation})" if spec.drafter == "small_model" else ""
+    return f"{spec.drafter}{path} K={spec.num_speculative_tokens}"
+
+
+def chosen_drafters(asked: list[str], config: Any, source: str) -> list[str]:
+    """The alternatives `--drafters` names (`all`: every one), in the config's order; ConfigError
+    for a name the config does not have."""
+    if not asked:
+        return []
+    names = list(config.alternatives)
+    if not names:
+        raise ConfigError(source, ["--drafters: this config names no alternatives (an `alternatives:` section, "
+                                   "docs/configuration.md)"])
+    if asked == ["all"]:
+        return names
+    unknown = [n for n in asked if n not in names]
+    if unknown:
+        raise ConfigError(source, [f"--drafters: no alternative named {', '.join(repr(n) for n in unknown)}; "
+                                   f"this config's: {', '.join(names)} (or all)"])
+    return [n for n in names if n in asked]
 
 
 def configured_k(resolved: ResolvedDeployment | None, variant: Variant, users: int) -> int | None:

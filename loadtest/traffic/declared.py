@@ -75,6 +75,13 @@ def _apis(workload: str, api: str) -> list[str]:
     return [name for name, chat in (("chat", True), ("completions", False)) if chat in kinds]
 
 
+def _categories(workload: str) -> list[str]:
+    try:
+        return load_workload(workload).categories
+    except (ValueError, OSError):
+        return []
+
+
 def origin(source: str, given: Sequence[str] = ()) -> str:
     """Where the traffic came from: the config's section, and the options that replaced its fields."""
     flags = ", ".join(_flag(g) for g in given)
@@ -88,8 +95,13 @@ def describe(request: Any, source: str | None = None) -> list[str]:
     get = request.get if isinstance(request, dict) else (lambda k, d=None: getattr(request, k, d))
     workload, api = get("workload", "code"), get("api", "auto")
     apis = _apis(workload, api)
+    builtin = workload.split(":")[0] if not Path(workload).is_file() else workload
     prompts = {"code": "code-completion prompts", "chat": "chat prompts", "edit": "copy/edit prompts",
-               "mixed": "mixed prompts (code, chat, edit)"}.get(workload, f"prompts of {Path(workload).name}")
+               "mixed": "mixed prompts (code, chat, edit)", "categories": "the kit's category prompts"}.get(
+        builtin, f"prompts of {Path(workload).name}")
+    categories = _categories(workload)
+    if categories:
+        prompts += f" in {len(categories)} categories ({', '.join(categories)})"
     through = " and ".join({"chat": "the chat API (/v1/chat/completions)",
                             "completions": "the completions API (/v1/completions)",
                             "auto": "the API their form picks"}[a] for a in apis)

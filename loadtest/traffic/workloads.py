@@ -7,12 +7,19 @@ Built-in sets (`--workload NAME`):
   edit   repetitive text: a snippet, then an instruction to copy/edit/summarise it and the
          start of the copy, so much of the output repeats the prompt (drafters love this)
   mixed  all of the above, interleaved
+  categories  chat prompts in six categories (code, chat, math, summarisation, rewriting, qa: a
+         question over a passage), four each: acceptance and speedup are reported per category
 
 A user's file (`--workload path`):
   *.jsonl  one object a line: {"prompt": "..."} or {"messages": [{"role": "user", ...}]},
-           optionally "max_tokens" (used only without a fixed length)
+           optionally "max_tokens" (used only without a fixed length) and "category"; or
+           Spec-Bench's question.jsonl: {"question_id": ..., "category": ..., "turns": ["..."]},
+           the first turn sent as a chat message, as vLLM's own `SpecBench` loader takes it
   *.json   a ShareGPT dump: [{"conversations": [{"from": "human", "value": ...}, ...]}, ...];
            the first human turn becomes the request (as chat messages)
+
+`NAME:cat,cat` (`--workload categories:code,math`) keeps those categories of a workload. Prompts
+with categories are sent round-robin over the categories (a run's first N prompts cover them evenly).
 
 For fair comparisons the output length is fixed by default: `max_tokens` plus vLLM's
 `ignore_eos`, so every variant generates exactly the same number of tokens per request.
@@ -21,6 +28,7 @@ For fair comparisons the output length is fixed by default: `max_tokens` plus vL
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -39,6 +47,8 @@ class Item:
     messages: tuple[dict[str, str], ...] | None = None
     max_tokens: int | None = None
     """Output length from the file (ShareGPT reply length); ignored with a fixed length."""
+    category: str | None = None
+    """The prompt's category (Spec-Bench's `category`): figures are also given per category."""
 
 
 @dataclass(frozen=True)
@@ -50,6 +60,11 @@ class Workload:
         """The prompt of a closed-loop run's `ticket`-th request (of Locust worker `worker`):
         users spread over the prompts in order; workers start at different offsets."""
         return self.items[(worker * 7919 + ticket) % len(self.items)]
+
+    @property
+    def categories(self) -> list[str]:
+        """The prompts' categories in order of first appearance (empty: the prompts have none)."""
+        return list(dict.fromkeys(i.category for i in self.items if i.category))
 
     def sequence(self, requests: int, workers: int = 0) -> list[Item]:
         """Every prompt a run of `requests` sends, in ticket order per worker: what vLLM's
@@ -144,11 +159,44 @@ def _builtin(name: str) -> tuple[Item, ...]:
     raise KeyError(name)
 
 
-BUILTIN = ("code", "chat", "edit", "mixed")
+CATEGORIES_FILE = Path(__file__).parent / "data" / "categories.jsonl"
+BUILTIN = ("code", "chat", "edit", "mixed", "categories")
 
 
 def load_workload(spec: str) -> Workload:
-    """A built-in set by name, or a JSONL / ShareGPT file by path."""
+    """A built-in set by name, or a JSONL / ShareGPT file by path; `spec:cat,cat` keeps those
+    categories of it. Categorised prompts come round-robin over their categories."""
+    name, chosen = spec, None
+    if spec not in BUILTIN and not Path(spec).expanduser().is_file() and ":" in spec:
+        name, listed = spec.rsplit(":", 1)
+        chosen = [c for c in listed.replace(" ", "").split(",") if c]
+        if not chosen:
+            raise ValueError(f"workload '{spec}': no category after ':' (e.g. {name}:code,math)")
+    workload = _read_workload(name)
+    if chosen is not None:
+        known = workload.categories
+        unknown = [c for c in chosen if c not in known]
+        if unknown:
+            raise ValueError(f"workload '{name}' has no category {', '.join(repr(c) for c in unknown)}; its categories: "
+                             f"{', '.join(known) or 'none (its prompts carry no category)'}")
+        workload = Workload(spec, tuple(i for i in workload.items if i.category in chosen))
+    return Workload(workload.name, _round_robin(workload.items))
+
+
+def _round_robin(items: tuple[Item, ...]) -> tuple[Item, ...]:
+    """Categorised prompts one category after the other, in turn (each category's own order kept)."""
+    if not any(i.category for i in items):
+        return items
+    groups: dict[str | None, list[Item]] = {}
+    for item in items:
+        groups.setdefault(item.category, []).append(item)
+    longest = max(len(g) for g in groups.values())
+    return tuple(g[i] for i in range(longest) for g in groups.values() if i < len(g))
+
+
+def _read_workload(spec: str) -> Workload:
+    if spec == "categories":
+        return Workload(spec, tuple(_jsonl(CATEGORIES_FILE.read_text(encoding="utf-8"), CATEGORIES_FILE, "categories")))
     if spec in BUILTIN:
         return Workload(spec, _builtin(spec))
     path = Path(spec).expanduser()
@@ -172,7 +220,7 @@ def load_workload(spec: str) -> Workload:
     return Workload(path.stem, tuple(items))
 
 
-def _jsonl(text: str, path: Path) -> list[Item]:
+def _jsonl(text: str, path: Path, prefix: str | None = None) -> list[Item]:
     items = []
     for n, line in enumerate(text.splitlines(), 1):
         if not line.strip():
@@ -181,8 +229,22 @@ def _jsonl(text: str, path: Path) -> list[Item]:
             obj = json.loads(line)
         except ValueError as exc:
             raise ValueError(f"{path}:{n}: not JSON ({exc})") from None
+        category = obj.get("category") if isinstance(obj, dict) else None
+        if category is not None and not (isinstance(category, str) and re.fullmatch(r"[\w.-]+", category)):
+            raise ValueError(f"{path}:{n}: 'category' must be a word (letters, digits, '_', '.', '-'), "
+                             f"not {category!r}")
+        if isinstance(obj, dict) and "turns" in obj:  # Spec-Bench's question.jsonl
+            turns = obj["turns"]
+            if not (isinstance(turns, list) and turns and all(isinstance(t, str) and t.strip() for t in turns)):
+                raise ValueError(f"{path}:{n}: 'turns' must be a list of non-empty strings (Spec-Bench's "
+                                 f"question.jsonl)")
+            qid = obj.get("question_id", n)
+            items.append(Item(f"{prefix or path.stem}-{qid}", messages=({"role": "user", "content": turns[0]},),
+                              category=category))
+            continue
         if not isinstance(obj, dict) or ("prompt" in obj) == ("messages" in obj):
-            raise ValueError(f"{path}:{n}: each line needs exactly one of 'prompt' or 'messages'")
+            raise ValueError(f"{path}:{n}: each line needs exactly one of 'prompt', 'messages' or 'turns' "
+                             f"(Spec-Bench)")
         if "prompt" in obj and not isinstance(obj["prompt"], str):
             raise ValueError(f"{path}:{n}: 'prompt' must be a string")
         if "messages" in obj and not (isinstance(obj["messages"], list) and obj["messages"] and all(
@@ -194,7 +256,7 @@ def _jsonl(text: str, path: Path) -> list[Item]:
             raise ValueError(f"{path}:{n}: 'max_tokens' must be a positive integer")
         messages = tuple(obj["messages"]) if "messages" in obj else None
         items.append(Item(str(obj.get("id", f"{path.stem}-{n}")), prompt=obj.get("prompt"), messages=messages,
-                          max_tokens=obj.get("max_tokens")))
+                          max_tokens=obj.get("max_tokens"), category=category))
     return items
 
 
