@@ -145,7 +145,7 @@ def cmd_k8s(opts: argparse.Namespace) -> int:
     pod = Machine(gpus=par.world_size, gpu_memory_gib=opts.gpu_memory_gib, host_memory_gib=1024)
     resolved = preflight(config, resolve_config_path(opts.config).parent, pod, not opts.skip_memory_check,
                          environment=False)
-    manifests = render_manifests(resolved, image=opts.image, replicas=opts.replicas)
+    manifests = render_manifests(resolved, image=opts.image, replicas=opts.replicas, cache_pvc=opts.cache_pvc)
     if opts.out is None:
         print(manifests, end="")
         return 0
@@ -215,6 +215,9 @@ def main(argv: list[str] | None = None) -> int:
     _add_config_args(k8s)
     k8s.add_argument("--image", default="vllm/vllm-openai:v0.32.0", help="container image (default: %(default)s)")
     k8s.add_argument("--replicas", type=int, default=1)
+    k8s.add_argument("--cache-pvc", default=None, metavar="NAME",
+                     help="keep the model cache on a PersistentVolumeClaim of this name (rendered too, sized from the "
+                          "weights) instead of an emptyDir, so a restarted pod does not download the weights again")
     k8s.add_argument("--gpu-memory-gib", type=float, default=80, help="memory of one GPU of the node pool")
     k8s.add_argument("--out", type=Path, default=None, help="write the manifests to this file (default: print them)")
     obs = sub.add_parser("observability", help="write a Prometheus scrape config and a Grafana dashboard")

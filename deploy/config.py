@@ -350,6 +350,9 @@ class ResourcesConfig(Section):
     20,000 tokens of the embedded pair."""
     max_num_seqs: int | None = Field(default=None, ge=1)
     """Most requests decoded together (the largest batch)."""
+    price_per_gpu_hour: float | None = Field(default=None, gt=0)
+    """What one GPU costs an hour, in your currency: load-test reports then give each variant's
+    GPU-hours and its cost per million output tokens at each batch size."""
     cpu_preload_iomp: bool = True
     """On CPU, preload Intel OpenMP (vLLM recommends it, and warns without it with speculation)."""
     cpu_start: Literal["fork", "spawn"] = "fork"

@@ -13,6 +13,7 @@ with a pointer rather than rendered half right.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import yaml
@@ -20,6 +21,7 @@ import yaml
 from deploy.config import ConfigError, DeploymentConfig
 from deploy.engine_args import (AUTH_MIDDLEWARE, OPEN_PATHS_ENV, SERVER_MODULE, engine_arguments, is_secret,
                                 open_paths, vllm_flags)
+from deploy.footprint import LOAD_S
 from deploy.preflight import EMBEDDED_PREFIX, ResolvedDeployment, looks_like_path
 
 DEFAULT_IMAGE = "vllm/vllm-openai:v0.32.0"
@@ -36,9 +38,34 @@ def check_cluster_models(config: DeploymentConfig) -> None:
                                         f"(org/name) or bake the models into the image"])
 
 
+CACHE_LINK_GBIT_S = 1.0
+"""Download speed the start-up probe allows a first start (a pod on an empty cache downloads the weights)."""
+
+
+def startup_seconds(resolved: ResolvedDeployment) -> float:
+    """How long the start-up probe waits: the config's `server.startup_timeout_s`, or longer where the
+    weights need it: a GPU start (`footprint.LOAD_S`) plus their download at `CACHE_LINK_GBIT_S` (a
+    pod's first start finds an empty cache, a claim's too), with half again for slack."""
+    gb = (resolved.weight_bytes or 0) / 1e9
+    fixed, per_gb = LOAD_S
+    need = fixed + per_gb * gb + gb * 8 / CACHE_LINK_GBIT_S
+    return max(resolved.config.server.startup_timeout_s, 1.5 * need)
+
+
+def cache_claim(resolved: ResolvedDeployment, name: str, shared: bool) -> dict[str, Any]:
+    """A PersistentVolumeClaim for the model cache: the weights and a fifth again for vLLM's
+    compile cache and the tokenizer, at least 20 GiB; ReadWriteMany where several pods share it."""
+    gib = max(20, math.ceil((resolved.weight_bytes or 0) * 1.2 / 2**30))
+    return {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": name},
+            "spec": {"accessModes": ["ReadWriteMany" if shared else "ReadWriteOnce"],
+                     "resources": {"requests": {"storage": f"{gib}Gi"}}}}
+
+
 def render_manifests(resolved: ResolvedDeployment, image: str = DEFAULT_IMAGE, replicas: int = 1,
-                     api_key_secret: str = "specdeploy-api-key") -> str:
-    """Deployment + Service YAML for a GPU cluster."""
+                     api_key_secret: str = "specdeploy-api-key", cache_pvc: str | None = None) -> str:
+    """Deployment + Service YAML for a GPU cluster. `cache_pvc`: the model cache on this
+    PersistentVolumeClaim (rendered too) instead of an emptyDir, so a restarted pod finds its
+    weights (the start-up probe still allows the first start's download)."""
     config = resolved.config
     par = config.parallelism
     if par.nodes > 1 and not par.multi_node_mp:
@@ -94,7 +121,8 @@ def render_manifests(resolved: ResolvedDeployment, image: str = DEFAULT_IMAGE, r
         "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
                             "capabilities": {"drop": ["ALL"]}},
         # Loading a large model takes minutes: readiness gates traffic, liveness starts late.
-        "startupProbe": {**probe, "failureThreshold": int(config.server.startup_timeout_s // 10)},
+        # The first start of a pod on an empty cache downloads the weights: the probe allows it.
+        "startupProbe": {**probe, "failureThreshold": math.ceil(startup_seconds(resolved) / 10)},
         "readinessProbe": probe,
         "livenessProbe": {**probe, "failureThreshold": 6},
         # Tensor parallelism exchanges activations through shared memory.
@@ -118,8 +146,8 @@ def render_manifests(resolved: ResolvedDeployment, image: str = DEFAULT_IMAGE, r
                     "size": par.nodes,
                     # One engine over all pods of a group: a lost pod restarts the whole group.
                     "restartPolicy": "RecreateGroupOnPodRestart",
-                    "leaderTemplate": {"metadata": {"labels": serving}, "spec": _pod_spec(container)},
-                    "workerTemplate": {"metadata": {"labels": labels}, "spec": _pod_spec(worker)},
+                    "leaderTemplate": {"metadata": {"labels": serving}, "spec": _pod_spec(container, cache_pvc)},
+                    "workerTemplate": {"metadata": {"labels": labels}, "spec": _pod_spec(worker, cache_pvc)},
                 },
             },
         }
@@ -131,7 +159,7 @@ def render_manifests(resolved: ResolvedDeployment, image: str = DEFAULT_IMAGE, r
             "spec": {
                 "replicas": replicas,
                 "selector": {"matchLabels": labels},
-                "template": {"metadata": {"labels": labels}, "spec": _pod_spec(container)},
+                "template": {"metadata": {"labels": labels}, "spec": _pod_spec(container, cache_pvc)},
             },
         }
     service = {
@@ -140,10 +168,11 @@ def render_manifests(resolved: ResolvedDeployment, image: str = DEFAULT_IMAGE, r
         "spec": {"selector": serving, "ports": [{"name": "http", "port": config.server.port,
                                                  "targetPort": CONTAINER_PORT}]},
     }
-    return "".join(warnings) + yaml.dump_all([workload, service], Dumper=_PlainDumper, sort_keys=False)
+    claim = [cache_claim(resolved, cache_pvc, replicas > 1 or par.nodes > 1)] if cache_pvc else []
+    return "".join(warnings) + yaml.dump_all([*claim, workload, service], Dumper=_PlainDumper, sort_keys=False)
 
 
-def _pod_spec(container: dict[str, Any]) -> dict[str, Any]:
+def _pod_spec(container: dict[str, Any], cache_pvc: str | None = None) -> dict[str, Any]:
     return {
         # The server never talks to the Kubernetes API: no token to steal.
         "automountServiceAccountToken": False,
@@ -151,7 +180,8 @@ def _pod_spec(container: dict[str, Any]) -> dict[str, Any]:
                             "fsGroup": 1000, "seccompProfile": {"type": "RuntimeDefault"}},
         "containers": [container], "volumes": [
             {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "16Gi"}},
-            {"name": "cache", "emptyDir": {}}, {"name": "tmp", "emptyDir": {}}]}
+            {"name": "cache", **({"persistentVolumeClaim": {"claimName": cache_pvc}} if cache_pvc else {"emptyDir": {}})},
+            {"name": "tmp", "emptyDir": {}}]}
 
 
 class _PlainDumper(yaml.SafeDumper):

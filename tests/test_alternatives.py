@@ -218,3 +218,22 @@ def test_a_sweep_of_two_drafters_on_category_prompts(tmp_path: Path, embedded_pa
     compare = subprocess.run([sys.executable, "-m", "loadtest", "compare", str(out)], cwd=REPO,
                              capture_output=True, text=True, timeout=120)
     assert compare.returncode == 0 and "best drafter" in compare.stdout and "ngram" in compare.stdout, compare.stderr
+
+
+def test_a_price_per_gpu_hour_gives_gpu_hours_and_the_cost_of_a_million_tokens(tmp_path: Path) -> None:
+    results = three_drafters()
+    for variant in results.variants:
+        variant.gpus, variant.price_per_gpu_hour = 4, 2.5
+    from loadtest.measurement.derive import costs
+
+    rows = {r["variant"]: r for r in costs(results)}
+    spec = rows["spec-k4"]
+    runs = [lv for lv in results.variants[0].levels if lv.concurrency == 1]
+    tps = sum(lv.client["output_tokens_per_s"] for lv in runs) / len(runs)
+    assert spec["cost_per_million_tokens"][1] == pytest.approx(2.5 * 4 / 3600 / tps * 1e6)
+    seconds = sum(results.variants[0].startup_s) + sum(lv.client["duration_s"] for lv in results.variants[0].levels)
+    assert spec["gpu_hours"] == pytest.approx(4 * seconds / 3600)
+    md = write_report(results, tmp_path)["markdown"].read_text()
+    assert "- cost per million output tokens: spec-k4 " in md and "## Cost: GPU-hours" in md
+    results.variants[0].price_per_gpu_hour = None  # no price: no cost
+    assert "spec-k4" not in {r["variant"] for r in costs(results)}

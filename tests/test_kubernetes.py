@@ -144,3 +144,24 @@ def test_every_plugin_drafter_is_refused_on_the_stock_image() -> None:
     for drafter in ("bigram", "probe"):
         result = k8s("qwen3-4b-0.6b", "--set", f"speculation.drafter={drafter}", *greedy)
         assert result.returncode == 2 and "plugin drafters need specdeploy installed" in result.stderr, drafter
+
+
+def test_the_model_cache_can_live_on_a_claim_and_the_start_up_probe_allows_the_download() -> None:
+    """`--cache-pvc`: the cache volume is a PersistentVolumeClaim (rendered, sized from the weights,
+    shared by the replicas), valid by the Kubernetes schema; either way the start-up probe allows
+    the first start's download of the weights (140 GB at 1 Gbit/s: more than the config's 900 s)."""
+    result = k8s("llama70b-7b", "--replicas", "2", "--cache-pvc", "llama-cache")
+    assert result.returncode == 0, result.stderr
+    claim, deployment, _ = yaml.safe_load_all(result.stdout)
+    _validate(claim)
+    _validate(deployment)
+    assert claim["kind"] == "PersistentVolumeClaim" and claim["metadata"]["name"] == "llama-cache"
+    assert claim["spec"]["accessModes"] == ["ReadWriteMany"]  # two replicas mount it
+    size = int(claim["spec"]["resources"]["requests"]["storage"].removesuffix("Gi"))
+    assert 140e9 * 1.2 / 2**30 <= size < 200
+    volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["cache"] == {"name": "cache", "persistentVolumeClaim": {"claimName": "llama-cache"}}
+    probe = deployment["spec"]["template"]["spec"]["containers"][0]["startupProbe"]
+    assert probe["failureThreshold"] * probe["periodSeconds"] >= 140e9 * 8 / 1e9  # the download alone
+    plain, _ = yaml.safe_load_all(k8s("llama70b-7b").stdout)
+    assert {v["name"]: v for v in plain["spec"]["template"]["spec"]["volumes"]}["cache"]["emptyDir"] == {}

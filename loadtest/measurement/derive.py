@@ -174,6 +174,27 @@ def by_category(results: SweepResults) -> list[dict[str, Any]]:
     return sorted(rows, key=lambda r: (r["concurrency"], firsts[r["category"]], order.get(r["variant"], 99)))
 
 
+def costs(results: SweepResults) -> list[dict[str, Any]]:
+    """Where a variant's config names a price per GPU-hour: its GPU-hours in this sweep (starts and
+    measured runs) and, per batch size, its cost per million output tokens at the throughput the
+    client measured (mean over the repeats)."""
+    rows = []
+    for variant in results.variants:
+        price, gpus = variant.price_per_gpu_hour, variant.gpus
+        if not price or not gpus:
+            continue
+        seconds = sum(variant.startup_s) + sum((lv.client or {}).get("duration_s") or 0 for lv in variant.levels)
+        by_batch: dict[int, list[float]] = {}
+        for level in variant.levels:
+            tps = (level.ok_client or {}).get("output_tokens_per_s")
+            if tps and level.rate is None:
+                by_batch.setdefault(level.concurrency or 0, []).append(tps)
+        per_million = {c: price * gpus / 3600 / statistics.fmean(v) * 1e6 for c, v in sorted(by_batch.items())}
+        rows.append({"variant": variant.name, "gpus": gpus, "price_per_gpu_hour": price,
+                     "gpu_hours": gpus * seconds / 3600, "cost_per_million_tokens": per_million})
+    return rows
+
+
 def verdict(entry: dict[str, Any]) -> str:
     """Pays / does not pay / even, from the client's interval, checked against the engine and vLLM's benchmark."""
     client = entry.get("speedup") or {}

@@ -152,6 +152,10 @@ class VariantResult(Record):
     speculative_config: dict[str, Any] | None = None
     """The speculative config its server ran with (None: no speculation)."""
     device: str | None = None
+    gpus: int | None = None
+    """GPUs its server used (tensor x pipeline x data parallel), on a GPU device."""
+    price_per_gpu_hour: float | None = None
+    """The config's `resources.price_per_gpu_hour`, for the report's costs."""
     command: str | None = None
     """The `vllm serve` command line that started it."""
     server_log: str | None = None

@@ -18,7 +18,7 @@ from typing import Any
 
 
 from loadtest.measurement import slo
-from loadtest.measurement.derive import by_category, derive, derive_rates, level_at, level_name, levels, rate_levels, slo_lines
+from loadtest.measurement.derive import by_category, costs, derive, derive_rates, level_at, level_name, levels, rate_levels, slo_lines
 from loadtest.reports import markdown
 from loadtest.reports import sweep_summary
 from loadtest.traffic import vllm_bench
@@ -274,6 +274,13 @@ def _step_rows(results: SweepResults) -> tuple[list[str], list[list[str]]] | Non
             "besides the forward"], rows
 
 
+def _cost_rows(rows: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
+    batches = sorted({c for r in rows for c in r["cost_per_million_tokens"]})
+    return (["variant", "GPUs", "price per GPU-hour", "GPU-hours", *(f"per M tokens at batch {c}" for c in batches)],
+            [[r["variant"], str(r["gpus"]), figure(r["price_per_gpu_hour"], 2), figure(r["gpu_hours"], 2),
+              *(figure(r["cost_per_million_tokens"].get(c), 2) for c in batches)] for r in rows])
+
+
 def _trust_rows(results: SweepResults) -> tuple[list[str], list[list[str]]]:
     header = ["variant", "batch", "run", "status", "client tokens", "server tokens", "difference", "client tok/s",
               "server tok/s", "TTFT mean client/server ms", "e2e mean client/server ms", "per-token mean client/server ms",
@@ -476,6 +483,11 @@ def _table_sections(results: SweepResults, out: Path | None) -> list[Section]:
                    "(`plugins/step_profile.py`); besides the forward = step + post-step - target forward, what "
                    "drafting and verifying cost the engine beyond the forward pass." + _how("where-a-step-goes", out)
                    + _table(steps))] if (steps := _step_rows(results)) else []),
+        *([Section("cost", "Cost: GPU-hours and cost per million output tokens",
+                   "Per variant whose config names `resources.price_per_gpu_hour`: the GPUs its server used, the "
+                   "GPU-hours this sweep took on them (starts and measured runs), and at each batch size the price "
+                   "of a million output tokens at the throughput measured there (mean over the repeats)."
+                   + _table(_cost_rows(priced)))] if (priced := costs(results)) else []),
         Section("slo", "Service targets", "Per run: each target's percentile with the share of requests within "
                 "its bound, and the goodput." + _how("service-targets-slo---slo", out) + _table(_slo_rows(results))),
         Section("lag", "The load generator's own lag", "Send lag, the event loop's stalls and Locust's CPU per run."

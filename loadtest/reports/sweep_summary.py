@@ -16,7 +16,7 @@ from loadtest.measurement import content
 from loadtest.measurement import stats
 from loadtest.traffic import declared as traffic
 from loadtest.traffic import vllm_bench
-from loadtest.measurement.derive import (SPEEDUPS, VALID_SPEEDUP, content_warnings, derive_rates, rate_levels,
+from loadtest.measurement.derive import (SPEEDUPS, VALID_SPEEDUP, content_warnings, costs, derive_rates, rate_levels,
                                          slo_lines, summarize_speedups)
 from loadtest.measurement.results import LevelResult, SweepResults, VariantResult
 from loadtest.reports.markdown import figure
@@ -292,8 +292,20 @@ def verdict_rule(m: dict[str, Any]) -> str:
 
 
 def notes(results: SweepResults) -> list[str]:
-    """Findings that are not verdicts: where the service targets were met."""
-    return slo_lines(results)
+    """Findings that are not verdicts: where the service targets were met, and what a million output
+    tokens cost where the config names a price per GPU-hour."""
+    return slo_lines(results) + cost_lines(results)
+
+
+def cost_lines(results: SweepResults) -> list[str]:
+    """`cost per million output tokens: spec-k5 0.42 at batch 1, ...; GPU-hours: ...`, where priced."""
+    rows = costs(results)
+    if not rows:
+        return []
+    per = "; ".join(f"{r['variant']} " + ", ".join(f"{v:.2f} at batch {c}" for c, v in r["cost_per_million_tokens"].items())
+                    for r in rows)
+    hours = ", ".join(f"{r['variant']} {r['gpu_hours']:.2f}" for r in rows)
+    return [f"cost per million output tokens: {per} (GPU-hours this sweep: {hours})"]
 
 
 # ---------------------------------------------------------------------------------- badges

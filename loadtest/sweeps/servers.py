@@ -78,6 +78,9 @@ def prepare(settings: SweepSettings, variant: Variant, plan_only: bool = False) 
     server_log = Path("logs") / f"server-{variant.name}.log"  # under the sweep's folder
     entry.served_model, entry.speculative_config = plan.served_name, plan.speculative_config
     entry.device, entry.command, entry.server_log = plan.device, plan.describe(), str(server_log)
+    if plan.device == "cuda":
+        entry.gpus = resolved.config.parallelism.world_size
+        entry.price_per_gpu_hour = resolved.config.resources.price_per_gpu_hour
     return state, server_info(settings, variant, resolved.config, resolved)
 
 
