@@ -158,8 +158,7 @@ distill: $(STAMP)
 ##     every drafter of the embedded default (its own and its alternatives) against one baseline in one sweep,
 ##     on the kit's category prompts: make loadtest DRAFTERS=all LOADTEST_ARGS='--workload categories'
 bench-drafters: $(STAMP)
-	$(PY) -m loadtest run default.yaml --drafters all --workload categories --users $(USERS) --workers $(WORKERS) \
-	  $(DRY) $(LOADTEST_ARGS)
+	$(PY) -m loadtest run default.yaml --drafters all --workload categories --users $(USERS) $(DRY) $(LOADTEST_ARGS)
 
 # Hours: not part of make test (tests/test_soak.py runs a short one on the engine).
 ## make soak [DRY_RUN=1] [SOAK_ARGS='--requests 5000 --rate 4']

@@ -8,6 +8,11 @@ groups where servers cannot be up together and run on GPUs (a cold start of a 70
 minutes, and a GPU's speed holds steady); elsewhere it alternates: servers up together on a CPU
 take turns without restarting, and a shared CPU's speed drifts within minutes.
 
+GPU placement: where the variants' servers fit side by side on the node's GPUs (each needs tensor x
+pipeline x data parallel of them), they go in groups that fit (`gpu_groups`), each server on its own
+GPUs (`CUDA_VISIBLE_DEVICES`): a group's servers start together and take turns at every run, as on
+a CPU, and the groups follow one another (70B at TP=4 on 8 GPUs: two servers at a time).
+
 Estimates come from this machine's own measurements where it has them (`Timings`: each server's
 start time and each level's seconds per generated token, kept between sweeps by config, variant
 and device), else from the assumptions below, which the plan says it used.
@@ -20,7 +25,7 @@ import logging
 import math
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -63,10 +68,14 @@ RATE_WARMUP_USERS = 2
 """Closed-loop users of the warm-up before an open-loop level (each sends `warmup` requests)."""
 
 
-def choose_order(requested: str, together: bool, devices: set[str]) -> tuple[str, str]:
-    """The order a sweep runs in (`alternate` or `grouped`) and why, in a few words."""
+def choose_order(requested: str, together: bool, devices: set[str], groups: int = 0) -> tuple[str, str]:
+    """The order a sweep runs in (`alternate` or `grouped`) and why, in a few words; `groups`: how
+    many groups of GPU servers side by side (`gpu_groups`), 0 for none."""
     if requested not in ORDERS:
         raise ValueError(f"--order is one of {', '.join(ORDERS)}, not {requested!r}")
+    if groups:
+        return "alternate", (f"servers side by side on disjoint GPUs, {groups} group{'s' if groups > 1 else ''} "
+                             f"one after the other: a group's variants take turns at every run")
     if requested != "auto":
         return requested, f"--order {requested}"
     if together:
@@ -78,7 +87,7 @@ def choose_order(requested: str, together: bool, devices: set[str]) -> tuple[str
 
 
 def run_order(variants: Sequence[Any], users: list[int], repeat: int, together: bool,
-              grouped: bool = False) -> list[tuple[int, int, Any]]:
+              grouped: bool = False, groups: Sequence[Sequence[Any]] = ()) -> list[tuple[int, int, Any]]:
     """(repeat, concurrency, variant) in the order they run.
 
     Servers up together: the variants take turns at each run, in the listed order on odd repeats
@@ -86,8 +95,12 @@ def run_order(variants: Sequence[Any], users: list[int], repeat: int, together: 
     minutes, or a run that gains from going first or second, then favours each variant equally
     over two repeats. One server at a time: each variant's levels in a row, the variants in turn
     per repeat with the same flip (which also spares a restart: the last of one repeat is the
-    first of the next). Grouped: each variant's repeats and levels in a row, one start each."""
+    first of the next). Grouped: each variant's repeats and levels in a row, one start each.
+    `groups` (servers side by side on disjoint GPUs): each group's variants take turns as servers up
+    together do, one group after the other."""
     repeats = range(1, repeat + 1)
+    if groups:
+        return [step for group in groups for step in run_order(group, users, repeat, True)]
     if grouped:
         return [(r, c, v) for v in variants for r in repeats for c in users]
     if together:
@@ -95,18 +108,40 @@ def run_order(variants: Sequence[Any], users: list[int], repeat: int, together: 
     return [(r, c, v) for r in repeats for v in (variants if r % 2 else variants[::-1]) for c in users]
 
 
-def starts_needed(order: Sequence[tuple[int, int, Any]], one_at_a_time: bool) -> list[bool]:
+def starts_needed(order: Sequence[tuple[int, int, Any]], one_at_a_time: bool,
+                  groups: Sequence[Sequence[Any]] = ()) -> list[bool]:
     """For each step of `order`, whether its variant's server starts before it (as `Sweep.run`
-    does: one at a time, a variant other than the last one running stops it)."""
+    does: one at a time, a variant other than the last one running stops it; in `groups`, a
+    variant of another group stops the group that ran)."""
     up: set[Any] = set()
+    group_of = {v: i for i, group in enumerate(groups) for v in group}
     needed = []
     for _, _, variant in order:
         starts = variant not in up
-        if starts and one_at_a_time:
+        if starts and groups:
+            up = {v for v in up if group_of.get(v) == group_of.get(variant)}
+        elif starts and one_at_a_time:
             up.clear()
         up.add(variant)
         needed.append(starts)
     return needed
+
+
+def gpu_groups(servers: Sequence[ServerInfo], node_gpus: int) -> list[list[ServerInfo]]:
+    """GPU servers packed, in their order, into groups whose GPUs fit the node, each server given its
+    own GPUs (`gpu_set`); empty where no two fit side by side (one server at a time, as before) or
+    where a server is not a one-node GPU server."""
+    if len(servers) < 2 or any(s.device != "cuda" or not s.gpus or s.url for s in servers):
+        return []
+    groups: list[list[ServerInfo]] = [[]]
+    used = 0
+    for server in servers:
+        if used + server.gpus > node_gpus and groups[-1]:
+            groups.append([])
+            used = 0
+        groups[-1].append(replace(server, gpu_set=tuple(range(used, used + server.gpus))))
+        used += server.gpus
+    return groups if any(len(g) > 1 for g in groups) else []
 
 
 @dataclass(frozen=True)
@@ -128,6 +163,8 @@ class ServerInfo:
     """A CPU server's KV cache."""
     url: str = ""
     """A server already running there (the sweep starts none)."""
+    gpu_set: tuple[int, ...] = ()
+    """The node's GPUs it runs on, where servers share the node side by side (`gpu_groups`)."""
 
 
 def server_key(config_name: str, variant: str, device: str, overrides: Sequence[Override | str] = (),
@@ -146,6 +183,13 @@ def servers_fit_together(servers: Sequence[ServerInfo], host_memory_gib: float) 
     need_gib = sum(s.kv_gib + SERVER_PROCESSES_GIB + (s.weight_gib if s.weight_gib is not None else UNKNOWN_WEIGHTS_GIB)
                    for s in servers)
     return need_gib <= 0.8 * host_memory_gib  # the rest: the load test, the OS, a load's growth
+
+
+def gpu_text(gpus: Sequence[int]) -> str:
+    """`0-3` for consecutive GPUs, else `0,2`: as CUDA_VISIBLE_DEVICES lists them, shortened."""
+    if len(gpus) > 1 and list(gpus) == list(range(gpus[0], gpus[-1] + 1)):
+        return f"{gpus[0]}-{gpus[-1]}"
+    return ",".join(map(str, gpus))
 
 
 def default_timings_file() -> Path:
@@ -250,6 +294,12 @@ class SweepPlan:
     """The sweep's `SweepSettings.loop`: `open`, the levels are `rates`; `closed`, `users`."""
     traffic: list[str] = field(default_factory=list)
     """What every request looks like and where that came from (`loadtest.traffic.declared.describe`)."""
+    groups: list[list[ServerInfo]] = field(default_factory=list)
+    """GPU servers side by side (`gpu_groups`): `servers` in groups, each with its GPUs; empty otherwise."""
+
+    def group_of(self, name: str) -> list[str]:
+        """The names of the servers up beside `name`'s (its group's), or [] without groups."""
+        return next(([s.name for s in g] for g in self.groups if any(s.name == name for s in g)), [])
 
     @property
     def levels(self) -> list[Any]:
@@ -264,14 +314,15 @@ class SweepPlan:
     @property
     def steps(self) -> list[tuple[int, int, ServerInfo]]:
         """(repeat, concurrency, server) in the order one sweep runs them."""
-        return run_order(self.servers, self.levels, self.repeat, self.together, self.order_name == "grouped")
+        return run_order(self.servers, self.levels, self.repeat, self.together, self.order_name == "grouped",
+                         self.groups)
 
     def starts(self) -> list[ServerInfo]:
         """Server starts of one sweep, in order."""
         if any(s.url for s in self.servers):
             return []
         steps = self.steps
-        return [s for (_, _, s), start in zip(steps, starts_needed(steps, self.one_at_a_time)) if start]
+        return [s for (_, _, s), start in zip(steps, starts_needed(steps, self.one_at_a_time, self.groups)) if start]
 
     def starts_if(self, order_name: str) -> int:
         other = SweepPlan(**{**self.__dict__, "order_name": order_name})
@@ -325,15 +376,25 @@ class SweepPlan:
         measured = measured or {}
         steps = self.steps
         needed = ([False] * len(steps) if any(s.url for s in self.servers)
-                  else starts_needed(steps, self.one_at_a_time))
+                  else starts_needed(steps, self.one_at_a_time, self.groups))
         # Runs not measured yet: their estimates scaled by how far off the measured ones were.
         by_name = {s.name: s for s in self.servers}
         pairs = [(seconds, self.run_estimate(by_name[key[0]], key[1], key[2]).seconds) for key, seconds in measured.items()
                  if key[0] != "start" and key[0] in by_name]
         scale = sum(m for m, _ in pairs) / sum(e for _, e in pairs) if pairs else 1.0
-        return [(measured.get(("start", server.name), self.start_estimate(server).seconds) if start else 0.0,
-                 measured.get((server.name, users, repeat), scale * self.run_estimate(server, users, repeat).seconds))
-                for (repeat, users, server), start in zip(steps, needed)]
+        starts = [measured.get(("start", server.name), self.start_estimate(server).seconds) if start else 0.0
+                  for (_, _, server), start in zip(steps, needed)]
+        if self.groups:  # a group's servers start together: its slowest start, at its first step
+            where = {s.name: i for i, group in enumerate(self.groups) for s in group}
+            for i in range(len(steps)):
+                group = where[steps[i][2].name]
+                if starts[i] and (i == 0 or where[steps[i - 1][2].name] != group):
+                    same = [j for j in range(i, len(steps)) if where[steps[j][2].name] == group and starts[j]]
+                    starts[i] = max(starts[j] for j in same)
+                    for j in same[1:]:
+                        starts[j] = 0.0
+        return [(start, measured.get((server.name, users, repeat), scale * self.run_estimate(server, users, repeat).seconds))
+                for (repeat, users, server), start in zip(steps, starts)]
 
     def total_s(self) -> float:
         return sum(a + b for a, b in self.step_seconds()) * max(1, len(self.temperatures))
@@ -354,7 +415,8 @@ class SweepPlan:
         lines.append(f"  variants, each on its own server ({self._where()}):")
         width = max(len(s.name) for s in self.servers)
         for s in self.servers:
-            lines.append(f"    {s.name:<{width}}  {s.label}; {s.url or s.models}")
+            lines.append(f"    {s.name:<{width}}  {s.label}; {s.url or s.models}"
+                         + (f"; GPUs {gpu_text(s.gpu_set)}" if s.gpu_set else ""))
         lines.append(f"  order: {self.order_name} ({self.why})")
         starts = self.starts()
         lines += self._describe_starts(starts, sweeps)
@@ -400,7 +462,7 @@ class SweepPlan:
             assumed = "; ".join(sorted({f"{s.device}: {self.assumed_tps(s, 1):.3g} tok/s per user at batch 1, "
                                         f"{self.assumed_tps(s, 32) / 32:.3g} at 32" for s in self.servers}))
             lines.append(f"    * a guess, no measured throughput yet: assumed {assumed}, +{RUN_OVERHEAD_S:g} s a run")
-        start_s = sum(self.start_estimate(s).seconds for s in starts) * sweeps
+        start_s = sum(a for a, _ in self.step_seconds()) * sweeps
         total = self.total_s()
         lines.append(f"  estimated duration: {duration_text(total)} ({duration_text(start_s)} starting servers, "
                      f"{duration_text(total - start_s)} running load)"
@@ -449,6 +511,8 @@ class SweepPlan:
         text = ", ".join(f"{g} GPU{'s' if g != 1 else ''}" if d == "cuda" else "CPU" for d, g in devices)
         together = "up together" if self.together and len(self.servers) > 1 and not self.one_at_a_time else (
             "one at a time" if len(self.servers) > 1 else "")
+        if self.groups:
+            together = "side by side: " + "; then ".join(" + ".join(s.name for s in g) for g in self.groups)
         return ", ".join(x for x in (text, together) if x)
 
     @staticmethod

@@ -51,13 +51,14 @@ from loadtest.measurement import slo
 from loadtest.traffic import declared as traffic
 from loadtest.traffic import vllm_bench
 from loadtest.traffic.endpoint import EndpointError
-from loadtest.sweeps.plan import ServerInfo, SweepPlan, Timings, choose_order, duration_text, servers_fit_together
+from loadtest.sweeps.plan import (ServerInfo, SweepPlan, Timings, choose_order, duration_text, gpu_groups, gpu_text,
+                                  servers_fit_together)
 from loadtest.measurement.results import CREATED_FORMAT, LevelResult, SweepResults
 from loadtest.traffic.workloads import Workload, load_workload
 from loadtest.sweeps.judging import overall_status
 from loadtest.sweeps.level import LevelRunner, Measured
 from loadtest.sweeps.provenance import machine_info
-from loadtest.sweeps.servers import Running, finish_variant, health, prepare, running_servers, stop
+from loadtest.sweeps.servers import Running, finish_variant, health, on_gpus, prepare, running_servers, stop
 from loadtest.sweeps.settings import (SweepSettings, Variant, default_out_dir, plan_variants,
                                       requests_for, requests_for_rate)
 
@@ -104,6 +105,8 @@ class Sweep:
         self.targets = slo.parse_targets(settings.slo) if settings.slo else []
         self._serving: tuple[dict[str, Variant], dict[str, Running], SweepPlan] | None = None
         """Inside `serving()`: the variants by name, their servers, the plan."""
+        self._variants: dict[str, Variant] = {}
+        """The variants by name, once set up."""
         self._on_demand = 0
         """Levels `rate_level` ran: their `sequence`."""
         s = replace(settings, request=self.request).record()  # as this sweep runs: its own request
@@ -142,12 +145,17 @@ class Sweep:
         notes += list(dict.fromkeys(n for r in running.values() for n in r.plan_notes))
         # The first variant carries the most weights (the draft too): its first start's download, the GPUs it needs.
         notes += first_start_lines(planned[0].resolved) if planned else []
-        return self._make_plan(servers, servers_fit_together(servers, host_gib), skipped, notes)
+        node_gpus = self.settings.node_gpus or (planned[0].resolved.machine.gpus if planned else 0)
+        return self._make_plan(servers, servers_fit_together(servers, host_gib), skipped, notes, node_gpus)
 
     def _make_plan(self, servers: list[ServerInfo], together: bool, skipped: list[str] | None = None,
-                   notes: list[str] | None = None) -> SweepPlan:
+                   notes: list[str] | None = None, node_gpus: int = 0) -> SweepPlan:
         s = self.settings
-        order, why = choose_order(s.order, together, {x.device for x in servers})
+        groups = gpu_groups(servers, node_gpus) if s.order != "grouped" else []
+        if groups:  # each server on its own GPUs: the plan and the starts read them from here
+            servers = [server for group in groups for server in group]
+            self._servers.update({server.name: server for server in servers})
+        order, why = choose_order(s.order, together, {x.device for x in servers}, len(groups))
         self.sweep_plan = SweepPlan(
             config=s.config or s.url, servers=servers, order_name=order, why=why, together=together, users=s.users,
             repeat=s.repeat, rates=list(s.rates), loop=s.loop,
@@ -157,7 +165,8 @@ class Sweep:
             duration_s=s.duration_s, warmup=s.warmup, max_tokens=self.request.max_tokens,
             temperatures=[self.request.temperature], vllm_bench=s.vllm_bench, timings=self.timings,
             vllm_bench_every_repeat=s.vllm_bench_every_repeat,
-            skipped=skipped or [], notes=notes or [], traffic=traffic.describe(self.request, s.traffic_source))
+            skipped=skipped or [], notes=notes or [], traffic=traffic.describe(self.request, s.traffic_source),
+            groups=groups)
         return self.sweep_plan
 
     def _setup(self) -> tuple[list[Variant], dict[str, Running], SweepPlan]:
@@ -174,6 +183,7 @@ class Sweep:
             variants = plan_variants(self.settings)
             running = {v.name: self._prepare(v) for v in variants}
             plan = self._plan_started(running)
+        self._variants = {v.name: v for v in variants}
         return variants, running, plan
 
     def _finish(self, running: dict[str, Running]) -> None:
@@ -242,6 +252,15 @@ class Sweep:
                 state.entry.levels.append(skipped)
                 return skipped
             return None
+        if plan.groups:  # another group's servers stop first; this group's start together
+            group = plan.group_of(variant.name)
+            for name, other in running.items():
+                if name not in group:
+                    stop(other)
+            if state.server is None:
+                self._start_group([(running[n], self._variants[n]) for n in group
+                                   if running[n].server is None and not running[n].broken], where(False))
+            return state if state.server is not None and not state.broken else None
         if plan.one_at_a_time:  # the others stop first
             for other in running.values():
                 if other is not state:
@@ -249,6 +268,13 @@ class Sweep:
         if state.server is None and not self._start(state, variant, where(False)):
             return None
         return state
+
+    def _start_group(self, members: list[tuple[Running, Variant]], position: str) -> None:
+        """Start servers side by side on their GPUs: every process launched first, then each
+        awaited, so the group is up in about the time its slowest server takes."""
+        launched = [(state, variant) for state, variant in members if self._launch(state, variant, position)]
+        for state, variant in launched:
+            self._await(state, variant)
 
     def _keep(self, state: Running, variant: Variant, level: LevelResult, sequence: int, began: float) -> LevelResult:
         """A measured level: its cost kept for later plans, its place in the sweep, appended and saved."""
@@ -370,9 +396,17 @@ class Sweep:
         self.timings.record_run(self._servers[variant.name].key, level.concurrency, wall_s / tokens)
 
     def _start(self, state: Running, variant: Variant, position: str) -> bool:
+        return self._launch(state, variant, position) and self._await(state, variant)
+
+    def _launch(self, state: Running, variant: Variant, position: str) -> bool:
+        """The server's process started (not yet healthy: `_await`)."""
         server_log = self.out / (state.entry.server_log or "")
-        print(f"[{position}] {variant.name} ({variant.label}): starting vLLM, log {server_log}", file=sys.stderr,
-              flush=True)
+        info = self._servers.get(variant.name)
+        gpus = info.gpu_set if info else ()
+        print(f"[{position}] {variant.name} ({variant.label}): starting vLLM"
+              + (f" on GPUs {gpu_text(gpus)}" if gpus else "") + f", log {server_log}", file=sys.stderr, flush=True)
+        if gpus:  # side by side with other servers: its own GPUs only
+            state.plan = on_gpus(state.plan, gpus)
         par = state.resolved.config.parallelism if state.resolved else None
         if par is not None and par.world_size == 1:
             # Where each step's time goes (schedule, forward, verify, draft): timers of about a
@@ -384,18 +418,30 @@ class Sweep:
         state.server = server
         try:
             server.start()
+        except ServerStartError as exc:
+            return self._failed_start(state, variant, exc)
+        return True
+
+    def _await(self, state: Running, variant: Variant) -> bool:
+        """Wait for a launched server's health; its start time kept for later plans."""
+        server = state.server
+        assert isinstance(server, Server)
+        try:
             took = server.wait_healthy(state.startup_timeout_s, progress=True)
             state.entry.startup_s.append(took)
             self._measured[("start", variant.name)] = took
             self.timings.record_start(self._servers[variant.name].key, took)
         except ServerStartError as exc:
-            log.error("%s: server failed to start: %s", variant.name, exc.reason)
-            state.entry.status, state.entry.error = "failed", f"server failed to start: {exc.reason}"
-            state.entry.server_log_tail = exc.log_tail[-20:]
-            state.broken = state.entry.error
-            stop(state)
-            self.save()
-            return False
+            return self._failed_start(state, variant, exc)
         if self.on_server_started:
             self.on_server_started(server, variant)
         return True
+
+    def _failed_start(self, state: Running, variant: Variant, exc: ServerStartError) -> bool:
+        log.error("%s: server failed to start: %s", variant.name, exc.reason)
+        state.entry.status, state.entry.error = "failed", f"server failed to start: {exc.reason}"
+        state.entry.server_log_tail = exc.log_tail[-20:]
+        state.broken = state.entry.error
+        stop(state)
+        self.save()
+        return False

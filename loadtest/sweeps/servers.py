@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -82,6 +82,12 @@ def prepare(settings: SweepSettings, variant: Variant, plan_only: bool = False) 
         entry.gpus = resolved.config.parallelism.world_size
         entry.price_per_gpu_hour = resolved.config.resources.price_per_gpu_hour
     return state, server_info(settings, variant, resolved.config, resolved)
+
+
+def on_gpus(plan: Any, gpus: tuple[int, ...]) -> Any:
+    """A launch plan confined to the node's GPUs `gpus` (`CUDA_VISIBLE_DEVICES`), for a server side
+    by side with others on one node; vLLM numbers them from 0 inside."""
+    return replace(plan, env={**plan.env, "CUDA_VISIBLE_DEVICES": ",".join(map(str, gpus))})
 
 
 def running_servers(settings: SweepSettings) -> Iterator[tuple[Variant, Running, ServerInfo]]:

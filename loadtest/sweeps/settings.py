@@ -53,6 +53,9 @@ class SweepSettings:
     `concurrency` say it there, as in reports made before this field."""
     repeat: int = 3
     """Runs of every (variant, concurrency); speedups get a 95% interval over them."""
+    node_gpus: int | None = None
+    """GPUs of the node the servers share (default: this machine's, from nvidia-smi): where two or
+    more variants' servers fit side by side, they run on disjoint GPUs (`loadtest.sweeps.plan`)."""
     order: str = "auto"
     """`alternate`, `grouped` or `auto` (`loadtest.sweeps.plan.choose_order`)."""
     requests: int | None = None
@@ -189,6 +192,10 @@ SWEEP_OPTIONS: dict[str, CliOption] = {
                                      "grouped: each variant's server starts once and runs all its levels and "
                                      "repeats; auto: grouped where servers cannot be up together on GPUs, else "
                                      "alternate (default: auto)", {"choices": ORDERS, "default": "auto"}),
+    "node_gpus": CliOption(("--node-gpus",), "GPUs of the node the variants' servers share (default: this "
+                                             "machine's); where two or more fit side by side they run on disjoint "
+                                             "GPUs and take turns; a dry run elsewhere plans for this many",
+                           {"type": positive_int, "default": None, "metavar": "N"}),
     "requests": CliOption(("--requests",), "measured requests per run (default: the config's traffic.requests_min "
                                            "and requests_per_user, max(32, 8 x concurrency) unless it sets them; with "
                                            "--rates: max(32, 60 s x rate))", {"type": int, "default": None}),
