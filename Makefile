@@ -196,9 +196,10 @@ models: $(STAMP)
 # `slow`: several engines of their own each), then the measurements (marker `full`), each on the
 # cost-faithful pair with no idle server beside it.
 ## make test [PYTEST_ARGS='-x -k config']
-##     the behaviour tests, on real vLLM engines (the plumbing pair): before every commit;
-##     PYTEST_ARGS: further pytest options
+##     ruff's error checks (pyproject.toml), then the behaviour tests, on real vLLM engines (the plumbing pair):
+##     before every commit; PYTEST_ARGS: further pytest options
 test: $(STAMP)
+	$(PY) -m ruff check --quiet deploy models plugins loadtest tuning distill tests
 	$(PY) -m deploy models
 	$(PYTEST) -m "not full and not slow" $(PYTEST_ARGS)
 

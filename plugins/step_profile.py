@@ -155,8 +155,8 @@ def read_settled(folder: str | Path, tries: int = 20) -> dict[str, dict[str, flo
     previous = None
     for _ in range(tries):
         current = read_profile(folder)
-        if current and current == previous:
-            return current
+        if previous is not None and current == previous:
+            return current  # two reads a write apart agree (twice nothing: no timed engine writes there)
         previous = current
         time.sleep(WRITE_EVERY_S * 1.5)
     return previous or {}
