@@ -109,10 +109,9 @@ class SpeculationConfig(Section):
     draft_sampling: Literal["greedy", "probabilistic"] = "greedy"
     """How the drafter picks its tokens for sampled requests; the output keeps the target's
     distribution either way, only acceptance differs. `greedy`: the draft's argmax, which at
-    temperature > 0 survives only with the target's probability of that one token (5.1% at T=1 on
-    the embedded default). `probabilistic`: sampled from the drafter's distribution at the
-    request's temperature, top-k and top-p, and verified against it (62.9% at T=1 there; both
-    measured on the earlier AVX-512 pair, before the content check: docs/results.md), at the cost
+    temperature > 0 survives only with the target's probability of that one token. `probabilistic`:
+    sampled from the drafter's distribution at the request's temperature, top-k and top-p, and
+    verified against it, far more often accepted at T > 0 (docs/results.md measures both), at the cost
     of keeping the draft's probabilities (K x vocabulary floats per request). vLLM's
     `draft_sample_method` for its draft-model drafters (small_model native, eagle, eagle3, mtp);
     specdeploy's plugins (small_model plugin, bigram) sample themselves and hand vLLM their
@@ -124,9 +123,8 @@ class SpeculationConfig(Section):
     """Plugin drafters only (bigram, small_model with implementation: plugin): draft just for
     requests whose temperature is at most this; the others decode as on a plain server and cost the
     drafter nothing. For temperatures where a drafter does not pay: with greedy drafts any T > 0
-    (at T=1 the small-model plugin's greedy drafts were accepted 9-15% on the embedded pair, slower
-    than plain decoding at batch 1; docs/results.md), with sampled drafts the temperatures above
-    those measured (docs/drafters.md). `make tune` writes the largest of `temperatures` here, so a
+    (rarely accepted there, docs/results.md), with sampled drafts the temperatures above those
+    measured (docs/drafters.md). `make tune` writes the largest of `temperatures` here, so a
     tuned plugin config speculates only at the temperatures it was tuned for. None: every request
     drafts."""
     bigram: BigramOptions = Field(default_factory=BigramOptions)
@@ -240,8 +238,7 @@ class SpeculationConfig(Section):
         at = f"at temperature {listed}" if len(hot) == 1 else f"at temperatures {listed}"
         if self.samples_drafts:
             return (f"speculation.temperatures: {at} greedy drafts survive only with the target's probability of "
-                    f"the draft's argmax (5.1% at T=1 on the earlier AVX-512 embedded pair, docs/results.md); set "
-                    f"speculation.draft_sampling: probabilistic")
+                    f"the draft's argmax (docs/drafters.md); set speculation.draft_sampling: probabilistic")
         return None
 
 

@@ -40,7 +40,7 @@ from loadtest.sweeps.plan import run_order
 from loadtest.reports.report import compare_table, write_report
 from loadtest.reports.sweep_summary import headline
 from loadtest.sweeps.settings import SweepSettings, plan_variants, requests_for
-from loadtest.sweeps.judging import load_records
+from loadtest.measurement.records import load_records
 from loadtest.sweeps.runner import Sweep
 from loadtest.traffic.workloads import BUILTIN, load_workload, request_for
 

@@ -26,7 +26,8 @@ from loadtest.measurement.derive import derive_rates
 from loadtest.reports.report import compare_table, write_report
 from loadtest.traffic.request_settings import RequestSettings
 from loadtest.sweeps.settings import SweepSettings, requests_for_rate
-from loadtest.sweeps.judging import load_records, schedule_start
+from loadtest.measurement.records import load_records
+from loadtest.sweeps.judging import schedule_start
 from loadtest.sweeps.runner import Sweep
 from loadtest.traffic.workloads import load_workload
 from test_loadtest import _FakeVLLM

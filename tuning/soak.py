@@ -39,7 +39,7 @@ from loadtest.traffic.client import auth_headers
 from loadtest.traffic.locust_run import LocustJob, run_locust
 from loadtest.traffic.request_settings import RequestSettings
 from loadtest.progress import Progress
-from loadtest.sweeps.judging import load_records
+from loadtest.measurement.records import load_records
 from loadtest.sampling import sampling
 from loadtest.traffic.workloads import Workload, load_workload
 from tuning import soak_report

@@ -16,8 +16,6 @@ from loadtest.measurement.results import CapacityLevel, CapacityResults, LevelRe
 
 BASELINE = "baseline"
 """The variant without speculation: every speedup is over its run at the same rate and repeat."""
-OUTCOMES = ("served", "refused", "timed_out", "failed")
-"""How a sent request can end; `unsent`, beside them, counts those the generator never sent."""
 
 
 # ---------------------------------------------------------------------------------- the crossover
@@ -105,7 +103,7 @@ def _interval(c: dict[str, Any]) -> str:
     return f"{rate_text(lo)}-{rate_text(hi)}" if hi is not None else f"at least {rate_text(lo)} (none failed)"
 
 
-def content_warnings(result: CapacityResults) -> list[str]:
+def variant_content_warnings(result: CapacityResults) -> list[str]:
     """Per variant, what the content check says of the outputs behind its capacity, over every level
     it served (none: they are text). Looping output makes speculation look fast, so it comes first."""
     lines = []
@@ -176,7 +174,7 @@ def headline(result: CapacityResults) -> list[str]:
     base = caps.get(BASELINE)
     mine = caps.get(spec) if spec else None
     targets = describe_targets(result.slo)
-    lines = content_warnings(result)
+    lines = variant_content_warnings(result)
     planned = [v for v in result.variants if v]
     unmeasured = [v for v in planned if v not in caps]
     if result.status == "interrupted":

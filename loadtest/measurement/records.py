@@ -4,13 +4,17 @@ how each field is measured."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
-OUTCOMES = ("served", "refused", "timed_out", "failed", "unsent")
-"""Every request ends as exactly one of these (`RequestRecord.outcome`)."""
 UNSENT = "unsent"
 """The error of a record the generator wrote for a request it never sent (open loop)."""
+SENT_OUTCOMES = ("served", "refused", "timed_out", "failed")
+"""How a request that was sent ends."""
+OUTCOMES = (*SENT_OUTCOMES, UNSENT)
+"""Every request ends as exactly one of these (`RequestRecord.outcome`)."""
 
 
 @dataclass
@@ -81,3 +85,15 @@ class RequestRecord:
     def from_json(data: dict[str, Any]) -> RequestRecord:
         known = RequestRecord.__dataclass_fields__
         return RequestRecord(**{k: v for k, v in data.items() if k in known})
+
+
+def load_records(folder: Path) -> list[RequestRecord]:
+    """Every request record a run's clients wrote in `folder` (`records-*.jsonl`, one per process)."""
+    records = []
+    for path in sorted(folder.glob("records-*.jsonl")):
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                records.append(RequestRecord.from_json(json.loads(line)))
+            except ValueError:
+                continue  # a line cut short by a killed process
+    return records

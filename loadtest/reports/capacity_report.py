@@ -9,6 +9,7 @@ from typing import Any
 
 from loadtest.measurement import capacity_figures as cap
 from loadtest.measurement import content
+from loadtest.measurement.records import OUTCOMES
 from loadtest.measurement.results import CapacityLevel, CapacityResults, LevelResult
 from loadtest.reports import markdown
 from loadtest.reports import page
@@ -177,7 +178,7 @@ def _level_rows(result: CapacityResults) -> tuple[list[str], list[list[str]]]:
         rows.append(["" if lv.sequence is None else str(lv.sequence), lv.variant, lv.phase, f"{lv.rate:g}",
                      str(lv.repeat), figure(ol.get("achieved_rate"), 3), "-" if ol.get("behind") is None else
                      ("YES" if ol["behind"] else "no"),
-                     " / ".join(figure(outcomes.get(k), 0) for k in (*cap.OUTCOMES, "unsent")),
+                     " / ".join(figure(outcomes.get(k), 0) for k in OUTCOMES),
                      figure(_client(lv, "ttft_ms", "p95")), figure(_client(lv, "per_token_latency_ms", "p50"), 2),
                      figure(_client(lv, "per_token_latency_ms", "p95"), 2), figure(_client(lv, "e2e_ms", "mean")),
                      figure((lv.client or {}).get("output_tokens_per_s")), figure(acceptance, pct=True),
@@ -221,7 +222,7 @@ def _overload_rows(result: CapacityResults) -> tuple[list[str], list[list[str]]]
             continue
         m = o.get("memory") or {}
         rows.append([variant, f"{o['rate']:g}", f"{o['duration_s']:g}", figure(o.get("achieved_rate"), 3),
-                     figure(o.get("sent"), 0), *(figure(o["outcomes"].get(k), 0) for k in (*cap.OUTCOMES, "unsent")),
+                     figure(o.get("sent"), 0), *(figure(o["outcomes"].get(k), 0) for k in OUTCOMES),
                      "yes" if o.get("accounted") else "NO", "yes" if o.get("server_up_after") else "NO",
                      f"{figure(m.get('self_peak_mib'), 0)} / {figure(m.get('locust_peak_mib'), 0)} / "
                      f"{figure(m.get('locust_process_peak_mib'), 0)}",
@@ -312,7 +313,7 @@ def lead(result: CapacityResults) -> str:
 
 
 def badges(result: CapacityResults) -> list[Badge]:
-    out = [Badge(label, line.replace(f": {label}:", ":")[:90], "levels") for line in cap.content_warnings(result)
+    out = [Badge(label, line.replace(f": {label}:", ":")[:90], "levels") for line in cap.variant_content_warnings(result)
            for label in ["NOISE" if ": NOISE:" in line else "CONTENT"]]
     for v, c in cap.effective_capacity(result).items():
         if c.get("status") == "revised":

@@ -40,7 +40,8 @@ from typing import Any, ClassVar, Protocol
 from loadtest import arg_types
 from loadtest.cli_options import CliOption, add_cli_options, cli_values
 from loadtest.measurement import slo
-from loadtest.measurement.capacity_figures import BASELINE, OUTCOMES, crossover, paired_speedups, revised
+from loadtest.measurement.capacity_figures import BASELINE, crossover, paired_speedups, revised
+from loadtest.measurement.records import OUTCOMES, SENT_OUTCOMES
 from loadtest.measurement.results import CREATED_FORMAT, CapacityLevel, CapacityResults, LevelResult, Status
 from loadtest.sampling import sampling
 
@@ -548,8 +549,8 @@ def overload_summary(level: LevelResult, gone: str | None, memory: dict[str, Any
     """What an overload level shows: the server up after it, every request accounted for (sent ==
     served + refused + timed out + failed), and the kit's own peak memory."""
     ol = level.open_loop or {}
-    outcomes = {k: (ol.get("outcomes") or {}).get(k) for k in (*OUTCOMES, "unsent")}
-    ended = sum(outcomes[k] or 0 for k in OUTCOMES)
+    outcomes = {k: (ol.get("outcomes") or {}).get(k) for k in OUTCOMES}
+    ended = sum(outcomes[k] or 0 for k in SENT_OUTCOMES)
     sent = ol.get("sent")
     if sent is None:
         sent = (level.client or {}).get("requests")

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from loadtest.measurement import stats
-from loadtest.measurement.records import RequestRecord
+from loadtest.measurement.records import RequestRecord, load_records
 from loadtest.measurement.results import LevelResult, SweepResults
 from loadtest.traffic import vllm_bench
 from loadtest.traffic.arrivals import poisson_arrivals
@@ -79,17 +79,6 @@ def schedule_start(records: list[RequestRecord], rate: float, requests: int, see
         if r.planned_start is not None and r.arrival is not None and 0 <= r.arrival < len(offsets):
             return r.planned_start - offsets[r.arrival]
     return None
-
-
-def load_records(folder: Path) -> list[RequestRecord]:
-    records = []
-    for path in sorted(folder.glob("records-*.jsonl")):
-        for line in path.read_text(encoding="utf-8").splitlines():
-            try:
-                records.append(RequestRecord.from_json(json.loads(line)))
-            except ValueError:
-                continue  # a line cut short by a killed process
-    return records
 
 
 def delivery_notes(client: dict[str, Any], server: dict[str, Any] | None, outcome: LocustOutcome,
