@@ -217,14 +217,17 @@ def verdict(entry: dict[str, Any]) -> str:
 
 
 def content_warnings(entry: dict[str, Any]) -> list[str]:
-    """What the content check says about the outputs behind one verdict (none: they are text)."""
+    """What the content check says about the outputs behind one verdict (none: they are text). The
+    baseline's line names the baseline, so that a sweep of several drafters says it once (callers
+    keep each line once)."""
     out = []
     for key, whose in (("content", "speculation's"), ("baseline_content", "the baseline's"),
                        ("vllm_bench_content", "vLLM's benchmark's")):
         text = content.warning(entry.get(key))
         if text:
             label = content.label(entry.get(key))
-            out.append(f"batch {entry['concurrency']}, {entry['variant']}: {label}: {whose} output {text}")
+            name = "baseline" if key == "baseline_content" else entry["variant"]
+            out.append(f"batch {entry['concurrency']}, {name}: {label}: {whose} output {text}")
     return out
 
 

@@ -97,7 +97,7 @@ def headline(results: SweepResults) -> list[str]:
     entries = sorted(summarize_speedups(results), key=lambda e: (e["concurrency"], e["variant"]))
     settings = results.settings
     lines = traffic.describe(settings) if settings.get("workload") else []  # which traffic ran, first
-    lines += [w for e in entries for w in content_warnings(e)]
+    lines += list(dict.fromkeys(w for e in entries for w in content_warnings(e)))
     lines += best_drafter_findings(results)
     # Grouped sweeps (one server start per variant) pair runs by repeat, not by time.
     grouped = ((results.plan or {}).get("order") == "grouped")
@@ -350,8 +350,12 @@ def badges(results: SweepResults) -> list[Badge]:
         for note in level.notes:
             if "load generator" in note or "event loop" in note or "send lag" in note:
                 add("CLIENT LAG", "the load generator delayed requests or chunks", "lag", where)
+    seen: set[str] = set()
     for entry in summarize_speedups(results):
         for line in content_warnings(entry):
+            if line in seen:  # the baseline's, beside each drafter
+                continue
+            seen.add(line)
             label = "NOISE" if ": NOISE:" in line else "CONTENT"
             out.append(Badge(label, _short(line.replace(f": {label}:", ":")), "content"))
         if "say the opposite" in entry.get("verdict", ""):
