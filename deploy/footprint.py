@@ -20,6 +20,16 @@ GPU_NEEDS = ("vLLM 0.32 on GPUs (make venv: pip install vllm==0.32.0): NVIDIA GP
              "(R580 or newer: nvidia-smi shows CUDA Version 13.0 or higher), Linux x86-64, Python 3.11")
 
 
+START_SLACK = 1.5
+"""What a timeout for a first start allows beyond its estimate (`first_start_s`)."""
+
+
+def first_start_s(gb: float, link_gbit_s: float = LINK_GBIT_S[0]) -> float:
+    """Seconds a GPU server's first start takes with `gb` GB of weights to download at `link_gbit_s`:
+    the download, then loading and compiling (`LOAD_S`)."""
+    return gb * 8 / link_gbit_s + LOAD_S[0] + LOAD_S[1] * gb
+
+
 def cache_dir() -> str:
     """Where hub downloads go (huggingface_hub's cache: HF_HUB_CACHE, else HF_HOME/hub)."""
     from huggingface_hub import constants
@@ -71,9 +81,10 @@ def first_start_lines(resolved: ResolvedDeployment) -> list[str]:
                               f"({total * 8 / speed / (total * 8 / speed + load_s):.0%} of the start)"
                               for speed in LINK_GBIT_S)
             timeout = resolved.config.server.startup_timeout_s
-            slow = total * 8 / LINK_GBIT_S[0] + load_s
+            slow = first_start_s(total)
             advice = (f"a first start on a slow link outlasts it: download first (`hf download <model>`, "
-                      f"HF_TOKEN for gated ones) or raise it (SET='server.startup_timeout_s={round(slow * 1.5, -2):.0f}')"
+                      f"HF_TOKEN for gated ones) or raise it "
+                      f"(SET='server.startup_timeout_s={round(slow * START_SLACK, -2):.0f}')"
                       if slow > timeout else "enough for a first start at 1 Gbit/s")
             lines.append(f"first start: the download takes {times}, besides about {_time(load_s)} of "
                          f"loading and compiling; "

@@ -21,7 +21,7 @@ import yaml
 from deploy.config import ConfigError, DeploymentConfig
 from deploy.engine_args import (AUTH_MIDDLEWARE, OPEN_PATHS_ENV, SERVER_MODULE, engine_arguments, is_secret,
                                 open_paths, vllm_flags)
-from deploy.footprint import LOAD_S
+from deploy.footprint import START_SLACK, first_start_s
 from deploy.preflight import EMBEDDED_PREFIX, ResolvedDeployment, looks_like_path
 
 DEFAULT_IMAGE = "vllm/vllm-openai:v0.32.0"
@@ -38,18 +38,12 @@ def check_cluster_models(config: DeploymentConfig) -> None:
                                         f"(org/name) or bake the models into the image"])
 
 
-CACHE_LINK_GBIT_S = 1.0
-"""Download speed the start-up probe allows a first start (a pod on an empty cache downloads the weights)."""
-
-
 def startup_seconds(resolved: ResolvedDeployment) -> float:
     """How long the start-up probe waits: the config's `server.startup_timeout_s`, or longer where the
-    weights need it: a GPU start (`footprint.LOAD_S`) plus their download at `CACHE_LINK_GBIT_S` (a
-    pod's first start finds an empty cache, a claim's too), with half again for slack."""
+    weights need it: a first start with their download (`footprint.first_start_s`: a pod's first start
+    finds an empty cache, a claim's too), with the same slack `make check` advises."""
     gb = (resolved.weight_bytes or 0) / 1e9
-    fixed, per_gb = LOAD_S
-    need = fixed + per_gb * gb + gb * 8 / CACHE_LINK_GBIT_S
-    return max(resolved.config.server.startup_timeout_s, 1.5 * need)
+    return max(resolved.config.server.startup_timeout_s, START_SLACK * first_start_s(gb))
 
 
 def cache_claim(resolved: ResolvedDeployment, name: str, shared: bool) -> dict[str, Any]:

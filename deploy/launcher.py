@@ -108,6 +108,8 @@ class Server:
         self.echo = echo
         """Also copy the engine's output to this process's stdout."""
         self.process: subprocess.Popen[bytes] | None = None
+        self.launched_at = 0.0
+        """When `start` launched the process (monotonic clock): a start is timed from here."""
         self.tail: collections.deque[str] = collections.deque(maxlen=400)
         self._reader: threading.Thread | None = None
         self.log_error: str | None = None
@@ -132,6 +134,7 @@ class Server:
         self.process = subprocess.Popen(self.plan.argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                         stdin=subprocess.DEVNULL, start_new_session=True,
                                         preexec_fn=die_with_parent())
+        self.launched_at = time.monotonic()
         self._reader = threading.Thread(target=self._read_output, name="vllm-log", daemon=True)
         self._reader.start()
         log.info("started vLLM server (pid %d) on %s; log: %s", self.process.pid, self.base_url,
@@ -182,9 +185,11 @@ class Server:
         return answers_health(self.base_url, timeout_s=2)  # polled every second while it starts
 
     def wait_healthy(self, timeout_s: float = 900, progress: bool = True) -> float:
-        """Block until `/health` answers 200; return the seconds it took."""
+        """Block until `/health` answers 200; return the seconds since the launch (servers launched
+        together and awaited one after the other are each timed whole, and each gets `timeout_s`
+        from its own launch)."""
         assert self.process is not None, "start() first"
-        started = time.monotonic()
+        started = self.launched_at
         tty = progress and sys.stderr.isatty()
         last_report = 0.0
         while True:

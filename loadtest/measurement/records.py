@@ -61,6 +61,11 @@ class RequestRecord:
         return self.start + (self.e2e_s or 0.0)
 
     @property
+    def tokens_per_s(self) -> float | None:
+        """Output tokens over the request's end-to-end time (None without one): the speed its user saw."""
+        return (self.output_tokens or 0) / self.e2e_s if self.e2e_s else None
+
+    @property
     def outcome(self) -> str:
         """How the request ended, one of `OUTCOMES`: served; refused (an HTTP error status such
         as 429 or 503, or no connection: the server turned it away); timed_out; unsent (the

@@ -164,7 +164,7 @@ def summarize(records: Sequence[RequestRecord], embedded: bool = False,
         "request_throughput": len(ok) / wall,
         "output_tokens_per_s": out_tokens / wall,
         "total_tokens_per_s": (out_tokens + sum(r.prompt_tokens or 0 for r in ok)) / wall,
-        "per_user_tokens_per_s": distribution([(r.output_tokens or 0) / r.e2e_s for r in ok if r.e2e_s]),
+        "per_user_tokens_per_s": distribution([r.tokens_per_s for r in ok if r.tokens_per_s is not None]),
         "ttft_ms": distribution([r.ttft_s for r in ok if r.ttft_s is not None], 1000),
         "per_token_latency_ms": distribution([r.per_token_latency_s for r in ok
                                               if r.per_token_latency_s is not None], 1000),
@@ -178,8 +178,7 @@ def summarize(records: Sequence[RequestRecord], embedded: bool = False,
     })
     figs = [r.content for r in ok]
     out["content"] = content.summarize(figs, content.reference_for([f for f in figs if f], embedded),
-                                       [r.spec_decode for r in ok],
-                                       [(r.output_tokens or 0) / r.e2e_s if r.e2e_s else None for r in ok])
+                                       [r.spec_decode for r in ok], [r.tokens_per_s for r in ok])
     spec = [r.spec_decode for r in ok if r.spec_decode]
     if spec:
         out["server_per_request_spec"] = {k: statistics.fmean(s[k] for s in spec if isinstance(s.get(k), (int, float)))
@@ -187,10 +186,12 @@ def summarize(records: Sequence[RequestRecord], embedded: bool = False,
     return out
 
 
-def by_category(records: Sequence[RequestRecord], categories: dict[str, str | None]) -> dict[str, dict[str, Any]]:
+def by_category(records: Sequence[RequestRecord], categories: dict[str, str | None],
+                reference: dict[str, Any] | None = None) -> dict[str, dict[str, Any]]:
     """A run's figures per prompt category (`categories`: item id -> category): requests served,
     output tokens, mean per-request output tokens/s, acceptance over the category's requests (the
-    server's per-request figures) and how many outputs are no text (loops or noise)."""
+    server's per-request figures) and how many outputs are no text (loops or noise), judged against
+    the run's own content `reference` (its `summarize(...)["content"]["reference"]`)."""
     groups: dict[str, list[RequestRecord]] = {}
     for r in records:
         category = categories.get(r.item_id)
@@ -198,8 +199,8 @@ def by_category(records: Sequence[RequestRecord], categories: dict[str, str | No
             groups.setdefault(category, []).append(r)
     out = {}
     for category, group in groups.items():
-        speeds = [(r.output_tokens or 0) / r.e2e_s for r in group if r.e2e_s]
-        checked = content.summarize([r.content for r in group])
+        speeds = [r.tokens_per_s for r in group if r.tokens_per_s is not None]
+        checked = content.summarize([r.content for r in group], reference)
         out[category] = {"requests": len(group), "output_tokens": sum(r.output_tokens or 0 for r in group),
                          "tokens_per_s": statistics.fmean(speeds) if speeds else None,
                          "acceptance": content.acceptance([r.spec_decode for r in group]),

@@ -228,7 +228,8 @@ class LevelRunner:
             level.client = stats.summarize(records, run.state.embedded)
             level.load_generator = load_generator_lag(records, job.records_dir)
         if self.workload.categories:
-            level.client["by_category"] = stats.by_category(records, {i.id: i.category for i in self.workload.items})
+            level.client["by_category"] = stats.by_category(records, {i.id: i.category for i in self.workload.items},
+                                                            (level.client.get("content") or {}).get("reference"))
         if self.targets and records:
             # Open loop: unsent requests are in `records` too, and meet no target.
             level.slo = slo.evaluate(records, self.targets, level.client.get("duration_s") or 0.0)

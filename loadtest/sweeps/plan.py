@@ -299,7 +299,13 @@ class SweepPlan:
 
     def group_of(self, name: str) -> list[str]:
         """The names of the servers up beside `name`'s (its group's), or [] without groups."""
-        return next(([s.name for s in g] for g in self.groups if any(s.name == name for s in g)), [])
+        index = self.group_index.get(name)
+        return [] if index is None else [s.name for s in self.groups[index]]
+
+    @property
+    def group_index(self) -> dict[str, int]:
+        """Each server's group (`groups`), by name."""
+        return {s.name: i for i, group in enumerate(self.groups) for s in group}
 
     @property
     def levels(self) -> list[Any]:
@@ -384,15 +390,13 @@ class SweepPlan:
         scale = sum(m for m, _ in pairs) / sum(e for _, e in pairs) if pairs else 1.0
         starts = [measured.get(("start", server.name), self.start_estimate(server).seconds) if start else 0.0
                   for (_, _, server), start in zip(steps, needed)]
-        if self.groups:  # a group's servers start together: its slowest start, at its first step
-            where = {s.name: i for i, group in enumerate(self.groups) for s in group}
-            for i in range(len(steps)):
-                group = where[steps[i][2].name]
-                if starts[i] and (i == 0 or where[steps[i - 1][2].name] != group):
-                    same = [j for j in range(i, len(steps)) if where[steps[j][2].name] == group and starts[j]]
-                    starts[i] = max(starts[j] for j in same)
-                    for j in same[1:]:
-                        starts[j] = 0.0
+        if self.groups:  # a group's servers start together (once): its slowest start, at its first step
+            where, first = self.group_index, {}
+            for i, (_, _, server) in enumerate(steps):
+                if starts[i]:
+                    j = first.setdefault(where[server.name], i)
+                    if j != i:
+                        starts[j], starts[i] = max(starts[j], starts[i]), 0.0
         return [(start, measured.get((server.name, users, repeat), scale * self.run_estimate(server, users, repeat).seconds))
                 for (repeat, users, server), start in zip(steps, starts)]
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from deploy.config import Override, TrafficConfig, load_config
-from loadtest.traffic.workloads import Workload, load_workload, uses_chat
+from loadtest.traffic.workloads import Workload, load_workload, split_spec, uses_chat
 
 # RequestSettings fields a config's `traffic` section sets (`fixed_length` is its `lengths`).
 TRAFFIC_FIELDS = ("workload", "api", "max_tokens", "fixed_length", "temperature")
@@ -63,23 +63,22 @@ def add_fixed_length_flags(parser: Any) -> None:
                        help="let each request end at the model's end of text, at most --max-tokens")
 
 
-def _apis(workload: str, api: str) -> list[str]:
+def _apis(items: Workload | None, api: str) -> list[str]:
     """The APIs the requests go to: `chat`, `completions` or both (a mixed set with api auto)."""
     if api != "auto":
         return [api]
-    try:
-        items: Workload | None = load_workload(workload)
-    except (ValueError, OSError):
+    if items is None:
         return ["auto"]  # the measurement itself reports an unreadable workload
-    kinds = {uses_chat(item, "auto") for item in items.items} if items else set()
+    kinds = {uses_chat(item, "auto") for item in items.items}
     return [name for name, chat in (("chat", True), ("completions", False)) if chat in kinds]
 
 
-def _categories(workload: str) -> list[str]:
+def _readable(workload: str) -> Workload | None:
+    """The workload, or None where it cannot be read (the measurement itself reports why)."""
     try:
-        return load_workload(workload).categories
+        return load_workload(workload)
     except (ValueError, OSError):
-        return []
+        return None
 
 
 def origin(source: str, given: Sequence[str] = ()) -> str:
@@ -94,14 +93,14 @@ def describe(request: Any, source: str | None = None) -> list[str]:
     settings record (which keeps `traffic_source`)."""
     get = request.get if isinstance(request, dict) else (lambda k, d=None: getattr(request, k, d))
     workload, api = get("workload", "code"), get("api", "auto")
-    apis = _apis(workload, api)
-    builtin = workload.split(":")[0] if not Path(workload).is_file() else workload
+    items = _readable(workload)  # read once: the APIs its prompts take, their categories
+    apis = _apis(items, api)
+    name = split_spec(workload)[0]
     prompts = {"code": "code-completion prompts", "chat": "chat prompts", "edit": "copy/edit prompts",
                "mixed": "mixed prompts (code, chat, edit)", "categories": "the kit's category prompts"}.get(
-        builtin, f"prompts of {Path(workload).name}")
-    categories = _categories(workload)
-    if categories:
-        prompts += f" in {len(categories)} categories ({', '.join(categories)})"
+        name, f"prompts of {Path(name).name}")
+    if items and items.categories:
+        prompts += f" in {len(items.categories)} categories ({', '.join(items.categories)})"
     through = " and ".join({"chat": "the chat API (/v1/chat/completions)",
                             "completions": "the completions API (/v1/completions)",
                             "auto": "the API their form picks"}[a] for a in apis)

@@ -166,12 +166,9 @@ BUILTIN = ("code", "chat", "edit", "mixed", "categories")
 def load_workload(spec: str) -> Workload:
     """A built-in set by name, or a JSONL / ShareGPT file by path; `spec:cat,cat` keeps those
     categories of it. Categorised prompts come round-robin over their categories."""
-    name, chosen = spec, None
-    if spec not in BUILTIN and not Path(spec).expanduser().is_file() and ":" in spec:
-        name, listed = spec.rsplit(":", 1)
-        chosen = [c for c in listed.replace(" ", "").split(",") if c]
-        if not chosen:
-            raise ValueError(f"workload '{spec}': no category after ':' (e.g. {name}:code,math)")
+    name, chosen = split_spec(spec)
+    if chosen == []:
+        raise ValueError(f"workload '{spec}': no category after ':' (e.g. {name}:code,math)")
     workload = _read_workload(name)
     if chosen is not None:
         known = workload.categories
@@ -181,6 +178,15 @@ def load_workload(spec: str) -> Workload:
                              f"{', '.join(known) or 'none (its prompts carry no category)'}")
         workload = Workload(spec, tuple(i for i in workload.items if i.category in chosen))
     return Workload(workload.name, _round_robin(workload.items))
+
+
+def split_spec(spec: str) -> tuple[str, list[str] | None]:
+    """(the built-in set or file, the categories it keeps or None) of a `--workload` value: `NAME`
+    or `NAME:cat,cat` (a file whose own name holds a ':' is taken whole)."""
+    if spec in BUILTIN or Path(spec).expanduser().is_file() or ":" not in spec:
+        return spec, None
+    name, listed = spec.rsplit(":", 1)
+    return name, [c for c in listed.replace(" ", "").split(",") if c]
 
 
 def _round_robin(items: tuple[Item, ...]) -> tuple[Item, ...]:
