@@ -121,11 +121,12 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted: servers stopped", file=sys.stderr)
         return 130
-    print((Path(result["out"]) / "distill.md").read_text())
-    print(f"distillation: {Path(result['out']) / 'distill.md'}")
+    report = Path(result.out) / "distill.md"
+    print(report.read_text())
+    print(f"distillation: {report}")
     # 0: distilled (and measured); 1: not better than the deployed draft, or a measurement failed;
     # 2: refused before any work.
-    return 1 if result["status"] in ("failed", "not_better") else 0
+    return 1 if result.status in ("failed", "not_better") else 0
 
 
 if __name__ == "__main__":

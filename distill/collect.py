@@ -36,12 +36,9 @@ def complete(base_url: str, model: str, prompt_ids: list[int], max_tokens: int, 
              top_logprobs: int, headers: dict[str, str] | None = None, timeout_s: float = 300) -> Example:
     """One continuation; `seed` None sends none (vLLM 0.32's CPU sampler fails a batch that holds a
     seeded request with top log-probabilities: "CPU Generator does not use offset")."""
-    body: dict[str, Any] = {"model": model, "prompt": prompt_ids, "max_tokens": max_tokens, "temperature": temperature,
-                            "return_tokens_as_token_ids": True}
-    if seed is not None:
-        body["seed"] = seed
-    if top_logprobs:
-        body["logprobs"] = top_logprobs
+    body = {"model": model, "prompt": prompt_ids, "max_tokens": max_tokens, "temperature": temperature,
+            "return_tokens_as_token_ids": True, **({"seed": seed} if seed is not None else {}),
+            **({"logprobs": top_logprobs} if top_logprobs else {})}
     resp = requests.post(f"{base_url}/v1/completions", json=body, headers=headers, timeout=timeout_s)
     if resp.status_code != 200:
         raise RuntimeError(f"the target server answered {resp.status_code}: {resp.text[:300]}")
@@ -49,10 +46,8 @@ def complete(base_url: str, model: str, prompt_ids: list[int], max_tokens: int, 
     completion = [_token_id(t) for t in logprobs.get("tokens") or []]
     if not completion:
         raise RuntimeError("the target server returned no token ids (needs vLLM's return_tokens_as_token_ids)")
-    top = None
-    if top_logprobs and logprobs.get("top_logprobs"):
-        top = tuple({_token_id(k): v for k, v in pos.items()}
-                    for pos in logprobs["top_logprobs"])
+    positions = logprobs.get("top_logprobs") if top_logprobs else None
+    top = tuple({_token_id(k): v for k, v in pos.items()} for pos in positions) if positions else None
     return Example(tuple(prompt_ids), tuple(completion), top, temperature)
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from deploy.preflight import Machine
+from loadtest.measurement.serial import Serial
 
 TRAIN_BYTES_PER_PARAM = 16
 """fp32 weights (4) + gradients (4) + AdamW's two moments (8); activations come on top."""
@@ -15,8 +16,8 @@ SUSTAINED_FLOPS = {"cpu": 2e10, "cuda": 5e13}
 """Per CPU core / per GPU, training in fp32 (CPU) or mixed precision (GPU): rough, on the safe side."""
 
 
-@dataclass(frozen=True)
-class Needs:
+@dataclass
+class Needs(Serial):
     memory_gib: float
     minutes: float
     device: str

@@ -25,10 +25,13 @@ from deploy.preflight import target_tokenizer
 from distill import fit
 from distill.collect import Example, collect
 from distill.data import DistillData, load_data, stdlib_test_prompts, write_prompts
-from distill.train import TrainSettings, evaluate, fine_tune, load_draft, save_draft
+from distill.train import Offline, TrainSettings, TrainStats, evaluate, fine_tune, load_draft, save_draft
 from loadtest.reports import markdown
 from loadtest.files import bullet_sections, write_atomic, write_json, write_result
 from loadtest.measurement.derive import content_warnings, summarize_speedups
+from loadtest.measurement.derived import SpeedupSummary
+from loadtest.measurement.figures import Interval
+from loadtest.measurement.serial import Serial
 from loadtest.reports.report import write_report
 from loadtest.traffic.request_settings import RequestSettings, settings_record
 from loadtest.measurement.results import CREATED_FORMAT
@@ -85,6 +88,83 @@ class Checked:
     fit: fit.Needs
 
 
+@dataclass
+class DataRecord(Serial):
+    file: str
+    sha256: str
+    train_prompts: int
+    held_out_prompts: int
+
+
+@dataclass
+class Collected(Serial):
+    train_sequences: int
+    train_tokens: int
+    with_logprobs: bool
+    """Every sequence came with the target's top log-probabilities."""
+
+
+@dataclass
+class OfflineCheck(Serial):
+    before: Offline
+    after: Offline
+
+
+@dataclass
+class MeasuredRow(Serial):
+    """One draft (`original` or `distilled`) at one temperature and batch: means over the repeats."""
+
+    temperature: float
+    batch: int
+    draft: str
+    acceptance: float | None = None
+    tokens_per_step: float | None = None
+    speedup: float | None = None
+    """Output tokens/s over no speculation's."""
+    speedup_interval: Interval | None = None
+    vllm_bench_speedup: float | None = None
+    runs: int = 0
+    degenerate_share: float | None = None
+
+
+@dataclass
+class MeasuredReport(Serial):
+    temperature: float
+    report: str
+    """The load test's report, relative to the distillation's folder."""
+    status: str
+    problems: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Measured(Serial):
+    rows: list[MeasuredRow] = field(default_factory=list)
+    reports: list[MeasuredReport] = field(default_factory=list)
+    content_warnings: list[str] = field(default_factory=list)
+
+
+@dataclass
+class DistillResult(Serial):
+    """distill.json in the report folder. `status`: `distilled` (not measured), `measured`,
+    `not_better` (further from the target on held-out prompts than the deployed draft: no config
+    written) or `failed` (a measurement failed)."""
+
+    config: str
+    settings: dict[str, Any]
+    """The settings as given, flat (`settings_record`)."""
+    data: DataRecord
+    needs: fit.Needs
+    out: str
+    collected: Collected | None = None
+    training: TrainStats | None = None
+    offline: OfflineCheck | None = None
+    draft: str | None = None
+    yaml: str | None = None
+    """The config using the distilled draft (None: not better, none written)."""
+    status: str = ""
+    measured: Measured | None = None
+
+
 def check(settings: DistillSettings) -> Checked:
     """Refuse what cannot work, before any server starts or any model trains (ValueError/ConfigError)."""
     config_path = resolve_config_path(settings.config)
@@ -130,80 +210,83 @@ def collect_from_target(settings: DistillSettings, checked: Checked) -> tuple[li
     return train, held
 
 
-def distill(settings: DistillSettings) -> dict[str, Any]:
-    """The whole run; its result (also distill.json / distill.md in the report folder) has
-    `status`: `distilled` (not measured), `measured`, `not_better` (further from the target on
-    held-out prompts than the deployed draft: no config written) or `failed` (a measurement failed)."""
+def distill(settings: DistillSettings) -> DistillResult:
+    """The whole run; its result is also distill.json / distill.md in the report folder."""
     import torch
 
     checked = check(settings)
     out = checked.out
     out.mkdir(parents=True, exist_ok=True)
-    result: dict[str, Any] = {"config": str(checked.config_path), "settings": settings_record(settings),
-                              "data": {"file": checked.data.source, "sha256": checked.data.sha256,
-                                       "train_prompts": len(checked.data.train),
-                                       "held_out_prompts": len(checked.data.held_out)},
-                              "needs": asdict(checked.fit), "out": str(out)}
-    held_file = write_prompts(checked.data.held_out, out / "held-out.jsonl")
+    data = checked.data
+    result = DistillResult(str(checked.config_path), settings_record(settings),
+                           DataRecord(data.source, data.sha256, len(data.train), len(data.held_out)), checked.fit,
+                           str(out))
+    held_file = write_prompts(data.held_out, out / "held-out.jsonl")
     train_examples, held_examples = collect_from_target(settings, checked)
-    result["collected"] = {"train_sequences": len(train_examples),
-                           "train_tokens": sum(len(e.completion_ids) for e in train_examples),
-                           "with_logprobs": all(e.top for e in train_examples)}
+    result.collected = Collected(len(train_examples), sum(len(e.completion_ids) for e in train_examples),
+                                 all(e.top for e in train_examples))
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     torch.set_num_threads(max(1, len(os.sched_getaffinity(0))))
     model = load_draft(checked.draft_dir, device)
     pad = model.config.pad_token_id if model.config.pad_token_id is not None else 0
     before = evaluate(model, held_examples, pad, device)
-    result["training"] = fine_tune(model, train_examples, settings.train, pad, device)
+    result.training = fine_tune(model, train_examples, settings.train, pad, device)
     after = evaluate(model, held_examples, pad, device)
-    result["offline"] = {"before": before, "after": after}
-    log.info("held-out greedy agreement (teacher-forced): %.1f%% -> %.1f%%", 100 * before["greedy_agreement"],
-             100 * after["greedy_agreement"])
+    result.offline = OfflineCheck(before, after)
+    log.info("held-out greedy agreement (teacher-forced): %.1f%% -> %.1f%%", 100 * before.greedy_agreement,
+             100 * after.greedy_agreement)
 
     draft_out = (settings.draft_out or out / "draft").resolve()
     save_draft(model, checked.draft_dir, draft_out)
     write_record(settings, checked, result, draft_out, device, torch.__version__)
-    result["draft"] = str(draft_out)
-    if after["loss"] >= before["loss"]:
+    result.draft = str(draft_out)
+    if after.loss >= before.loss:
         # A draft further from the target than the one deployed: keep it to look at, deploy nothing.
         log.error("the distilled draft is further from the target on held-out prompts (loss %.4f -> %.4f): no "
-                  "config written; give more prompts, fewer --epochs or a lower --lr", before["loss"], after["loss"])
-        result["status"] = "not_better"
-        return write_result(out, "distill", result, describe(result))
+                  "config written; give more prompts, fewer --epochs or a lower --lr", before.loss, after.loss)
+        result.status = "not_better"
+        return _written(result)
     yaml_path = settings.output or checked.config_path.with_name(f"{checked.config_path.stem}-distilled.yaml")
-    comments = [f"distilled by `make distill` from {checked.data.source} ({len(checked.data.train)} prompts)",
-                f"held-out greedy agreement {100 * before['greedy_agreement']:.1f}% -> "
-                f"{100 * after['greedy_agreement']:.1f}% (teacher-forced); record: {draft_out / 'distill.json'}"]
+    comments = [f"distilled by `make distill` from {data.source} ({len(data.train)} prompts)",
+                f"held-out greedy agreement {100 * before.greedy_agreement:.1f}% -> "
+                f"{100 * after.greedy_agreement:.1f}% (teacher-forced); record: {draft_out / 'distill.json'}"]
     write_atomic(yaml_path, with_speculation(checked.config_path.read_text(), {"model": str(draft_out)}, comments))
     load_config(yaml_path)  # what was written must validate
-    result["yaml"] = str(yaml_path)
+    result.yaml = str(yaml_path)
 
-    result["status"] = "distilled"
+    result.status = "distilled"
     if settings.measure:
-        result["measured"] = measure(settings, checked, draft_out, held_file)
-        failed = [m for m in result["measured"]["reports"] if m["status"] == "failed"]
-        result["status"] = "failed" if failed else "measured"
-    return write_result(out, "distill", result, describe(result))
+        result.measured = measure(settings, checked, draft_out, held_file)
+        failed = any(r.status == "failed" for r in result.measured.reports)
+        result.status = "failed" if failed else "measured"
+    return _written(result)
 
 
-def write_record(settings: DistillSettings, checked: Checked, result: dict[str, Any], draft_out: Path, device: str,
+def _written(result: DistillResult) -> DistillResult:
+    write_result(Path(result.out), "distill", result.to_json(), describe(result))
+    return result
+
+
+def write_record(settings: DistillSettings, checked: Checked, result: DistillResult, draft_out: Path, device: str,
                  torch_version: str) -> None:
     """distill.json beside the distilled draft: what it was made from and how (the overrides as written)."""
+    assert result.collected and result.training and result.offline
     write_json(draft_out / "distill.json", {
         "base_draft": str(checked.draft_dir), "target_config": str(checked.config_path),
-        "overrides": overrides_as_text(settings.overrides), "data": result["data"], "collected": result["collected"],
+        "overrides": overrides_as_text(settings.overrides), "data": result.data.to_json(),
+        "collected": result.collected.to_json(),
         "collection": {"max_tokens": settings.max_tokens, "temperatures": settings.temperatures,
                        "top_logprobs": settings.top_logprobs},
-        "training": {**asdict(settings.train), **result["training"], "device": device},
-        "offline": result["offline"], "created": time.strftime(CREATED_FORMAT),
+        "training": {**asdict(settings.train), **result.training.to_json(), "device": device},
+        "offline": result.offline.to_json(), "created": time.strftime(CREATED_FORMAT),
         "torch": torch_version})
 
 
-def measure(settings: DistillSettings, checked: Checked, draft: Path, held_file: Path) -> dict[str, Any]:
+def measure(settings: DistillSettings, checked: Checked, draft: Path, held_file: Path) -> Measured:
     """One load test per temperature on the held-out prompts: the original draft (`spec-k<K>`), the
     distilled one and no speculation, taking turns at each batch size."""
-    rows, reports, warnings = [], [], []
+    measured = Measured()
     for temperature in settings.measure_temperatures:
         sweep_out = checked.out / f"measure-T{temperature:g}"
         results = Sweep(SweepSettings(
@@ -214,18 +297,20 @@ def measure(settings: DistillSettings, checked: Checked, draft: Path, held_file:
                                     max_tokens=settings.measure_max_tokens),
             vllm_bench=settings.vllm_bench, out=sweep_out)).run()
         write_report(results, sweep_out)
-        reports.append({"temperature": temperature, "report": f"{sweep_out.name}/report.md",
-                        "status": results.status, "problems": results.problems})
+        measured.reports.append(MeasuredReport(temperature, f"{sweep_out.name}/report.md", results.status,
+                                               results.problems))
         for entry in summarize_speedups(results):
-            rows.append({"temperature": temperature, "batch": entry["concurrency"],
-                         "draft": "distilled" if entry["variant"] == "distilled" else "original",
-                         "acceptance": entry["acceptance_rate"].get("mean"),
-                         "tokens_per_step": entry["mean_accepted_length"].get("mean"),
-                         "speedup": entry["speedup"].get("mean"), "speedup_interval": entry["speedup"],
-                         "vllm_bench_speedup": entry["vllm_bench_speedup"].get("mean"), "runs": entry["runs"],
-                         "degenerate_share": (entry.get("content") or {}).get("degenerate_share")})
-            warnings += [f"T={temperature:g}, {w}" for w in content_warnings(entry)]
-    return {"rows": rows, "reports": reports, "content_warnings": warnings}
+            measured.rows.append(_row(temperature, entry))
+            measured.content_warnings += [f"T={temperature:g}, {w}" for w in content_warnings(entry)]
+    return measured
+
+
+def _row(temperature: float, entry: SpeedupSummary) -> MeasuredRow:
+    """One variant at one concurrency (`summarize_speedups`) as one draft's figures."""
+    return MeasuredRow(temperature, entry.concurrency, "distilled" if entry.variant == "distilled" else "original",
+                       entry.acceptance_rate.mean, entry.mean_accepted_length.mean, entry.speedup.mean,
+                       entry.speedup, entry.vllm_bench_speedup.mean, entry.runs,
+                       entry.content.degenerate_share if entry.content else None)
 
 
 def _pct(x: float | None) -> str:
@@ -236,40 +321,41 @@ def _x(x: float | None) -> str:
     return "-" if x is None else f"{x:.2f}x"
 
 
-def describe(result: dict[str, Any]) -> str:
+def describe(result: DistillResult) -> str:
     """distill.md: what was made, from what, and what it changed."""
-    off = result["offline"]
-    lines = [f"# Distilled draft for {Path(result['config']).name}", "",
-             f"Data `{result['data']['file']}`: {result['data']['train_prompts']} training prompts, "
-             f"{result['data']['held_out_prompts']} held out. The target's continuations: "
-             f"{result['collected']['train_sequences']} sequences, {result['collected']['train_tokens']:,} tokens"
-             f"{' with its top log-probabilities' if result['collected']['with_logprobs'] else ''}. "
-             f"Training: {result['training']['steps']} steps in {result['training']['seconds']} s, loss "
-             f"{result['training']['loss_first']} -> {result['training']['loss_last']}.", "",
+    data, collected, training, off = result.data, result.collected, result.training, result.offline
+    assert collected and training and off
+    lines = [f"# Distilled draft for {Path(result.config).name}", "",
+             f"Data `{data.file}`: {data.train_prompts} training prompts, {data.held_out_prompts} held out. The "
+             f"target's continuations: {collected.train_sequences} sequences, {collected.train_tokens:,} tokens"
+             f"{' with its top log-probabilities' if collected.with_logprobs else ''}. "
+             f"Training: {training.steps} steps in {training.seconds} s, loss "
+             f"{training.loss_first} -> {training.loss_last}.", "",
              f"Held-out greedy agreement (teacher-forced on the target's greedy continuations): "
-             f"{_pct(off['before']['greedy_agreement'])} -> {_pct(off['after']['greedy_agreement'])}.", "",
-             f"Draft: `{result['draft']}` (its record: distill.json). " + (
-                 f"Config: `{result['yaml']}` (serve it: `make serve CONFIG={Path(result['yaml']).name}`)."
-                 if result.get("yaml") else "**Not better than the deployed draft on held-out prompts: no config "
+             f"{_pct(off.before.greedy_agreement)} -> {_pct(off.after.greedy_agreement)}.", "",
+             f"Draft: `{result.draft}` (its record: distill.json). " + (
+                 f"Config: `{result.yaml}` (serve it: `make serve CONFIG={Path(result.yaml).name}`)."
+                 if result.yaml else "**Not better than the deployed draft on held-out prompts: no config "
                  "written.** Give more prompts, fewer --epochs or a lower --lr.")]
-    measured = result.get("measured")
-    if measured:
-        by = {(r["temperature"], r["batch"], r["draft"]): r for r in measured["rows"]}
-        lines += ["", "Measured on the engine on the held-out prompts (one load test per temperature; the "
-                  "original draft, the distilled one and no speculation taking turns); speedup = output tokens/s "
-                  "over no speculation's:", ""]
-        rows = []
-        for t, b in sorted({(r["temperature"], r["batch"]) for r in measured["rows"]}):
-            o, d = by.get((t, b, "original"), {}), by.get((t, b, "distilled"), {})
-            tps = [f"{v:.2f}" if v is not None else "-" for v in (o.get("tokens_per_step"), d.get("tokens_per_step"))]
-            rows.append([f"{t:g}", str(b), _pct(o.get("acceptance")), _pct(d.get("acceptance")), *tps,
-                         _x(o.get("speedup")), _x(d.get("speedup"))])
-        lines.append(markdown.table(["T", "batch", "acceptance before", "after", "tokens/step before", "after",
-                                     "speedup before", "after"], rows, align="r" * 8))
-        lines += ["", "Reports: " + ", ".join(f"[{r['report']}]({r['report']}) ({r['status']})"
-                                              for r in measured["reports"])]
-        lines += bullet_sections({"content": measured.get("content_warnings") or [],
-                                  "problems": [p for r in measured["reports"] for p in r["problems"]]},
-                                 {"content": "Content (degenerate outputs behind these figures):",
-                                  "problems": "Problems:"})
+    if result.measured:
+        lines += measured_lines(result.measured)
     return "\n".join(lines) + "\n"
+
+
+def measured_lines(measured: Measured) -> list[str]:
+    """The before/after table of the load tests, their reports, and what they warned of."""
+    by = {(r.temperature, r.batch, r.draft): r for r in measured.rows}
+    rows = []
+    for t, b in sorted({(r.temperature, r.batch) for r in measured.rows}):
+        o, d = (by.get((t, b, draft), MeasuredRow(t, b, draft)) for draft in ("original", "distilled"))
+        tps = [f"{v:.2f}" if v is not None else "-" for v in (o.tokens_per_step, d.tokens_per_step)]
+        rows.append([f"{t:g}", str(b), _pct(o.acceptance), _pct(d.acceptance), *tps, _x(o.speedup), _x(d.speedup)])
+    return ["", "Measured on the engine on the held-out prompts (one load test per temperature; the original draft, "
+            "the distilled one and no speculation taking turns); speedup = output tokens/s over no speculation's:", "",
+            markdown.table(["T", "batch", "acceptance before", "after", "tokens/step before", "after",
+                            "speedup before", "after"], rows, align="r" * 8),
+            "", "Reports: " + ", ".join(f"[{r.report}]({r.report}) ({r.status})" for r in measured.reports),
+            *bullet_sections({"content": measured.content_warnings,
+                              "problems": [p for r in measured.reports for p in r.problems]},
+                             {"content": "Content (degenerate outputs behind these figures):",
+                              "problems": "Problems:"})]

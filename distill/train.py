@@ -18,6 +18,7 @@ from typing import Any
 from tqdm import tqdm
 
 from distill.collect import Example
+from loadtest.measurement.serial import Serial
 from models.training import Loop
 
 
@@ -51,7 +52,41 @@ def _batches(examples: Sequence[Example], size: int, seed: int, epochs: int) -> 
             yield order[i:i + size]
 
 
-def position_tensors(batch: list[Example], pad_id: int, max_len: int, device: str) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Positions:
+    """A batch's inputs, and per generated position: where its prediction is read (`rows`, `cols`), the
+    target's top tokens and their probabilities (`ids`, `probs`) and its mass beyond them (`rest`)."""
+
+    input_ids: Any
+    attention_mask: Any
+    rows: Any
+    cols: Any
+    ids: Any
+    probs: Any
+    rest: Any
+
+
+@dataclass
+class TrainStats(Serial):
+    """`loss_first`, `loss_last`: the mean loss over the first and the last tenth of the steps."""
+
+    steps: int
+    seconds: float
+    loss_first: float
+    loss_last: float
+
+
+@dataclass
+class Offline(Serial):
+    """Teacher-forced on the target's held-out continuations."""
+
+    greedy_agreement: float
+    """Share of positions where the draft's argmax is the target's most likely token."""
+    loss: float
+    positions: int
+
+
+def position_tensors(batch: list[Example], pad_id: int, max_len: int, device: str) -> Positions:
     """Inputs (prompt + continuation minus its last token, right-padded), and for each generated
     position: where it is, the target's probabilities of its top tokens, and the mass left over."""
     import torch
@@ -81,35 +116,34 @@ def position_tensors(batch: list[Example], pad_id: int, max_len: int, device: st
         mask[b, :len(row)] = 1
     pos = torch.tensor(where, dtype=torch.long)
     p = torch.tensor(probs)
-    return {"input_ids": inputs.to(device), "attention_mask": mask.to(device), "rows": pos[:, 0].to(device),
-            "cols": pos[:, 1].to(device), "ids": torch.tensor(ids).to(device), "probs": p.to(device),
-            "rest": (1 - p.sum(-1)).clamp_min(0).to(device)}
+    return Positions(inputs.to(device), mask.to(device), pos[:, 0].to(device), pos[:, 1].to(device),
+                     torch.tensor(ids).to(device), p.to(device), (1 - p.sum(-1)).clamp_min(0).to(device))
 
 
-def top_kl_loss(model: Any, t: dict[str, Any]) -> Any:
+def top_kl_loss(model: Any, t: Positions) -> Any:
     """KL(target || draft) over the target's top tokens plus one bucket for all the others (up to
     a constant). The bucket matters: renormalising the top 20 instead taught the embedded draft to
     leave out the 31% of the target's mass beyond them, and its acceptance of sampled (T=1) drafts
     fell from 64% to 39% while greedy acceptance rose."""
-    logits = model(input_ids=t["input_ids"], attention_mask=t["attention_mask"]).logits
-    return top_kl(logits[t["rows"], t["cols"]], t)
+    logits = model(input_ids=t.input_ids, attention_mask=t.attention_mask).logits
+    return top_kl(logits[t.rows, t.cols], t)
 
 
-def top_kl(picked: Any, t: dict[str, Any]) -> Any:
+def top_kl(picked: Any, t: Positions) -> Any:
     """`top_kl_loss` from the draft's logits at the answer positions (`picked`, one row each)."""
     import torch
     import torch.nn.functional as F
 
     logq = F.log_softmax(picked.float(), dim=-1)
-    top = logq.gather(1, t["ids"])
+    top = logq.gather(1, t.ids)
     # log of the draft's mass outside the top tokens (duplicated padding ids counted once)
-    seen = torch.zeros_like(logq, dtype=torch.bool).scatter_(1, t["ids"], True)
+    seen = torch.zeros_like(logq, dtype=torch.bool).scatter_(1, t.ids, True)
     logrest = torch.logsumexp(logq.masked_fill(seen, float("-inf")), dim=-1)
-    return -((t["probs"] * top).sum(-1) + t["rest"] * logrest).mean()
+    return -((t.probs * top).sum(-1) + t.rest * logrest).mean()
 
 
 def fine_tune(model: Any, examples: Sequence[Example], settings: TrainSettings, pad_id: int,
-              device: str = "cpu") -> dict[str, Any]:
+              device: str = "cpu") -> TrainStats:
     """Train in place (`models.training`'s loop); the loss at the start and the end, steps and seconds."""
     import torch
 
@@ -134,12 +168,12 @@ def fine_tune(model: Any, examples: Sequence[Example], settings: TrainSettings, 
         loop.run(batches, lambda t: top_kl_loss(model, t), range(steps), on_step=note)
     head = losses[:max(1, len(losses) // 10)]
     tail = losses[-max(1, len(losses) // 10):]
-    return {"steps": steps, "seconds": round(time.perf_counter() - started, 1),
-            "loss_first": round(sum(head) / len(head), 4), "loss_last": round(sum(tail) / len(tail), 4)}
+    return TrainStats(steps, round(time.perf_counter() - started, 1), round(sum(head) / len(head), 4),
+                      round(sum(tail) / len(tail), 4))
 
 
 def evaluate(model: Any, examples: Sequence[Example], pad_id: int, device: str = "cpu",
-             max_len: int = 1024) -> dict[str, float]:
+             max_len: int = 1024) -> Offline:
     """Teacher-forced on the target's continuations: how often the draft's argmax is the target's
     token (greedy acceptance, position by position) and the loss the training minimises."""
     import torch
@@ -149,15 +183,14 @@ def evaluate(model: Any, examples: Sequence[Example], pad_id: int, device: str =
     with torch.inference_mode():
         for i in range(0, len(examples), 16):
             t = position_tensors(list(examples[i:i + 16]), pad_id, max_len, device)
-            logits = model(input_ids=t["input_ids"], attention_mask=t["attention_mask"]).logits
-            picked = logits[t["rows"], t["cols"]].float()
+            logits = model(input_ids=t.input_ids, attention_mask=t.attention_mask).logits
+            picked = logits[t.rows, t.cols].float()
             # ids[:, 0]: the target's most likely token (its sorted top list's first; the generated
             # token where none came back), which greedy decoding generates.
-            agree += (picked.argmax(-1) == t["ids"][:, 0]).sum().item()
+            agree += (picked.argmax(-1) == t.ids[:, 0]).sum().item()
             total += len(picked)
             loss_sum += top_kl_loss(model, t).item() * len(picked)
-    return {"greedy_agreement": agree / total if total else 0.0, "loss": loss_sum / total if total else 0.0,
-            "positions": total}
+    return Offline(agree / total if total else 0.0, loss_sum / total if total else 0.0, total)
 
 
 def save_draft(model: Any, source: str | Path, out: Path) -> Path:

@@ -15,7 +15,7 @@ from typing import Any
 from deploy import ConfigError
 from deploy.config import DEFAULT_CONFIG
 from loadtest.traffic import declared as traffic
-from loadtest.measurement.capacity_figures import headline
+from loadtest.measurement.capacity_figures import SearchRequest, headline
 from loadtest.sweeps.capacity import Capacity, CapacitySettings
 from loadtest.sweeps.settings import SweepSettings
 from loadtest.traffic.endpoint import EndpointError
@@ -115,8 +115,8 @@ def search(sweep: Any, settings: CapacitySettings) -> int:
     said = traffic.describe(request, sweep.settings.traffic_source)
     print("\n".join(said), file=sys.stderr, flush=True)
     context = {"config": sweep.settings.config or sweep.settings.url, "machine": machine_info(), "traffic": said,
-               "request": {"workload": request.workload, "api": request.api, "max_tokens": request.max_tokens,
-                           "fixed_length": request.fixed_length, "temperature": request.temperature}}
+               "request": SearchRequest(workload=request.workload, api=request.api, max_tokens=request.max_tokens,
+                                        fixed_length=request.fixed_length, temperature=request.temperature)}
     run: Capacity | None = None
     code = 0
     try:

@@ -23,7 +23,12 @@ def write_atomic(path: Path, text: str) -> Path:
 
 
 def write_json(path: Path, data: Any) -> Path:
-    return write_atomic(path, json.dumps(data, indent=2, default=str) + "\n")
+    """`data` as indented JSON; a typed result inside it as its own JSON (`to_json`), paths as text."""
+    return write_atomic(path, json.dumps(data, indent=2, default=_as_json) + "\n")
+
+
+def _as_json(value: Any) -> Any:
+    return value.to_json() if hasattr(value, "to_json") else str(value)
 
 
 def write_result(out: Path, stem: str, data: dict[str, Any], text: str) -> dict[str, Any]:
@@ -34,10 +39,12 @@ def write_result(out: Path, stem: str, data: dict[str, Any], text: str) -> dict[
     return data
 
 
-def bullet_sections(result: dict[str, Any], titles: dict[str, str]) -> list[str]:
-    """Markdown lines: for each key of `titles` the result has, its title and its items as bullets."""
+def bullet_sections(result: object, titles: dict[str, str]) -> list[str]:
+    """Markdown lines: for each field named in `titles` that the result has items in, its title and
+    its items as bullets."""
     lines: list[str] = []
-    for key, title in titles.items():
-        if result.get(key):
-            lines += ["", title, "", *[f"- {item}" for item in result[key]]]
+    for name, title in titles.items():
+        items = getattr(result, name, None)
+        if items:
+            lines += ["", title, "", *[f"- {item}" for item in items]]
     return lines

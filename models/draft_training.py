@@ -231,10 +231,10 @@ def train_candidate(recipe: DraftRecipe, candidate: Candidate, target: Any, exam
                                               "step": step + 1, "losses": losses})
             last_save = time.monotonic()
 
-    def loss(t: dict[str, Any]) -> Any:
+    def loss(t: Any) -> Any:
         # The head (49,152 rows) only where the target's answer is known: most of a step's arithmetic.
-        hidden = draft.model(input_ids=t["input_ids"], attention_mask=t["attention_mask"]).last_hidden_state
-        return top_kl(draft.lm_head(hidden[t["rows"], t["cols"]]), t)
+        hidden = draft.model(input_ids=t.input_ids, attention_mask=t.attention_mask).last_hidden_state
+        return top_kl(draft.lm_head(hidden[t.rows, t.cols]), t)
 
     loop.run((position_tensors(b, pad_id, recipe.max_len, "cpu") for b in batches), loss, range(start, steps),
              on_step=after)
@@ -259,10 +259,10 @@ def acceptance(model: Any, examples: list[Any], pad_id: int) -> dict[str, float]
     with torch.inference_mode():
         for i in range(0, len(examples), 16):
             t = position_tensors(list(examples[i:i + 16]), pad_id, 1024, "cpu")
-            logits = model(input_ids=t["input_ids"], attention_mask=t["attention_mask"]).logits
-            q = logits[t["rows"], t["cols"]].float().softmax(-1)
-            agree += (q.argmax(-1) == t["ids"][:, 0]).sum().item()
-            accept += torch.minimum(q.gather(1, t["ids"]), t["probs"]).sum().item()
+            logits = model(input_ids=t.input_ids, attention_mask=t.attention_mask).logits
+            q = logits[t.rows, t.cols].float().softmax(-1)
+            agree += (q.argmax(-1) == t.ids[:, 0]).sum().item()
+            accept += torch.minimum(q.gather(1, t.ids), t.probs).sum().item()
             total += len(q)
     return {"greedy_agreement": round(agree / total, 4), "acceptance_t1": round(accept / total, 4), "positions": total}
 

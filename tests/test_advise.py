@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from deploy import load_config
-from tuning.advise import sampled_remedy, verdict
+from tuning.advise import Advice, AdviceRow, sampled_remedy, verdict
 from test_config import fake_model, write_tokenizer
 
 REPO = Path(__file__).resolve().parent.parent
@@ -23,9 +23,9 @@ def advise_cli(*args: str, timeout: int = 120) -> subprocess.CompletedProcess:
 
 
 def row(batch: int, measured: float, tokens: float = 3.0, acceptance: float = 0.6, draft_step: float = 0.05,
-        verify_ratio: float = 1.1, step_cost: float = 1.5) -> dict:
-    return {"batch": batch, "measured_speedup": measured, "tokens_per_step": tokens, "acceptance_rate": acceptance,
-            "draft_step": draft_step, "verify_ratio": verify_ratio, "step_cost": step_cost}
+        verify_ratio: float = 1.1, step_cost: float = 1.5) -> AdviceRow:
+    return AdviceRow(batch, draft_step=draft_step, verify_ratio=verify_ratio, step_cost=step_cost,
+                     acceptance_rate=acceptance, tokens_per_step=tokens, measured_speedup=measured)
 
 
 def test_verdicts_say_what_to_do_and_which_cost_is_to_blame() -> None:
@@ -59,9 +59,9 @@ def test_a_draft_with_other_tokens_is_unsuitable_before_any_engine_starts(tmp_pa
     write_tokenizer(Path(other), {f"w{i}": i for i in range(1000)})  # as many tokens, not the same ones
     run = advise_cli(str(write_config(tmp_path, target, other)), "--out", str(tmp_path / "a"))
     assert run.returncode == 1, run.stderr
-    advice = json.loads((tmp_path / "a" / "advice.json").read_text())
-    assert advice["status"] == "unsuitable" and advice["verdict"].startswith("vocabularies differ")
-    assert "not the same ones" in advice["verdict"] and "step_costs" not in advice
+    advice = Advice.from_json(json.loads((tmp_path / "a" / "advice.json").read_text()))
+    assert advice.status == "unsuitable" and advice.verdict.startswith("vocabularies differ")
+    assert "not the same ones" in advice.verdict and advice.step_costs is None
     bigger = fake_model(tmp_path / "bigger", vocab=1000, hidden=512, layers=8)
     run = advise_cli(str(write_config(tmp_path, target, bigger)), "--out", str(tmp_path / "b"))
     assert run.returncode == 1 and "Verdict: too slow a draft" in run.stdout, run.stdout + run.stderr
@@ -75,10 +75,10 @@ def test_a_gpu_preset_on_this_machine_says_what_it_would_measure_and_refuses(tmp
         pytest.skip("this machine has GPUs: the preset could run")
     run = advise_cli("llama70b-7b.yaml", "--batches", "1,8,32", "--out", str(tmp_path))
     assert run.returncode == 2, run.stdout + run.stderr
-    advice = json.loads((tmp_path / "advice.json").read_text())
-    assert advice["status"] == "cannot_measure" and "step_costs" not in advice
-    assert any("8 GPUs" in p for p in advice["problems"])
-    assert "step costs at batch 1, 8, 32" in advice["would_measure"][0]
+    advice = Advice.from_json(json.loads((tmp_path / "advice.json").read_text()))
+    assert advice.status == "cannot_measure" and advice.step_costs is None
+    assert any("8 GPUs" in p for p in advice.problems)
+    assert "step costs at batch 1, 8, 32" in advice.would_measure[0]
     assert "What it would measure" in run.stdout
 
 
@@ -91,26 +91,27 @@ def test_advise_on_the_embedded_default(tmp_path: Path, embedded_pair, measureme
     run = advise_cli("embedded-code.yaml", "--batches", "1,8", "--requests", "8", "--max-tokens", "64",
                      "--cost-repeats", "2", "--repeat", "2", "--out", str(tmp_path), timeout=2400)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
-    advice = json.loads((tmp_path / "advice.json").read_text())
-    assert advice["status"] == "advised"
-    assert advice["compatibility"].startswith("the draft's tokenizer is the target's: the same")
-    rows = {r["batch"]: r for r in advice["rows"]}
+    advice = Advice.from_json(json.loads((tmp_path / "advice.json").read_text()))
+    assert advice.status == "advised"
+    assert advice.compatibility.startswith("the draft's tokenizer is the target's: the same")
+    rows = {r.batch: r for r in advice.rows}
     assert set(rows) == {1, 8}
     one = rows[1]
-    assert len(one["per_position_acceptance"]) == 4 and one["per_position_acceptance"][0] > 0.3
+    accepted = one.per_position_acceptance
+    assert len(accepted) == 4 and accepted[0] > 0.3
     # vLLM's per-position counters are cumulative acceptance: each position at most the one before.
-    assert all(a >= b for a, b in zip(one["per_position_acceptance"], one["per_position_acceptance"][1:]))
-    assert one["tokens_per_step"] == pytest.approx(1 + sum(one["per_position_acceptance"]), rel=0.01)
-    assert 0 < one["draft_step"] < 0.5
+    assert all(a >= b for a, b in zip(accepted, accepted[1:]))
+    assert one.tokens_per_step == pytest.approx(1 + sum(accepted), rel=0.01)
+    assert 0 < one.draft_step < 0.5
     # At batch 1 a speculative step costs little more than a plain one: 0.9-1.2 plain steps with the bf16
     # 8x pair on AVX-512 (verification is bandwidth-bound), 1.32 with the float32 4x pair on AVX2 on
     # 2026-11-27 (verifying 5 tokens 1.09 plain steps, drafting 4 tokens 0.22). At batch 8 verification
     # costs target compute: verifying costs clearly more plain steps than at batch 1 (1.76 there). The whole
     # step's cost rises less (1.55), as the draft's share falls with the batch, so the claim is verification's.
-    assert 0.6 < one["step_cost"] < 2.5 and rows[8]["verify_ratio"] > one["verify_ratio"] * 1.2, rows
+    assert 0.6 < one.step_cost < 2.5 and rows[8].verify_ratio > one.verify_ratio * 1.2, rows
     # The cost model (tokens per step / step cost) and the load test see the same engine, and
     # speculation pays at batch 1: ~2.9x with the bf16 8x pair on AVX-512, 1.39x with the float32
     # 4x pair on an AVX2 CPU (predicted 1.57x: its draft costs 9% of a target step, not 3%).
-    assert one["measured_speedup"] > 1.15 and 0.5 < one["predicted_speedup"] / one["measured_speedup"] < 2, rows
-    assert advice["verdict"].startswith("use it at"), advice["verdict"]
+    assert one.measured_speedup > 1.15 and 0.5 < one.predicted_speedup / one.measured_speedup < 2, rows
+    assert advice.verdict.startswith("use it at"), advice.verdict
     assert (tmp_path / "load-test" / "report.md").is_file() and "| 8 |" in (tmp_path / "advice.md").read_text()

@@ -15,8 +15,9 @@ import pytest
 
 from deploy import load_config
 from loadtest.measurement.derive import by_category
+from loadtest.measurement.figures import CategoryFigures
 from loadtest.measurement.results import SweepResults
-from loadtest.reports.report import write_report
+from loadtest.reports.report import compare_table, write_report
 from loadtest.reports.sweep_summary import best_by_batch, headline, verdict_lines
 from loadtest.sweeps.settings import SweepSettings, plan_variants
 from loadtest.traffic.workloads import CATEGORIES_FILE, load_workload
@@ -136,30 +137,31 @@ def three_drafters() -> SweepResults:
         other = copy.deepcopy(spec)
         other.name, other.label = name, f"{name} K=4"
         for level in other.levels:
-            level.client["output_tokens_per_s"] *= factor
+            level.client.output_tokens_per_s *= factor
         results.variants.insert(1, other)
     for variant in results.variants:
         for level in variant.levels:
-            speed = level.client["output_tokens_per_s"] / level.concurrency
-            level.client["by_category"] = {
-                "code": {"requests": 2, "output_tokens": 256, "tokens_per_s": speed * 1.2, "not_text": 0,
-                         "acceptance": None if variant.name == "baseline" else 0.8},
-                "chat": {"requests": 2, "output_tokens": 256, "tokens_per_s": speed * 0.8, "not_text": 1,
-                         "acceptance": None if variant.name == "baseline" else 0.4}}
+            speed = level.client.output_tokens_per_s / level.concurrency
+            drafted = variant.name != "baseline"
+            level.client.by_category = {
+                "code": CategoryFigures(2, 256, speed * 1.2, 0.8 if drafted else None, not_text=0),
+                "chat": CategoryFigures(2, 256, speed * 0.8, 0.4 if drafted else None, not_text=1)}
     return results
 
 
 def test_the_report_leads_with_the_best_drafter_at_each_batch_size(tmp_path: Path) -> None:
     results = three_drafters()
     ranked = dict(best_by_batch(results))
-    assert [e["variant"] for e in ranked[1]] == ["ngram", "spec-k4", "bigram"]
-    assert [e["variant"] for e in ranked[32]][0] == "ngram"
+    assert [e.variant for e in ranked[1]] == ["ngram", "spec-k4", "bigram"]
+    assert [e.variant for e in ranked[32]][0] == "ngram"
     lines = verdict_lines(results)
     assert (lines[0].level, lines[0].verdict, lines[0].tone) == ("batch 1: best drafter", "ngram", "good")
     assert "then spec-k4 1.90x, bigram 0.95x" in lines[0].figures
     # At 32 the best (ngram, 1.12x) pays and the others do not; each drafter's own verdict follows.
     assert lines[2].level == "batch 32: best drafter" and lines[3].level == "batch 1, bigram"
     assert any(x.startswith("batch 1: best drafter ngram, ") for x in headline(results))
+    table = compare_table(results, [1])  # the terminal's table of one batch size keeps its best-drafter line
+    assert "batch 1: best drafter ngram" in table and "batch 32: best drafter" not in table
     files = write_report(results, tmp_path)
     md = files["markdown"].read_text()
     assert md.split("\n")[2].startswith("- **batch 1: best drafter: ngram** — ngram 2.28x")
@@ -168,12 +170,12 @@ def test_the_report_leads_with_the_best_drafter_at_each_batch_size(tmp_path: Pat
 
 def test_acceptance_and_speedup_by_category_against_the_baseline(tmp_path: Path) -> None:
     results = three_drafters()
-    rows = {(r["concurrency"], r["category"], r["variant"]): r for r in by_category(results)}
+    rows = {(r.concurrency, r.category, r.variant): r for r in by_category(results)}
     code = rows[1, "code", "ngram"]
-    assert code["requests"] == 6 and code["acceptance"] == pytest.approx(0.8)  # 3 runs of 2 requests
-    assert code["speedup"]["mean"] == pytest.approx(rows[1, "code", "spec-k4"]["speedup"]["mean"] * 1.2)
-    assert rows[1, "chat", "baseline"]["speedup"] is None and rows[1, "chat", "bigram"]["not_text"] == 3
-    assert [r["category"] for r in by_category(results)][:4] == ["code"] * 4  # a category's variants together
+    assert code.requests == 6 and code.acceptance == pytest.approx(0.8)  # 3 runs of 2 requests
+    assert code.speedup.mean == pytest.approx(rows[1, "code", "spec-k4"].speedup.mean * 1.2)
+    assert rows[1, "chat", "baseline"].speedup is None and rows[1, "chat", "bigram"].not_text == 3
+    assert [r.category for r in by_category(results)][:4] == ["code"] * 4  # a category's variants together
     md = write_report(results, tmp_path)["markdown"].read_text()
     section = md.split("## By category", 1)[1]
     assert "| 1 | code | ngram | 6 | 80% |" in section
@@ -195,16 +197,16 @@ def test_a_sweep_of_two_drafters_on_category_prompts(tmp_path: Path, embedded_pa
     assert results.plan["server_starts"] == 3
     for variant in results.variants:
         (level,) = variant.levels
-        figures = level.client["by_category"]
-        assert set(figures) == {"code", "math"} and sum(f["requests"] for f in figures.values()) == 4
-        assert all(f["tokens_per_s"] > 0 for f in figures.values())
+        figures = level.client.by_category
+        assert set(figures) == {"code", "math"} and sum(f.requests for f in figures.values()) == 4
+        assert all(f.tokens_per_s > 0 for f in figures.values())
         # The server's per-request counts: drafted tokens where it speculates, none where not.
-        assert all((f["acceptance"] is None) == (variant.name == "baseline") for f in figures.values()), figures
+        assert all((f.acceptance is None) == (variant.name == "baseline") for f in figures.values()), figures
         # Its engine's steps, timed by phase over the measured run: the drafter's share among them.
         assert level.step_ms["steps"] > 0 and level.step_ms["forward"] > 0
         assert (level.step_ms["propose"] > 0) == (variant.name != "baseline")
     rows = by_category(results)
-    assert {(r["category"], r["variant"]) for r in rows if r["speedup"]} == {
+    assert {(r.category, r.variant) for r in rows if r.speedup} == {
         (c, v) for c in ("code", "math") for v in ("spec-k4", "ngram")}
     md = (out / "report.md").read_text()
     first = next(line for line in md.splitlines() if line.startswith("- **"))
@@ -222,14 +224,14 @@ def test_a_price_per_gpu_hour_gives_gpu_hours_and_the_cost_of_a_million_tokens(t
         variant.gpus, variant.price_per_gpu_hour = 4, 2.5
     from loadtest.measurement.derive import costs
 
-    rows = {r["variant"]: r for r in costs(results)}
+    rows = {r.variant: r for r in costs(results)}
     spec = rows["spec-k4"]
     runs = [lv for lv in results.variants[0].levels if lv.concurrency == 1]
-    tps = sum(lv.client["output_tokens_per_s"] for lv in runs) / len(runs)
-    assert spec["cost_per_million_tokens"][1] == pytest.approx(2.5 * 4 / 3600 / tps * 1e6)
-    seconds = sum(results.variants[0].startup_s) + sum(lv.client["duration_s"] for lv in results.variants[0].levels)
-    assert spec["gpu_hours"] == pytest.approx(4 * seconds / 3600)
+    tps = sum(lv.client.output_tokens_per_s for lv in runs) / len(runs)
+    assert spec.cost_per_million_tokens[1] == pytest.approx(2.5 * 4 / 3600 / tps * 1e6)
+    seconds = sum(results.variants[0].startup_s) + sum(lv.client.duration_s for lv in results.variants[0].levels)
+    assert spec.gpu_hours == pytest.approx(4 * seconds / 3600)
     md = write_report(results, tmp_path)["markdown"].read_text()
     assert "- cost per million output tokens: spec-k4 " in md and "## Cost: GPU-hours" in md
     results.variants[0].price_per_gpu_hour = None  # no price: no cost
-    assert "spec-k4" not in {r["variant"] for r in costs(results)}
+    assert "spec-k4" not in {r.variant for r in costs(results)}

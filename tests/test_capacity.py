@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -12,15 +13,19 @@ import pytest
 from loadtest.sweeps import capacity as cap
 from loadtest.reports import capacity_report
 from loadtest.measurement import capacity_figures
-from loadtest.measurement.capacity_figures import crossover, headline, paired_speedups
-from loadtest.measurement.results import CapacityLevel, CapacityResults, LevelResult
+from loadtest.measurement.capacity_figures import (MemoryPeaks, Overload, RateSpeedup, VariantCapacity, crossover,
+                                                   headline, paired_speedups)
+from loadtest.measurement.figures import (Agreement, BenchFigures, ClientFigures, ContentReference, ContentSummary,
+                                          Distribution, FigureAgreement, OpenLoopFigures, ServerFigures, SloFigures,
+                                          TargetFigures)
+from loadtest.measurement.results import CAPACITY_SCHEMA, CapacityLevel, CapacityResults, LevelResult
 from loadtest.sweeps.capacity import Capacity, CapacitySettings, judge, search
 
 SLO = "ttft_p95=500ms,tpot_p95=50ms"
 
 
-def _dist(value: float) -> dict:
-    return {"n": 8, "mean": value, "std": 0.0, "p50": value, "p90": value, "p95": value, "p99": value}
+def _dist(value: float) -> Distribution:
+    return Distribution(n=8, mean=value, std=0.0, p50=value, p90=value, p95=value, p99=value)
 
 
 def synthetic_level(variant: str, rate: float, capacity: float, tpot_ms: float, served: bool = True,
@@ -28,23 +33,22 @@ def synthetic_level(variant: str, rate: float, capacity: float, tpot_ms: float, 
     """A rate level as the open-loop sweep reports one: meets the targets at or below `capacity`."""
     met = rate <= capacity
     ttft = 100 if met else 900
-    client = {"requests": 8, "ok": 8, "failed": 0, "output_tokens_per_s": tokens_per_s or 16 * rate, "ttft_ms": _dist(ttft),
-              "per_token_latency_ms": _dist(tpot_ms), "e2e_ms": _dist(ttft + 15 * tpot_ms)}
-    targets = {"ttft_p95": {"bound_ms": 500, "value_ms": ttft, "met": met},
-               "tpot_p95": {"bound_ms": 50, "value_ms": tpot_ms, "met": True}}
+    client = ClientFigures(requests=8, ok=8, failed=0, output_tokens_per_s=tokens_per_s or 16 * rate,
+                           ttft_ms=_dist(ttft), per_token_latency_ms=_dist(tpot_ms), e2e_ms=_dist(ttft + 15 * tpot_ms))
+    targets = {"ttft_p95": TargetFigures(bound_ms=500, value_ms=ttft, met=met),
+               "tpot_p95": TargetFigures(bound_ms=50, value_ms=tpot_ms, met=True)}
+    outcomes = {"served": 8 if served else 6, "refused": 0, "timed_out": 0 if served else 2, "failed": 0, "unsent": 0}
     return LevelResult(rate=rate, status="ok", problems=[], client=client,
-                       open_loop={"achieved_rate": rate, "behind": False, "sent": 8,
-                                  "outcomes": {"served": 8 if served else 6, "refused": 0,
-                                               "timed_out": 0 if served else 2, "failed": 0, "unsent": 0}},
-                       slo={"met": met, "targets": targets},
-                       server={"acceptance_rate": 0.6 if variant != "baseline" else None})
+                       open_loop=OpenLoopFigures(achieved_rate=rate, behind=False, sent=8, outcomes=outcomes),
+                       slo=SloFigures(met=met, targets=targets),
+                       server=ServerFigures(acceptance_rate=0.6 if variant != "baseline" else None))
 
 
-def summary(capacity: dict, **more) -> CapacityResults:
+def summary(capacity: dict[str, VariantCapacity], **more) -> CapacityResults:
     """A search's result for its first lines: each variant in `capacity` served one run that met the
     targets (a variant with no run served is not measured, and draws no comparison)."""
-    levels = [CapacityLevel(variant=v, rate=0.5, phase="search", status="ok", meets_targets=True, client={"ok": 8})
-              for v in capacity]
+    levels = [CapacityLevel(variant=v, rate=0.5, phase="search", status="ok", meets_targets=True,
+                            client=ClientFigures(ok=8)) for v in capacity]
     return CapacityResults(slo=SLO, spec_variant="spec-k4", variants=list(capacity), capacity=capacity,
                            levels=levels, **more)
 
@@ -73,17 +77,17 @@ class FakeLevels:
         level = synthetic_level(variant, rate, self.capacities[variant], self.tpot[variant](rate),
                                 tokens_per_s=16 * served)
         if duration_s:  # overload: some requests time out, all accounted for
-            level.open_loop["outcomes"].update(served=5, timed_out=3)
+            level.open_loop.outcomes.update(served=5, timed_out=3)
         if vllm_bench:
-            level.vllm_bench = {"output_tokens_per_s": 16 * rate}
-            level.vllm_bench_agreement = {
-                "output_tokens_per_s": {"locust": 16 * rate, "vllm_bench": 16.3 * rate, "difference": -0.018,
-                                        "difference_adjusted": None, "tolerance": 0.05, "agrees": True},
-                "ttft_p50_ms": {"locust": 100, "vllm_bench": 104, "difference": -0.04, "difference_adjusted": -0.02,
-                                "tolerance": 0.1, "agrees": True},
-                "per_token_p50_ms": {"locust": 9, "vllm_bench": 11, "difference": -0.18, "difference_adjusted": None,
-                                     "tolerance": 0.1, "agrees": False},
-                "agrees": False}
+            level.vllm_bench = BenchFigures(output_tokens_per_s=16 * rate)
+            level.vllm_bench_agreement = Agreement(
+                output_tokens_per_s=FigureAgreement(locust=16 * rate, vllm_bench=16.3 * rate, difference=-0.018,
+                                                    tolerance=0.05, agrees=True),
+                ttft_p50_ms=FigureAgreement(locust=100, vllm_bench=104, difference=-0.04, difference_adjusted=-0.02,
+                                            tolerance=0.1, agrees=True),
+                per_token_p50_ms=FigureAgreement(locust=9, vllm_bench=11, difference=-0.18, tolerance=0.1,
+                                                 agrees=False),
+                agrees=False)
         return level
 
     def alive(self, variant: str) -> str | None:
@@ -105,11 +109,11 @@ def test_monotone_capacity_is_found_within_the_precision_on_both_variants_at_eve
     found = search(monotone({"spec-k4": 3.1, "baseline": 1.3}, calls), ["spec-k4", "baseline"], settings)
     for variant, true in (("spec-k4", 3.1), ("baseline", 1.3)):
         c = found[variant]
-        lo, hi = c["interval"]
-        assert c["status"] == "found" and c["capacity"] == lo
+        lo, hi = c.interval
+        assert c.status == "found" and c.capacity == lo
         assert lo <= true < hi <= 1.15 * lo
-        assert len(c["runs"][f"{lo:g}"]) == 2 and len(c["runs"][f"{hi:g}"]) == 2  # the boundary repeated
-        assert c["steps"] <= settings.max_steps
+        assert len(c.runs[f"{lo:g}"]) == 2 and len(c.runs[f"{hi:g}"]) == 2  # the boundary repeated
+        assert c.steps <= settings.max_steps
     # Every (rate, repeat) either variant asked was measured on both: the pairing exists.
     by_variant = {v: {(r, n) for w, r, n in calls if w == v} for v in ("spec-k4", "baseline")}
     assert by_variant["spec-k4"] == by_variant["baseline"]
@@ -125,14 +129,14 @@ def test_a_noisy_boundary_is_settled_by_the_repeats() -> None:
         seen[rate] = seen.get(rate, 0) + 1
         level = synthetic_level(variant, rate, 3.1, 10)
         if 2.9 < rate <= 3.1 and repeat == 2:
-            level.slo["met"] = False
+            level.slo.met = False
         return level
 
     c = search(measure, ["spec-k4"], CapacitySettings(SLO, repeat=2))["spec-k4"]
-    lo, hi = c["interval"]
+    lo, hi = c.interval
     assert hi <= 3.1 and lo < 2.9  # the noisy rate is the lowest failing now
-    assert c["runs"][f"{hi:g}"] == [True, False]
-    assert c["runs"][f"{lo:g}"] == [True, True]  # the new capacity passed both its runs
+    assert c.runs[f"{hi:g}"] == [True, False]
+    assert c.runs[f"{lo:g}"] == [True, True]  # the new capacity passed both its runs
 
 
 def test_a_variant_failing_at_the_start_rate_searches_downward() -> None:
@@ -140,34 +144,34 @@ def test_a_variant_failing_at_the_start_rate_searches_downward() -> None:
     c = search(monotone({"baseline": 0.1}, calls), ["baseline"], CapacitySettings(SLO, start_rate=0.5))["baseline"]
     asked = [r for _, r, n in calls if n == 1]
     assert asked[:4] == [0.5, 0.25, 0.125, 0.0625]
-    assert c["status"] == "found" and c["interval"][0] <= 0.1 < c["interval"][1]
+    assert c.status == "found" and c.interval[0] <= 0.1 < c.interval[1]
 
 
 def test_none_passing_says_so() -> None:
     found = search(monotone({"spec-k4": 0.0, "baseline": 1.0}), ["spec-k4", "baseline"],
                    CapacitySettings(SLO, start_rate=1, max_steps=4))
-    assert found["spec-k4"]["status"] == "none passing" and found["spec-k4"]["capacity"] is None
-    assert found["spec-k4"]["steps"] <= 4
+    spec = found["spec-k4"]
+    assert spec.status == "none passing" and spec.capacity is None and spec.steps <= 4
     text = headline(summary(found))[0]
     assert text.startswith("At ttft_p95 <= 500 ms and tpot_p95 <= 50 ms, speculation meets them at no rate measured;")
 
 
 def test_the_max_rate_caps_the_search_and_the_budget_ends_it() -> None:
     found = search(monotone({"spec-k4": 100.0}), ["spec-k4"], CapacitySettings(SLO, max_rate=3, repeat=1))["spec-k4"]
-    assert found["status"] == "at least" and found["interval"] == [3.0, None]
-    assert max(float(r) for r in found["runs"]) == 3.0
+    assert found.status == "at least" and found.interval == [3.0, None]
+    assert max(float(r) for r in found.runs) == 3.0
     budget = search(monotone({"spec-k4": 100.0}), ["spec-k4"], CapacitySettings(SLO, max_steps=3, repeat=1))["spec-k4"]
-    assert budget["steps"] == 3 and budget["status"] == "open" and budget["capacity"] == 2.0
+    assert budget.steps == 3 and budget.status == "open" and budget.capacity == 2.0
 
 
 @pytest.mark.parametrize("change, reason", [
-    ({"open_loop": {"behind": True, "achieved_rate": 3.2}}, "fell behind its schedule (achieved 3.2 of 4 req/s)"),
-    ({"open_loop": {"outcomes": {"served": 6, "refused": 1, "timed_out": 1}}}, "1 refused, 1 timed out"),
+    ({"open_loop": OpenLoopFigures(behind=True, achieved_rate=3.2)},
+     "fell behind its schedule (achieved 3.2 of 4 req/s)"),
+    ({"open_loop": OpenLoopFigures(outcomes={"served": 6, "refused": 1, "timed_out": 1})}, "1 refused, 1 timed out"),
     ({"status": "failed", "problems": ["server no longer running"]}, "not measured: server no longer running"),
 ])
 def test_a_run_that_did_not_serve_the_load_asked_fails(change: dict, reason: str) -> None:
-    level = LevelResult.from_json({**synthetic_level("spec-k4", 4.0, 10, 10).to_json(), **change})
-    passed, why = judge(level)
+    passed, why = judge(replace(synthetic_level("spec-k4", 4.0, 10, 10), **change))
     assert not passed and reason in why
     assert judge(synthetic_level("spec-k4", 4.0, 10, 10)) == (True, "met every target")
     assert judge(synthetic_level("spec-k4", 4.0, 1, 10))[1] == "missed ttft_p95 900 > 500 ms"
@@ -175,17 +179,16 @@ def test_a_run_that_did_not_serve_the_load_asked_fails(change: dict, reason: str
 
 # ---------------------------------------------------------------------------------- the crossover
 def test_the_crossover_is_interpolated_on_a_log_scale_of_rate() -> None:
-    points = [{"rate": 0.5, "speedup": 1.5}, {"rate": 1.0, "speedup": 1.2}, {"rate": 4.0, "speedup": 0.8}]
-    c = crossover(points)
-    assert c["kind"] == "stops paying" and c["rate"] == pytest.approx(2.0)  # halfway between 1 and 4 in log
-    assert crossover([{"rate": 1, "speedup": 0.9}, {"rate": 2, "speedup": 1.1}])["kind"] == "starts paying"
+    c = crossover([(0.5, 1.5), (1.0, 1.2), (4.0, 0.8)])
+    assert c.kind == "stops paying" and c.rate == pytest.approx(2.0)  # halfway between 1 and 4 in log
+    assert crossover([(1, 0.9), (2, 1.1)]).kind == "starts paying"
     # Noise around 1.0 crosses it more than once: the first fall below 1.0 is the crossover.
-    noisy = crossover([{"rate": 1, "speedup": 0.95}, {"rate": 2, "speedup": 1.05}, {"rate": 4, "speedup": 0.95}])
-    assert noisy["kind"] == "stops paying" and noisy["between"] == [2, 4] and len(noisy["crossings"]) == 2
+    noisy = crossover([(1, 0.95), (2, 1.05), (4, 0.95)])
+    assert noisy.kind == "stops paying" and noisy.between == [2, 4] and len(noisy.crossings) == 2
     assert "between 2 and 4 req/s" in capacity_figures.crossover_text(noisy) and "2 times in all" in capacity_figures.crossover_text(noisy)
-    throughout = crossover([{"rate": 1, "speedup": 1.3}, {"rate": 2, "speedup": 1.1}])
-    assert throughout["kind"] == "pays throughout" and throughout["rate"] is None
-    assert crossover([{"rate": 1, "speedup": None}])["kind"] == "no pairs"
+    throughout = crossover([(1, 1.3), (2, 1.1)])
+    assert throughout.kind == "pays throughout" and throughout.rate is None
+    assert crossover([(1, None)]).kind == "no pairs"
     line = capacity_figures.crossover_text(throughout)
     assert line.startswith("speculation pays at every rate measured (1-2 req/s)") and "none" not in line
     assert "no crossover in the range measured" in line
@@ -195,16 +198,15 @@ def test_speedups_pair_runs_of_the_same_rate_and_repeat() -> None:
     levels = [CapacityLevel.of(synthetic_level(v, r, 9, t), variant=v, repeat=n, phase="search")
               for v, r, n, t in (("spec-k4", 1.0, 1, 5), ("baseline", 1.0, 1, 10), ("spec-k4", 1.0, 2, 10),
                                  ("baseline", 1.0, 2, 10), ("spec-k4", 2.0, 1, 8), ("baseline", 4.0, 1, 10))]
-    assert paired_speedups(levels, "spec-k4") == [{"rate": 1.0, "pairs": 2, "speedup": 1.5,
-                                                   "e2e_speedup": pytest.approx((250 / 175 + 1) / 2)}]
+    assert paired_speedups(levels, "spec-k4") == [RateSpeedup(rate=1.0, pairs=2, speedup=1.5,
+                                                              e2e_speedup=pytest.approx((250 / 175 + 1) / 2))]
 
 
 def test_the_first_line_says_raises_or_lowers_with_intervals() -> None:
-    def c(lo: float, hi: float | None) -> dict:
-        return {"capacity": lo, "interval": [lo, hi], "status": "found", "lowest_tried": 0.5}
+    def c(lo: float, hi: float | None, status: str = "found") -> VariantCapacity:
+        return VariantCapacity(capacity=lo, interval=[lo, hi], status=status, lowest_tried=0.5)
 
-    result = summary({"spec-k4": c(2.83, 3.08), "baseline": c(2.0, 2.2)},
-                     crossover=crossover([{"rate": 1.0, "speedup": 1.2}, {"rate": 4.0, "speedup": 0.8}]))
+    result = summary({"spec-k4": c(2.83, 3.08), "baseline": c(2.0, 2.2)}, crossover=crossover([(1.0, 1.2), (4.0, 0.8)]))
     first, second = headline(result)
     assert first == ("At ttft_p95 <= 500 ms and tpot_p95 <= 50 ms, speculation raises capacity from 2 to 2.83 req/s "
                      "(+42%). Intervals (highest rate meeting them - lowest missing them): baseline 2-2.2, "
@@ -212,7 +214,7 @@ def test_the_first_line_says_raises_or_lowers_with_intervals() -> None:
     assert second.startswith("speculation stops paying above 2 req/s")
     result.capacity = {"spec-k4": c(1.0, 1.1), "baseline": c(2.0, 2.2)}
     assert "speculation lowers capacity from 2 to 1 req/s (-50%" in headline(result)[0]
-    result.capacity["spec-k4"] = {**c(4.0, None), "status": "at least"}
+    result.capacity["spec-k4"] = c(4.0, None, "at least")
     first = headline(result)[0]
     assert "from 2 to at least 4 req/s (+100%)" in first and first.endswith("at least 4 (none failed) req/s, so at least +82%")
 
@@ -223,18 +225,18 @@ def test_the_command_writes_capacity_json_report_and_plots(tmp_path: Path) -> No
     result = Capacity(levels, CapacitySettings(SLO, overload_s=5), tmp_path, context={"config": "embedded-code.yaml"}).run()
     files = capacity_report.write(result, tmp_path)
     saved = CapacityResults.load(tmp_path)
-    assert saved == result and json.loads((tmp_path / "capacity.json").read_text())["schema"] == 2
+    assert saved == result and json.loads((tmp_path / "capacity.json").read_text())["schema"] == CAPACITY_SCHEMA
     assert saved.status == "flagged"  # the second opinion disagrees on per-token latency
-    assert saved.capacity["spec-k4"]["capacity"] == pytest.approx(3.08)
-    assert saved.crossover["kind"] == "stops paying" and 2.0 < saved.crossover["rate"] < 3.0
+    assert saved.capacity["spec-k4"].capacity == pytest.approx(3.08)
+    assert saved.crossover.kind == "stops paying" and 2.0 < saved.crossover.rate < 3.0
     # vLLM's benchmark only in the second opinion: at 50% and 80% of the smaller capacity (1.3).
     bench = sorted({(r, v) for v, r, n, b, d in levels.calls if b})
     assert bench == [(0.65, "baseline"), (0.65, "spec-k4"), (1.04, "baseline"), (1.04, "spec-k4")]
     # Overload at twice each capacity, for --overload-s, every request accounted for, memory recorded.
     assert {(v, r, d) for v, r, n, b, d in levels.calls if d} == {("spec-k4", 6.16, 5), ("baseline", 2.6, 5)}
     over = saved.overload["spec-k4"]
-    assert over["accounted"] and over["server_up_after"] and over["outcomes"]["timed_out"] == 3
-    assert over["memory"]["self_peak_mib"] > 0 and over["memory"]["samples"] >= 2
+    assert over.accounted and over.server_up_after and over.outcomes["timed_out"] == 3
+    assert over.memory.self_peak_mib > 0 and over.memory.samples >= 2
     text = files["markdown"].read_text()
     assert text.splitlines()[2] == ("- **capacity: speculation raises capacity +137%** — baseline 1.3 → speculation "
                                     "3.08 req/s at ttft_p95 <= 500 ms and tpot_p95 <= 50 ms")
@@ -255,16 +257,16 @@ def test_the_scan_locates_a_crossover_above_both_capacities(tmp_path: Path) -> N
     result = Capacity(levels, CapacitySettings(SLO, overload_s=0, second_opinion=False), tmp_path).run()
     searched = max(lv.rate for lv in result.levels if lv.phase == "search")
     scan = result.scan
-    assert scan["rates"] and scan["rates"][0] == cap.canonical(math.sqrt(2) * searched)
-    assert scan["ended"].startswith("the speedup is below 1.0")
+    assert scan.rates and scan.rates[0] == cap.canonical(math.sqrt(2) * searched)
+    assert scan.ended.startswith("the speedup is below 1.0")
     # Both variants at every scan rate, and the crossover interpolated between the last two rates.
-    assert sorted((v, r) for v, r, *_ in levels.calls if r in scan["rates"]) == \
-        sorted((v, r) for v in ("spec-k4", "baseline") for r in scan["rates"])
+    assert sorted((v, r) for v, r, *_ in levels.calls if r in scan.rates) == \
+        sorted((v, r) for v in ("spec-k4", "baseline") for r in scan.rates)
     cross = result.crossover
-    assert cross["kind"] == "stops paying" and 5.0 < cross["rate"] < 7.0 and cross["between"][1] == scan["rates"][-1]
+    assert cross.kind == "stops paying" and 5.0 < cross.rate < 7.0 and cross.between[1] == scan.rates[-1]
     assert "speculation stops paying above" in headline(result)[1]
     # The search's capacities are what they were without the scan.
-    assert result.capacity["spec-k4"]["capacity"] == pytest.approx(3.08)
+    assert result.capacity["spec-k4"].capacity == pytest.approx(3.08)
 
 
 def test_the_scan_ends_when_both_variants_are_saturated(tmp_path: Path) -> None:
@@ -274,14 +276,14 @@ def test_the_scan_ends_when_both_variants_are_saturated(tmp_path: Path) -> None:
     result = Capacity(levels, CapacitySettings(SLO, overload_s=0, second_opinion=False, scan_steps=5),
                       tmp_path).run()
     scan = result.scan
-    assert scan["rates"] == [5.66, 8.0] and scan["saturated_at"] == 5.66, scan
-    assert scan["ended"] == "both variants saturated at 5.66 req/s"
+    assert scan.rates == [5.66, 8.0] and scan.saturated_at == 5.66, scan
+    assert scan.ended == "both variants saturated at 5.66 req/s"
     line = headline(result)[1]
     assert "pays at every rate measured" in line and "from 5.66 req/s neither variant's throughput grows" in line
     # --max-rate bounds the scan; --scan-steps 0 turns it off.
     capped = Capacity(FakeLevels({"spec-k4": 3.1, "baseline": 1.3}, tpot=tpot),
                       CapacitySettings(SLO, overload_s=0, second_opinion=False, max_rate=4.5), tmp_path).run()
-    assert capped.scan["rates"] == [] and "above --max-rate" in capped.scan["ended"]
+    assert capped.scan.rates == [] and "above --max-rate" in capped.scan.ended
     off = Capacity(FakeLevels({"spec-k4": 3.1, "baseline": 1.3}, tpot=tpot),
                    CapacitySettings(SLO, overload_s=0, second_opinion=False, scan_steps=0), tmp_path).run()
     assert off.scan is None and not any(lv.phase == "scan" for lv in off.levels)
@@ -292,10 +294,10 @@ def test_a_dead_server_stops_its_search_and_keeps_what_was_measured(tmp_path: Pa
     result = Capacity(levels, CapacitySettings(SLO, overload_s=5), tmp_path).run()
     assert result.status == "failed"
     spec = result.capacity["spec-k4"]
-    assert spec["status"] == "stopped" and "exited with code -9" in spec["stopped"]
-    assert spec["capacity"] == 1.0  # what it passed before it died
-    assert result.capacity["baseline"]["status"] == "found"
-    assert result.overload["spec-k4"] == {"skipped": spec["stopped"]}
+    assert spec.status == "stopped" and "exited with code -9" in spec.stopped
+    assert spec.capacity == 1.0  # what it passed before it died
+    assert result.capacity["baseline"].status == "found"
+    assert result.overload["spec-k4"] == Overload(skipped=spec.stopped)
     assert not any(v == "spec-k4" and r > 2 for v, r, *_ in levels.calls)  # no more levels on a dead server
     assert CapacityResults.load(tmp_path / "capacity.json").levels
 
@@ -334,17 +336,19 @@ def test_an_interrupted_search_draws_no_comparison_from_the_variant_it_never_mea
 def test_a_capacity_that_a_later_lower_rate_run_contradicts_is_revised_in_the_headline() -> None:
     """The short search of issue 46: both variants pass at 8 req/s, then the second opinion's run at
     6.4 req/s (80% of it) misses tpot_p95 for speculation: 8 cannot stand."""
-    def level(variant: str, rate: float, met: bool, phase: str = "search", repeat: int = 1) -> dict:
-        return {"variant": variant, "rate": rate, "repeat": repeat, "phase": phase, "status": "ok",
-                "meets_targets": met, "why": "ok" if met else "tpot_p95 93 ms > 50 ms",
-                "client": {"ok": 8, "per_token_latency_ms": _dist(20), "e2e_ms": _dist(900)}}
+    def level(variant: str, rate: float, met: bool, phase: str = "search", repeat: int = 1) -> CapacityLevel:
+        return CapacityLevel(variant=variant, rate=rate, repeat=repeat, phase=phase, status="ok", meets_targets=met,
+                             why="ok" if met else "tpot_p95 93 ms > 50 ms",
+                             client=ClientFigures(ok=8, per_token_latency_ms=_dist(20), e2e_ms=_dist(900)))
 
-    found = {"capacity": 8.0, "interval": [8.0, 16.0], "status": "found", "lowest_tried": 4.0}
-    result = CapacityResults.from_json({
-        "slo": SLO, "spec_variant": "spec-k4", "variants": ["spec-k4", "baseline"], "crossover": None,
-        "capacity": {"spec-k4": dict(found), "baseline": dict(found)},
-        "levels": [level(v, r, r <= 8) for v in ("spec-k4", "baseline") for r in (4.0, 8.0, 16.0)]
-        + [level("spec-k4", 6.4, False, "second opinion", 2), level("baseline", 6.4, True, "second opinion", 2)]})
+    def found() -> VariantCapacity:
+        return VariantCapacity(capacity=8.0, interval=[8.0, 16.0], status="found", lowest_tried=4.0)
+
+    result = CapacityResults(
+        slo=SLO, spec_variant="spec-k4", variants=["spec-k4", "baseline"],
+        capacity={"spec-k4": found(), "baseline": found()},
+        levels=[level(v, r, r <= 8) for v in ("spec-k4", "baseline") for r in (4.0, 8.0, 16.0)]
+        + [level("spec-k4", 6.4, False, "second opinion", 2), level("baseline", 6.4, True, "second opinion", 2)])
     lines = headline(result)
     assert lines[0].startswith("At ttft_p95 <= 500 ms and tpot_p95 <= 50 ms, speculation lowers capacity from 8 to "
                                "4 req/s (-50%)"), lines[0]
@@ -360,13 +364,13 @@ def test_a_second_opinion_that_misses_the_targets_revises_the_capacity_the_overl
         def measure(self, variant: str, rate: float, repeat: int, **options) -> LevelResult:
             level = super().measure(variant, rate, repeat, **options)
             if variant == "spec-k4" and options.get("vllm_bench") and rate > 1:  # 80% of the smaller capacity
-                level.client["ttft_ms"] = _dist(900)
-                level.slo = {"met": False, "targets": {"ttft_p95": {"bound_ms": 500, "value_ms": 900, "met": False}}}
+                level.client.ttft_ms = _dist(900)
+                level.slo = SloFigures(met=False, targets={"ttft_p95": TargetFigures(bound_ms=500, value_ms=900)})
             return level
 
     levels = Contradicted({"spec-k4": 3.1, "baseline": 1.3})
     result = Capacity(levels, CapacitySettings(SLO, overload_s=5), tmp_path).run()
-    assert set(result.revised) == {"spec-k4"} and result.revised["spec-k4"]["capacity"] == 1.0
+    assert set(result.revised) == {"spec-k4"} and result.revised["spec-k4"].capacity == 1.0
     assert result.status == "flagged" and capacity_report.exit_code(result) == 0
     assert "speculation's capacity revised from 3.08 to 1 req/s: a run at 1.04 req/s (second opinion) missed" \
         in "\n".join(headline(result))
@@ -376,12 +380,12 @@ def test_a_second_opinion_that_misses_the_targets_revises_the_capacity_the_overl
 
 def test_overload_counts_requests_without_an_outcome() -> None:
     level = CapacityLevel.of(synthetic_level("baseline", 2.0, 1, 10), variant="baseline")
-    level.open_loop["sent"] = 10  # 8 ended, 2 vanished
-    over = cap.overload_summary(level, None, {}, 30)
-    assert not over["accounted"] and "2 of 10 sent requests have no outcome" in over["problems"][0]
+    level.open_loop.sent = 10  # 8 ended, 2 vanished
+    over = cap.overload_summary(level, None, MemoryPeaks(), 30)
+    assert not over.accounted and "2 of 10 sent requests have no outcome" in over.problems[0]
     gone = cap.overload_summary(CapacityLevel.of(level, status="failed", problems=["server no longer running"]),
-                                "exited with code 1", {}, 30)
-    assert not gone["server_up_after"] and "did not survive" in gone["problems"][0]
+                                "exited with code 1", MemoryPeaks(), 30)
+    assert not gone.server_up_after and "did not survive" in gone.problems[0]
     assert math.isclose(cap.canonical(2 * 1.54), 3.08)
 
 
@@ -415,12 +419,12 @@ def test_capacity_command_on_running_servers(servers, tmp_path: Path) -> None:
     for variant in result.variants:
         capacity = result.capacity[variant]
         if any(lv.variant == variant for lv in late):  # this machine's generator, not the server: searched below
-            assert capacity["status"] == "found" and 0 < capacity["capacity"] < 1, capacity
+            assert capacity.status == "found" and 0 < capacity.capacity < 1, capacity
             continue
-        assert capacity["status"] == "at least" and capacity["capacity"] == 1, capacity
+        assert capacity.status == "at least" and capacity.capacity == 1, capacity
         over = result.overload[variant]
-        assert over["rate"] == 2 and over["server_up_after"] and over["accounted"], over
-        assert over["memory"]["locust_peak_mib"] > 0
+        assert over.rate == 2 and over.server_up_after and over.accounted, over
+        assert over.memory.locust_peak_mib > 0
     if late:
         return
     assert {(lv.variant, lv.rate) for lv in result.levels if lv.phase == "search"} == \
@@ -436,23 +440,21 @@ def test_capacity_command_on_running_servers(servers, tmp_path: Path) -> None:
 def test_output_that_loops_is_said_first_for_each_variant_it_concerns() -> None:
     """A capacity measured on looping output: the content check's warning leads the report, per variant,
     over all its levels; text output adds no line."""
-    def summary(degenerate: int) -> dict:
-        return {"checked": 8, "degenerate": degenerate, "degenerate_share": degenerate / 8,
-                "distinct_4": 0.4 if degenerate else 0.88, "loop_share": 0.6 if degenerate else 0.0,
-                "reference": {"source": "held-out code", "distinct_4": 0.89}}
+    def summary(degenerate: int) -> ContentSummary:
+        return ContentSummary(checked=8, degenerate=degenerate, degenerate_share=degenerate / 8,
+                              distinct_4=0.4 if degenerate else 0.88, loop_share=0.6 if degenerate else 0.0,
+                              reference=ContentReference(source="held-out code", distinct_4=0.89))
 
-    def level(variant: str, rate: float, degenerate: int) -> dict:
-        return {"variant": variant, "rate": rate, "client": {"ok": 8, "content": summary(degenerate)}}
+    def level(variant: str, rate: float, degenerate: int) -> CapacityLevel:
+        return CapacityLevel(variant=variant, rate=rate, client=ClientFigures(ok=8, content=summary(degenerate)))
 
-    found = {"capacity": 1.0, "interval": [1.0, 1.2], "status": "found", "lowest_tried": 0.5}
-    result = CapacityResults.from_json({
-        "slo": SLO, "spec_variant": "spec-k4", "variants": ["spec-k4", "baseline"],
-        "capacity": {"spec-k4": found, "baseline": found}, "crossover": None,
-        "levels": [level("spec-k4", 1.0, 6), level("spec-k4", 2.0, 6), level("baseline", 1.0, 0),
-                   level("baseline", 2.0, 0)]})
+    found = VariantCapacity(capacity=1.0, interval=[1.0, 1.2], status="found", lowest_tried=0.5)
+    result = CapacityResults(
+        slo=SLO, spec_variant="spec-k4", variants=["spec-k4", "baseline"], capacity={"spec-k4": found, "baseline": found},
+        levels=[level(v, r, 6 if v == "spec-k4" else 0) for v in ("spec-k4", "baseline") for r in (1.0, 2.0)])
     lines = headline(result)
     assert lines[0].startswith("spec-k4: CONTENT: speculation's output rests mostly on degenerate output: "
                                "12 of 16 requests degenerate") and lines[1].startswith("At ttft_p95")
     for lv in result.levels:
-        lv.client["content"] = summary(0)
+        lv.client.content = summary(0)
     assert headline(result)[0].startswith("At ttft_p95")

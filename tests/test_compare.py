@@ -11,6 +11,7 @@ import pytest
 
 import report_samples
 from loadtest.__main__ import main
+from loadtest.measurement.figures import ContentSummary
 from loadtest.measurement.results import SweepResults
 from loadtest.reports.report import write_report
 
@@ -21,7 +22,7 @@ def two(tmp_path: Path) -> tuple[Path, Path]:
     greedy = copy.deepcopy(t1)
     greedy.settings["temperature"], greedy.machine["commit"] = 0.0, "abc1234"
     for level in greedy.variants[0].levels:
-        level.client["output_tokens_per_s"] *= 1.15
+        level.client.output_tokens_per_s *= 1.15
     write_report(t1, tmp_path / "t1")
     write_report(greedy, tmp_path / "greedy")
     return tmp_path / "t1", tmp_path / "greedy"
@@ -74,9 +75,9 @@ def test_a_verdict_on_output_that_mostly_loops_is_not_coloured_in_a_comparison(t
     outputs that mostly loop is said so, uncoloured."""
     t1, greedy = two
     results = SweepResults.load(greedy)
-    loops = {"checked": 32, "degenerate": 29, "degenerate_share": 0.906, "distinct_4": 0.14, "loop_share": 0.86}
+    loops = ContentSummary(checked=32, degenerate=29, degenerate_share=0.906, distinct_4=0.14, loop_share=0.86)
     for level in results.variants[0].levels:
-        level.client["content"] = loops
+        level.client.content = loops
     write_report(results, greedy)
     assert main(["compare", str(t1), str(greedy), "--out", str(tmp_path / "cmp"), "--allow-different"]) == 0
     page = (tmp_path / "cmp" / "compare.html").read_text()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from models.embedded_pair import heldout_tokens
 from loadtest.measurement import content
+from loadtest.measurement.figures import ContentReference
 
 
 def test_a_loop_is_degenerate_and_text_is_not() -> None:
@@ -28,10 +29,10 @@ def test_the_reference_is_the_prompt_where_it_is_long_enough() -> None:
     long_prompt = list(range(500))
     figs = [content.figures(list(range(64)), long_prompt), content.figures([1, 2] * 32, long_prompt)]
     ref = content.reference_for(figs)
-    assert ref == {"distinct_4": 1.0, "source": "the workload's prompts"}
+    assert ref == ContentReference(1.0, "the workload's prompts")
     short = [content.figures(list(range(64)), [1, 2, 3])]
     assert content.reference_for(short) is None
-    assert content.reference_for(short, embedded=True)["source"] == "the embedded pair's held-out code"
+    assert content.reference_for(short, embedded=True).source == "the embedded pair's held-out code"
 
 
 def test_a_summary_splits_acceptance_and_speed_by_content() -> None:
@@ -39,14 +40,14 @@ def test_a_summary_splits_acceptance_and_speed_by_content() -> None:
     spec = [{"num_draft_tokens": 100, "num_accepted_draft_tokens": 40},
             {"num_draft_tokens": 100, "num_accepted_draft_tokens": 95}, None]
     s = content.summarize(figs, None, spec, [10.0, 30.0, 5.0])
-    assert (s["checked"], s["degenerate"], s["degenerate_share"]) == (2, 1, 0.5)
-    assert (s["acceptance_valid"], s["acceptance_degenerate"]) == (0.4, 0.95)
-    assert (s["tokens_per_s_valid"], s["tokens_per_s_degenerate"]) == (10.0, 30.0)
+    assert (s.checked, s.degenerate, s.degenerate_share) == (2, 1, 0.5)
+    assert (s.acceptance_valid, s.acceptance_degenerate) == (0.4, 0.95)
+    assert (s.tokens_per_s_valid, s.tokens_per_s_degenerate) == (10.0, 30.0)
     assert "rests mostly on degenerate output" in content.warning(s)
-    clean = content.summarize(figs[:1], {"distinct_4": 0.9, "source": "x"})
-    assert content.warning(clean) is None and clean["like_reference"]
+    clean = content.summarize(figs[:1], ContentReference(0.9, "x"))
+    assert content.warning(clean) is None and clean.like_reference
     merged = content.merge([s, clean])
-    assert (merged["checked"], merged["degenerate"]) == (3, 1)
+    assert (merged.checked, merged.degenerate) == (3, 1)
     assert content.warning(merged).startswith("33% of its requests are degenerate")
 
 
@@ -79,10 +80,10 @@ def test_a_summary_counts_noise_apart_from_loops_and_says_so() -> None:
     spec = [{"num_draft_tokens": 10, "num_accepted_draft_tokens": 1}, {"num_draft_tokens": 10,
             "num_accepted_draft_tokens": 6}, {"num_draft_tokens": 10, "num_accepted_draft_tokens": 10}]
     s = content.summarize(figs, None, spec)
-    assert (s["degenerate"], s["noise"], s["noise_checked"]) == (1, 1, 2)  # "x = 1" is too short to judge
-    assert s["acceptance_valid"] == 0.6  # the real continuation alone
+    assert (s.degenerate, s.noise, s.noise_checked) == (1, 1, 2)  # "x = 1" is too short to judge
+    assert s.acceptance_valid == 0.6  # the real continuation alone
     assert content.label(s) == "NOISE" and content.label(content.summarize(figs[2:])) == "CONTENT"
     assert content.warning(s).startswith("rests mostly on noise")  # 1 of the 2 judged
     merged = content.merge([s, s])
-    assert (merged["noise"], merged["noise_checked"]) == (2, 4)
+    assert (merged.noise, merged.noise_checked) == (2, 4)
     assert content.warning(content.summarize(figs[1:2])) is None

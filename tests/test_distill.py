@@ -16,9 +16,10 @@ from deploy import ConfigError, load_config
 from deploy.preflight import Machine
 from distill.collect import Example
 from distill.data import load_data, stdlib_test_prompts, write_prompts
-from distill.fit import fit_problems
-from distill.run import DistillSettings, check, distill
-from distill.train import TrainSettings, evaluate, fine_tune
+from distill.fit import Needs, fit_problems
+from distill.run import (Collected, DataRecord, DistillResult, DistillSettings, Measured, MeasuredReport, MeasuredRow,
+                         OfflineCheck, check, describe, distill)
+from distill.train import Offline, TrainSettings, TrainStats, evaluate, fine_tune
 from loadtest.measurement.results import SweepResults
 
 REPO = Path(__file__).resolve().parents[1]
@@ -92,8 +93,19 @@ def test_training_pulls_the_draft_toward_the_targets_distribution() -> None:
     before = evaluate(model, held, pad_id=0)
     stats = fine_tune(model, train, TrainSettings(epochs=30, lr=3e-3, batch_size=8), pad_id=0)
     after = evaluate(model, held, pad_id=0)
-    assert stats["loss_last"] < stats["loss_first"] and after["loss"] < before["loss"]
-    assert before["greedy_agreement"] < 0.2 < 0.9 < after["greedy_agreement"]
+    assert stats.loss_last < stats.loss_first and after.loss < before.loss
+    assert before.greedy_agreement < 0.2 < 0.9 < after.greedy_agreement
+
+
+def test_the_result_reads_back_and_its_page_tables_each_draft_before_and_after() -> None:
+    rows = [MeasuredRow(0.0, 1, "original", 0.6, 2.1, 1.3, runs=2), MeasuredRow(0.0, 1, "distilled", 0.7, None, 1.4)]
+    result = DistillResult("x.yaml", {}, DataRecord("d.jsonl", "abc", 40, 10), Needs(0.1, 2.0, "cpu"), "out",
+                           Collected(64, 2048, True), TrainStats(10, 3.2, 1.5, 0.9),
+                           OfflineCheck(Offline(0.8, 1.2, 100), Offline(0.9, 1.0, 100)), "draft", "x-distilled.yaml",
+                           "measured", Measured(rows, [MeasuredReport(0.0, "measure-T0/report.md", "ok")]))
+    assert DistillResult.from_json(json.loads(json.dumps(result.to_json()))) == result
+    text = describe(result)
+    assert "80.0% -> 90.0%" in text and "| 0 | 1 | 60.0% | 70.0% | 2.10 | - | 1.30x | 1.40x |" in text
 
 
 @pytest.mark.engine
@@ -106,15 +118,15 @@ def test_distill_collects_from_the_served_target_and_writes_a_better_draft(tmp_p
     settings = DistillSettings("embedded-code.yaml", data=str(data), max_tokens=32, train=TrainSettings(epochs=2, lr=1e-4),
                                measure=False, output=tmp_path / "default-distilled.yaml", out=tmp_path / "out")
     result = distill(settings)
-    assert result["status"] == "distilled", result
-    assert result["collected"]["train_sequences"] == 64 and result["collected"]["with_logprobs"]
-    record = json.loads((Path(result["draft"]) / "distill.json").read_text())
+    assert result.status == "distilled", result
+    assert result.collected and result.collected.train_sequences == 64 and result.collected.with_logprobs
+    assert result.draft and result.offline
+    record = json.loads((Path(result.draft) / "distill.json").read_text())
     assert record["base_draft"] == str(embedded_pair.draft) and record["data"]["sha256"]
-    off = result["offline"]
-    assert off["after"]["loss"] < off["before"]["loss"]  # closer to the target on prompts it never saw
+    assert result.offline.after.loss < result.offline.before.loss  # closer to the target on prompts it never saw
     config = load_config(tmp_path / "default-distilled.yaml")
-    assert config.speculation.model == result["draft"] and config.speculation.draft_sampling == "probabilistic"
-    assert "measured" not in result and (tmp_path / "out" / "distill.md").is_file()
+    assert config.speculation.model == result.draft and config.speculation.draft_sampling == "probabilistic"
+    assert result.measured is None and (tmp_path / "out" / "distill.md").is_file()
 
 
 @pytest.mark.engine
@@ -125,14 +137,14 @@ def test_distill_measures_the_original_and_the_distilled_draft(tmp_path: Path, e
                                batches=[1], measure_temperatures=[0.0], repeat=2, requests=8, measure_max_tokens=64,
                                output=tmp_path / "default-distilled.yaml", out=tmp_path / "out")
     result = distill(settings)
-    assert result["status"] == "measured", result
-    rows = {r["draft"]: r for r in result["measured"]["rows"]}
+    assert result.status == "measured" and result.measured, result
+    rows = {r.draft: r for r in result.measured.rows}
     assert set(rows) == {"original", "distilled"}
     runs = SweepResults.load(tmp_path / "out" / "measure-T0")
-    tps = {v.name: [lv.client["output_tokens_per_s"] for lv in v.levels] for v in runs.variants}
-    assert len(tps["baseline"]) == 2  # each draft's speedup pairs its runs with the baseline's beside them
+    baseline = next(v for v in runs.variants if v.name == "baseline")
+    assert len(baseline.levels) == 2  # each draft's speedup pairs its runs with the baseline's beside them
     for row in rows.values():
-        assert row["acceptance"] is not None and row["acceptance"] > 0.1 and row["runs"] == 2
+        assert row.acceptance is not None and row.acceptance > 0.1 and row.runs == 2
         # Both drafts make the cost-faithful target faster at batch 1 (the embedded pair's reason to exist).
-        assert row["speedup"] > 1, row
+        assert row.speedup is not None and row.speedup > 1, row
     assert "| 0 | 1 |" in (tmp_path / "out" / "distill.md").read_text()

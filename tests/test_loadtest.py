@@ -28,6 +28,8 @@ import pytest
 import requests
 
 from conftest import BASELINE, TEST_KEY_ENV, metric_total
+from loadtest.measurement.figures import (BenchFigures, ClientFigures, Distribution, HistogramFigures, PerRequest,
+                                          ServerFigures)
 from loadtest.measurement.results import SweepResults
 from loadtest.measurement import prom
 from loadtest.measurement import stats
@@ -109,7 +111,7 @@ def test_percentile_matches_numpy():
     assert stats.percentile([4, 1, 3, 2], 25) == 1.75 and type(stats.percentile([4, 1, 3, 2], 25)) is float
     assert stats.percentile(np.array([2.0, 1.0]), 50) == 1.5  # an array is not asked for its truth value
     d = stats.distribution([0.001, 0.002, 0.003], scale=1000)
-    assert d["n"] == 3 and d["mean"] == pytest.approx(2.0) and d["p50"] == pytest.approx(2.0)
+    assert d.n == 3 and d.mean == pytest.approx(2.0) and d.p50 == pytest.approx(2.0)
 
 
 def test_expected_tokens_per_step():
@@ -151,74 +153,73 @@ def test_implied_per_token_acceptance():
 def test_speculation_analysis_cost_model():
     # Baseline: 10 ms a token. Speculation: 5 ms a token at 3 tokens a step -> 15 ms a step = 1.5 target steps.
     out = stats.speculation_analysis(0.5, 3.0, 4, tpot_spec_s=0.005, tpot_base_s=0.010)
-    assert out["step_cost_ratio"] == pytest.approx(1.5)
-    assert out["break_even_acceptance_rate"] == pytest.approx(0.5 / 4)  # L = 1 + 4 alpha* = r
-    assert stats.expected_tokens_per_step(out["break_even_per_token_acceptance"], 4) == pytest.approx(1.5)
-    assert out["measured_speedup"] == pytest.approx(2.0) and out["pays"]
-    assert out["expected_tokens_per_step"] == pytest.approx(stats.expected_tokens_per_step(0.5, 4))
-    assert stats.expected_tokens_per_step(out["implied_per_token_acceptance"], 4) == pytest.approx(3.0)
+    assert out.step_cost_ratio == pytest.approx(1.5)
+    assert out.break_even_acceptance_rate == pytest.approx(0.5 / 4)  # L = 1 + 4 alpha* = r
+    assert stats.expected_tokens_per_step(out.break_even_per_token_acceptance, 4) == pytest.approx(1.5)
+    assert out.measured_speedup == pytest.approx(2.0) and out.pays
+    assert out.expected_tokens_per_step == pytest.approx(stats.expected_tokens_per_step(0.5, 4))
+    assert stats.expected_tokens_per_step(out.implied_per_token_acceptance, 4) == pytest.approx(3.0)
     # A step costing 5.5 target steps can never pay at K = 4 (at most 5 tokens a step).
     slow = stats.speculation_analysis(0.6, 3.4, 4, tpot_spec_s=0.0162, tpot_base_s=0.010)
-    assert slow["step_cost_ratio"] > 5 and not slow["pays"]
-    assert slow["break_even_acceptance_rate"] is None and slow["break_even_per_token_acceptance"] is None
-    assert slow["measured_speedup"] == pytest.approx(0.010 / 0.0162)
-    assert "step_cost_ratio" not in stats.speculation_analysis(0.6, 3.0, 4, None, 0.01)
+    assert slow.step_cost_ratio > 5 and not slow.pays
+    assert slow.break_even_acceptance_rate is None and slow.break_even_per_token_acceptance is None
+    assert slow.measured_speedup == pytest.approx(0.010 / 0.0162)
+    assert stats.speculation_analysis(0.6, 3.0, 4, None, 0.01).step_cost_ratio is None
 
 
 def test_notes_say_where_latency_is_lost():
     from loadtest.traffic.locust_run import LocustOutcome
     from loadtest.sweeps.judging import delivery_notes, load_generator_notes
 
-    client = {"ttft_ms": {"mean": 300.0}}
-    server = {"histograms": {"ttft_s": {"mean": 0.010}}}
+    client = ClientFigures(ttft_ms=Distribution(mean=300.0))
+    server = ServerFigures(histograms={"ttft_s": HistogramFigures(mean=0.010)})
     idle, busy = LocustOutcome(0, wall_s=10, cpu_s=1), LocustOutcome(0, wall_s=10, cpu_s=9)
     assert "API server is the likely cause" in delivery_notes(client, server, idle, 0)[0]
     assert "load generator was busy" in delivery_notes(client, server, busy, 0)[0]
-    assert delivery_notes({"ttft_ms": {"mean": 30.0}}, server, idle, 0) == []
+    assert delivery_notes(ClientFigures(ttft_ms=Distribution(mean=30.0)), server, idle, 0) == []
     assert load_generator_notes(idle, 0) == [] and "--workers" in load_generator_notes(busy, 0)[0]
     assert load_generator_notes(busy, 2) == []  # 9 s of CPU over 2 worker processes
 
 
 def test_agreement_tolerance():
-    assert stats.agreement(100, 100)["ok"]
-    assert stats.agreement(96, 100)["ok"] and not stats.agreement(94, 100)["ok"]
-    assert stats.agreement(0, 0)["ok"] and not stats.agreement(5, 0)["ok"]
+    assert stats.agreement(100, 100).ok
+    assert stats.agreement(96, 100).ok and not stats.agreement(94, 100).ok
+    assert stats.agreement(0, 0).ok and not stats.agreement(5, 0).ok
 
 
-def _pairs(locust_ms: list[float], bench_ms: list[float]) -> tuple[list[RequestRecord], dict, list[str]]:
+def _pairs(locust_ms: list[float], bench_ms: list[float]) -> tuple[list[RequestRecord], PerRequest, list[str]]:
     """Locust records and the benchmark's per-request figures for the same prompt sequence."""
     ids = [f"p{i % 6}" for i in range(len(locust_ms))]
     records = [RequestRecord(item_id=ids[i], path="/v1/completions", start=float(i), ok=True, ttft_s=t / 1000,
                              per_token_latency_s=0.005) for i, t in enumerate(locust_ms)]
-    bench = {"per_request": {"ttft_ms": list(bench_ms), "per_token_ms": [5.0] * len(bench_ms)}}
-    return records, bench, ids
+    return records, PerRequest(ttft_ms=list(bench_ms), per_token_ms=[5.0] * len(bench_ms)), ids
 
 
 def test_latency_agreement_is_judged_request_by_request():
     """Short prompts ~30 ms and long ones ~50 ms, the median on the cliff between them: noise on
     two requests moves Locust's p50 by 15% while each request agrees within 2%. Matched, the
     clients agree; a client 20% slower on every request does not."""
-    from loadtest.traffic import vllm_bench
+    from loadtest.measurement import second_opinion
 
     bench = [30.0, 30.5, 31.0, 50.0, 50.5, 51.0] * 4
     locust = [b * 1.01 for b in bench]
     locust[3], locust[9] = 30.2, 30.4  # two long prompts served fast this time: the p50 falls off the cliff
-    records, bench_rows, ids = _pairs(locust, bench)
-    client = {"requests": len(records), "ttft_ms": {"p50": float(np.median(locust))},
-              "per_token_latency_ms": {"p50": 5.0}, "output_tokens_per_s": 100.0}
-    theirs = {**bench_rows, "ttft_ms": {"p50": float(np.median(bench))}, "per_token_latency_ms": {"p50": 5.0},
-              "output_tokens_per_s": 100.0}
-    matched = vllm_bench.matched_ratios(records, theirs, ids)
+    records, per_request, ids = _pairs(locust, bench)
+    client = ClientFigures(requests=len(records), ttft_ms=Distribution(p50=float(np.median(locust))),
+                           per_token_latency_ms=Distribution(p50=5.0), output_tokens_per_s=100.0)
+    theirs = BenchFigures(per_request=per_request, ttft_ms=Distribution(p50=float(np.median(bench))),
+                          per_token_latency_ms=Distribution(p50=5.0), output_tokens_per_s=100.0)
+    matched = second_opinion.matched_ratios(records, theirs, ids)
     assert len(matched["ttft_p50_ms"]) == len(bench)
-    verdict = vllm_bench.compare(client, theirs, matched=matched)
-    assert abs(verdict["ttft_p50_ms"]["difference"]) > 0.10  # the p50s alone would flag it
-    assert verdict["ttft_p50_ms"]["matched_difference"] == pytest.approx(0.01, abs=0.002) and verdict["agrees"]
+    verdict = second_opinion.compare(client, theirs, matched=matched)
+    assert abs(verdict.ttft_p50_ms.difference) > 0.10  # the p50s alone would flag it
+    assert verdict.ttft_p50_ms.matched_difference == pytest.approx(0.01, abs=0.002) and verdict.agrees
     slow, _, _ = _pairs([b * 1.2 for b in bench], bench)
-    verdict = vllm_bench.compare(client, theirs, matched=vllm_bench.matched_ratios(slow, theirs, ids))
-    assert verdict["ttft_p50_ms"]["matched_difference"] == pytest.approx(0.2) and verdict["agrees"] is False
+    verdict = second_opinion.compare(client, theirs, matched=second_opinion.matched_ratios(slow, theirs, ids))
+    assert verdict.ttft_p50_ms.matched_difference == pytest.approx(0.2) and verdict.agrees is False
     # Requests that are not the same prompt at the same place are not paired.
     shuffled = [RequestRecord(**{**r.__dict__, "item_id": "other"}) for r in records]
-    assert vllm_bench.matched_ratios(shuffled, theirs, ids)["ttft_p50_ms"] == []
+    assert second_opinion.matched_ratios(shuffled, theirs, ids)["ttft_p50_ms"] == []
 
 
 # ----------------------------------------------------------------------------------------- streaming
@@ -614,11 +615,8 @@ def _vllm_spec_metrics(base_url: str) -> Any:
 
 
 @pytest.mark.engine
-def test_sweep_spec_and_baseline_report_agrees_with_server(servers, running_sweep):
-    """A sweep of the session's speculative and baseline servers (the runner's own start, interleave
-    and stop are the next tests'), its report, and vLLM's benchmark beside Locust on each."""
+def test_our_metrics_reader_counts_what_vllms_benchmark_reader_counts(servers):
     spec = servers.get("embedded-code")
-    # On the same server: vLLM's benchmark code and ours read the same counters.
     theirs_before, ours_before = _vllm_spec_metrics(spec.base_url), prom.scrape(spec.base_url)
     for prompt in ("def main():\n", "class A:\n"):
         requests.post(f"{spec.base_url}/v1/completions", timeout=120, json={
@@ -633,89 +631,125 @@ def test_sweep_spec_and_baseline_report_agrees_with_server(servers, running_swee
     assert d.mean_accepted_length == pytest.approx(1 + accepted / drafts)
     assert d.effective_k == pytest.approx(draft_tokens / drafts) and 1 <= d.effective_k <= 4
 
-    # The session's sweep of these two servers: the `mixed` workload uses both APIs (embedded-code.yaml
-    # gives the embedded pair a chat template), 2 users, 4 requests each.
-    results, files, report = running_sweep
+
+def _swept_levels(running_sweep) -> list[tuple[Any, Any]]:
+    """(variant, level) of the session's sweep of the speculative and baseline servers: the `mixed`
+    workload uses both APIs (embedded-code.yaml gives the embedded pair a chat template), 2 users,
+    4 requests each."""
+    results, _, _ = running_sweep
     assert results.status in ("ok", "flagged"), results.problems
     assert [v.name for v in results.variants] == ["spec-k4", "baseline"]
     for variant in results.variants:
         assert variant.status in ("ok", "flagged"), variant.error
         assert [lv.concurrency for lv in variant.levels] == [2]
-        for level in variant.levels:
-            client, server, check = level.client, level.server, level.consistency
-            assert client["ok"] == client["requests"] == 4 and client["failed"] == 0
-            # Every request made exactly max_tokens, and the server counted the same tokens.
-            assert client["output_tokens"] == 4 * 32
-            assert check["ok"] and server["generation_tokens"] == pytest.approx(client["output_tokens"], rel=0.05)
-            assert server["output_tokens_per_s"] == pytest.approx(client["output_tokens_per_s"], rel=0.05)
-            assert server["requests_finished"] == 4
-            assert client["ttft_ms"]["p50"] > 0 and client["e2e_ms"]["p99"] >= client["e2e_ms"]["p50"]
-            records = load_records(report / level.locust["records"])
-            assert {r.path for r in records} == {"/v1/completions", "/v1/chat/completions"}
-            assert sum(r.output_tokens for r in records) == client["output_tokens"]
-            assert all(sum(r.tokens_per_chunk) == r.output_tokens for r in records)
-            assert (report / level.locust["csv"]).is_file() and (report / level.locust["html"]).is_file()
-            # vLLM's serving benchmark ran on the same server after Locust, as many requests, same length.
-            bench, agreement = level.vllm_bench, level.vllm_bench_agreement
-            assert "error" not in bench, bench
-            assert bench["completed"] == 4 and bench["failed"] == 0 and bench["output_tokens"] == 4 * 32
-            assert bench["open_loop_requests"] == 0  # its spaced arrivals still queued for a slot: a closed loop
-            # Latencies judged request by request: every request paired with the benchmark's same one.
-            assert agreement["ttft_p50_ms"]["matched_requests"] == 4
-            assert agreement["per_token_p50_ms"]["matched_difference"] is not None
-            assert set(agreement) == {"output_tokens_per_s", "ttft_p50_ms", "per_token_p50_ms", "agrees"}
-            assert agreement["output_tokens_per_s"]["vllm_bench"] == bench["output_tokens_per_s"] > 0
-            assert bench["ttft_ms"]["n"] == 4 and agreement["ttft_p50_ms"]["vllm_bench"] > 0
-            assert agreement["per_token_p50_ms"]["vllm_bench"] > 0
-            if agreement["agrees"] is False:  # a disagreement is never silent
-                assert any("vLLM's benchmark disagree" in p for p in level.problems)
-            # Both clients sent the same prompts: Locust's sequence is the benchmark's dataset.
-            sent = load_workload("mixed").sequence(4)
-            assert sorted(r.item_id for r in records) == sorted(i.id for i in sent)
-            dataset = report / "vllm-bench" / f"{variant.name}-c{level.concurrency}" / "dataset.jsonl"
-            assert len(dataset.read_text().splitlines()) == 4
-            # The engine's counters over the benchmark's window: its requests only (no warm-ups, whose
-            # burst of C at once would weigh on the engine's TTFT and skew the drift taken out).
-            window = level.vllm_bench_server
-            assert window["requests_finished"] == 4
-            assert agreement["per_token_p50_ms"]["engine_drift"] is not None
-            # The content check read every output (the tokens came back with each stream), held against
-            # the pair's held-out code. Sampled (T=1), the toy pair degenerates now and then (about one
-            # output in fifty): the level's count is its requests' own verdicts, whatever they are.
-            from loadtest.measurement.content import is_degenerate
-            ref = client["content"]["reference"]["distinct_4"]
-            assert client["content"]["degenerate"] == sum(is_degenerate(r.content, ref) for r in records)
-            for checked in (client["content"], bench["content"]):
-                assert checked["checked"] == 4 and checked["degenerate_share"] == checked["degenerate"] / 4, checked
-                assert checked["reference"]["source"] == "the embedded pair's held-out code"
-            assert all(len(r.output_token_ids) == 32 and r.content["tokens"] == 32 for r in records)
-            # ... and its noise test read each output's text, from the stream and from the benchmark's file.
-            assert all("known_words" in r.content for r in records)
-            assert all(checked.get("noise_checked") for checked in (client["content"], bench["content"]))
-            if variant.name == "spec-k4":
-                assert server["spec_enabled"] and 0 <= server["acceptance_rate"] <= 1
-                assert 1 <= server["mean_accepted_length"] <= 5 and len(server["per_position_acceptance"]) == 4
-                # The K that ran beside the configured one (the running server's K: it has no schedule).
-                assert level.configured_k == 4 and 1 <= server["effective_k"] <= 4
-            else:
-                assert not server["spec_enabled"] and server["acceptance_rate"] is None
-                assert level.configured_k is None and server["effective_k"] is None
+    return results.levels()
+
+
+@pytest.mark.engine
+def test_a_sweeps_client_figures_agree_with_the_servers_counters(running_sweep):
+    report = running_sweep[2]
+    for _, level in _swept_levels(running_sweep):
+        client, server, check = level.client, level.server, level.consistency
+        assert client.ok == client.requests == 4 and client.failed == 0
+        # Every request made exactly max_tokens, and the server counted the same tokens.
+        assert client.output_tokens == 4 * 32
+        assert check.ok and server.generation_tokens == pytest.approx(client.output_tokens, rel=0.05)
+        assert server.output_tokens_per_s == pytest.approx(client.output_tokens_per_s, rel=0.05)
+        assert server.requests_finished == 4
+        assert client.ttft_ms.p50 > 0 and client.e2e_ms.p99 >= client.e2e_ms.p50
+        records = load_records(report / level.locust.records)
+        assert {r.path for r in records} == {"/v1/completions", "/v1/chat/completions"}
+        assert sum(r.output_tokens for r in records) == client.output_tokens
+        assert all(sum(r.tokens_per_chunk) == r.output_tokens for r in records)
+        assert (report / level.locust.csv).is_file() and (report / level.locust.html).is_file()
+
+
+@pytest.mark.engine
+def test_vllms_benchmark_runs_beside_locust_on_the_same_prompts(running_sweep):
+    report = running_sweep[2]
+    for variant, level in _swept_levels(running_sweep):
+        # vLLM's serving benchmark ran on the same server after Locust, as many requests, same length.
+        bench, agreement = level.vllm_bench, level.vllm_bench_agreement
+        assert bench.error is None, bench
+        assert bench.completed == 4 and bench.failed == 0 and bench.output_tokens == 4 * 32
+        assert bench.open_loop_requests == 0  # its spaced arrivals still queued for a slot: a closed loop
+        # Latencies judged request by request: every request paired with the benchmark's same one.
+        assert agreement.ttft_p50_ms.matched_requests == 4
+        assert agreement.per_token_p50_ms.matched_difference is not None
+        assert set(agreement.figures()) == {"output_tokens_per_s", "ttft_p50_ms", "per_token_p50_ms"}
+        assert agreement.output_tokens_per_s.vllm_bench == bench.output_tokens_per_s > 0
+        assert bench.ttft_ms.n == 4 and agreement.ttft_p50_ms.vllm_bench > 0
+        assert agreement.per_token_p50_ms.vllm_bench > 0
+        if agreement.agrees is False:  # a disagreement is never silent
+            assert any("vLLM's benchmark disagree" in p for p in level.problems)
+        # Both clients sent the same prompts: Locust's sequence is the benchmark's dataset.
+        records = load_records(report / level.locust.records)
+        sent = load_workload("mixed").sequence(4)
+        assert sorted(r.item_id for r in records) == sorted(i.id for i in sent)
+        dataset = report / "vllm-bench" / f"{variant.name}-c{level.concurrency}" / "dataset.jsonl"
+        assert len(dataset.read_text().splitlines()) == 4
+        # The engine's counters over the benchmark's window: its requests only (no warm-ups, whose
+        # burst of C at once would weigh on the engine's TTFT and skew the drift taken out).
+        assert level.vllm_bench_server.requests_finished == 4
+        assert agreement.per_token_p50_ms.engine_drift is not None
+
+
+@pytest.mark.engine
+def test_the_content_check_reads_every_output_of_both_clients(running_sweep):
+    """Held against the pair's held-out code. Sampled (T=1), the toy pair degenerates now and then
+    (about one output in fifty): a level's count is its requests' own verdicts, whatever they are."""
+    from loadtest.measurement.content import is_degenerate
+
+    results, _, report = running_sweep
+    for _, level in _swept_levels(running_sweep):
+        client, bench = level.client, level.vllm_bench
+        records = load_records(report / level.locust.records)
+        ref = client.content.reference.distinct_4
+        assert client.content.degenerate == sum(is_degenerate(r.content, ref) for r in records)
+        for checked in (client.content, bench.content):
+            assert checked.checked == 4 and checked.degenerate_share == checked.degenerate / 4, checked
+            assert checked.reference.source == "the embedded pair's held-out code"
+            assert checked.noise_checked  # the noise test read each output's text (stream, benchmark's file)
+        assert all(len(r.output_token_ids) == 32 and r.content["tokens"] == 32 for r in records)
+        assert all("known_words" in r.content for r in records)
+    # The first lines name content only where the check found some (their wording: the greedy test's).
+    found = any(lv.client.content.not_text or lv.vllm_bench.content.not_text for _, lv in results.levels())
+    assert any("CONTENT" in line or "NOISE" in line for line in headline(results)) == found
+
+
+@pytest.mark.engine
+def test_speculation_figures_belong_to_the_speculative_variant(running_sweep):
+    for variant, level in _swept_levels(running_sweep):
+        server = level.server
+        if variant.name == "spec-k4":
+            assert server.spec_enabled and 0 <= server.acceptance_rate <= 1
+            assert 1 <= server.mean_accepted_length <= 5 and len(server.per_position_acceptance) == 4
+            # The K that ran beside the configured one (the running server's K: it has no schedule).
+            assert level.configured_k == 4 and 1 <= server.effective_k <= 4
+        else:
+            assert not server.spec_enabled and server.acceptance_rate is None
+            assert level.configured_k is None and server.effective_k is None
+
+
+@pytest.mark.engine
+def test_the_report_writes_its_files_and_the_speedup_of_each_pair(running_sweep):
+    _swept_levels(running_sweep)
+    results, files, _ = running_sweep
     for name in ("json", "markdown", "html", "throughput", "latency", "acceptance", "speedup"):
         assert files[name].is_file(), name
     assert results.settings["temperature"] == 1.0  # vLLM's default is the load test's
     assert "Second opinion" in files["markdown"].read_text() and "## Content" in files["markdown"].read_text()
-    # The first lines name content only where the check found some (their wording: the greedy test's).
-    found = any((lv.client["content"].get("degenerate") or lv.client["content"].get("noise"))
-                or (lv.vllm_bench["content"].get("degenerate") or lv.vllm_bench["content"].get("noise"))
-                for v in results.variants for lv in v.levels)
-    assert any("CONTENT" in line or "NOISE" in line for line in headline(results)) == found
-    comparisons = {d["concurrency"]: d for d in json.loads(files["json"].read_text())["comparisons"]}
+    comparisons = {d.concurrency: d for d in SweepResults.load(files["json"]).comparisons}
     assert set(comparisons) == {2}
-    tps = {(v.name, lv.concurrency): lv.client["output_tokens_per_s"]
-           for v in results.variants for lv in v.levels}
+    tps = {(v.name, lv.concurrency): lv.client.output_tokens_per_s for v, lv in results.levels()}
     for c, d in comparisons.items():  # the speculative run's client tokens/s over the baseline's beside it
-        assert d["speedup"] == pytest.approx(tps["spec-k4", c] / tps["baseline", c])
-    assert all(math.isfinite(d["expected_tokens_per_step"]) for d in comparisons.values())
+        assert d.speedup == pytest.approx(tps["spec-k4", c] / tps["baseline", c])
+    assert all(math.isfinite(d.expected_tokens_per_step) for d in comparisons.values())
+
+
+@pytest.mark.engine
+def test_compare_and_rejudge_read_the_report_back(running_sweep):
+    _, files, report = running_sweep
     out = subprocess.run([sys.executable, "-m", "loadtest", "compare", str(report)], cwd=REPO,
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and "spec-k4" in out.stdout and "baseline" in out.stdout, out.stderr
@@ -727,7 +761,7 @@ def test_sweep_spec_and_baseline_report_agrees_with_server(servers, running_swee
     after = SweepResults.load(files["json"])
 
     def verdicts(results: SweepResults) -> list[bool | None]:
-        return [lv.vllm_bench_agreement["agrees"] for v in results.variants for lv in v.levels]
+        return [lv.vllm_bench_agreement.agrees for _, lv in results.levels()]
 
     assert verdicts(after) == verdicts(before) and after.status == before.status
 
@@ -791,20 +825,20 @@ def test_a_schedule_gives_the_k_of_the_batch_size_and_a_killed_server_keeps_part
     alone, two, killed, after = variant.levels
     for level in (alone, two):
         assert level.status in ("ok", "flagged"), level.problems
-    assert alone.configured_k == 4 and alone.server["effective_k"] == pytest.approx(4, abs=0.5)
+    assert alone.configured_k == 4 and alone.server.effective_k == pytest.approx(4, abs=0.5)
     # Its engine's steps, timed by phase over each measured run (a server the sweep started).
     for level in (alone, two):
         assert level.step_ms["steps"] > 0 and 0 < level.step_ms["forward"] < level.step_ms["step"], level.step_ms
         assert level.step_ms["propose"] > 0
     # Two users draft one token a step; a request running alone (at the start, the end) drafts four.
-    assert two.configured_k == 1 and 1 <= two.server["effective_k"] < 4
+    assert two.configured_k == 1 and 1 <= two.server.effective_k < 4
     assert "1 (" in compare_table(results)
     assert killed.status == "failed" and any("server process exited" in p for p in killed.problems)
-    assert killed.client["ok"] >= 4  # partial results kept
+    assert killed.client.ok >= 4  # partial results kept
     assert after.status == "skipped"
     saved = SweepResults.load(settings.out)
-    assert saved.variants[0].levels[2].client["ok"] == killed.client["ok"]
-    assert len(load_records(records_dir)) == killed.client["requests"]
+    assert saved.variants[0].levels[2].client.ok == killed.client.ok
+    assert len(load_records(records_dir)) == killed.client.requests
 
 
 def test_temperatures_are_parsed_or_refused_clearly() -> None:
@@ -853,7 +887,7 @@ def test_temperature_sweep_reports_acceptance_against_temperature(servers, tmp_p
         assert sub.settings["temperature"] == temperature
         assert {v.name for v in sub.variants} == {"spec-k4", "baseline"}
         assert row["acceptance_rate"]["mean"] > 0.15, f"T={temperature}: acceptance {row['acceptance_rate']}"
-        tps = {v.name: v.levels[0].client["output_tokens_per_s"] for v in sub.variants}
+        tps = {v.name: v.levels[0].client.output_tokens_per_s for v in sub.variants}
         assert row["speedup"]["mean"] == pytest.approx(tps["spec-k4"] / tps["baseline"])
     text = (out / "temperature.md").read_text()
     assert "| 1 | spec-k4 | 1 | 1 |" in text and "temperature-1/report.md" in text

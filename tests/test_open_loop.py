@@ -15,7 +15,9 @@ import pytest
 
 from conftest import BASELINE, TEST_KEY_ENV
 from loadtest.measurement import stats
-from loadtest.measurement.results import SweepResults
+from loadtest.measurement.figures import (Agreement, BenchFigures, ClientFigures, Distribution, OpenLoopFigures,
+                                          ServerFigures)
+from loadtest.measurement.results import LevelResult, SweepResults, VariantResult
 from loadtest.traffic import vllm_bench
 from loadtest.__main__ import build_parser
 from loadtest.traffic.arrivals import poisson_arrivals, replayed
@@ -127,28 +129,28 @@ def test_open_loop_figures_on_synthetic_records():
     records = [_rec(100 + i + 0.001, 2.5, 100 + i) for i in range(4)]
     records.append(_rec(104.001, 1.0, 104.0, ok=False, status=503, error="HTTP 503: busy"))
     out = stats.open_loop(records, 1.0, asked_requests=6)
-    assert out["achieved_rate"] == pytest.approx(1.0) and out["scheduled_rate"] == pytest.approx(1.0)
-    assert out["sent"] == 5 and out["requests"] == 6
-    assert out["outcomes"] == {"served": 4, "refused": 1, "timed_out": 0, "failed": 0, "unsent": 1}
-    assert out["send_lag_ms"]["p50"] == pytest.approx(1.0) and out["send_lag_ms"]["max"] == pytest.approx(1.0)
-    assert out["in_flight_max"] == 3
-    assert out["in_flight"][0] == [0.0, 1] and out["in_flight"][-1][1] == 0
+    assert out.achieved_rate == pytest.approx(1.0) and out.scheduled_rate == pytest.approx(1.0)
+    assert out.sent == 5 and out.requests == 6
+    assert out.outcomes == {"served": 4, "refused": 1, "timed_out": 0, "failed": 0, "unsent": 1}
+    assert out.send_lag_ms.p50 == pytest.approx(1.0) and out.send_lag_ms.max == pytest.approx(1.0)
+    assert out.in_flight_max == 3
+    assert out.in_flight[0] == [0.0, 1] and out.in_flight[-1][1] == 0
     # 0-1 s: 1, 1-2: 2, 2-2.5: 3, 2.5-3: 2, 3-3.5: 3, 3.5-4: 2, 4-4.5: 3, 4.5-5.5: 2 -> 1, 5.5-6.5 ... over 6.5 s
-    area = sum(a[1] * (b[0] - a[0]) for a, b in zip(out["in_flight"], out["in_flight"][1:]))
-    assert out["in_flight_mean"] == pytest.approx(area / out["in_flight"][-1][0])
+    area = sum(a[1] * (b[0] - a[0]) for a, b in zip(out.in_flight, out.in_flight[1:]))
+    assert out.in_flight_mean == pytest.approx(area / out.in_flight[-1][0])
     assert area == pytest.approx(4 * 2.5 + 1.0)  # each request's time in flight, summed
     # The request with no record at all counts as unsent, and an unsent request means behind.
-    assert out["behind"] and any("never sent" in r for r in out["behind_reasons"])
+    assert out.behind and any("never sent" in r for r in out.behind_reasons)
 
 
 def test_open_loop_behind_when_the_generator_is_slow_or_late():
     on_time = [_rec(10 + i * 0.5, 0.2, 10 + i * 0.5) for i in range(21)]
-    assert not stats.open_loop(on_time, 2.0)["behind"]
+    assert not stats.open_loop(on_time, 2.0).behind
     slow = [_rec(10 + i * 0.6, 0.2, 10 + i * 0.5) for i in range(21)]  # sends drift later and later
     out = stats.open_loop(slow, 2.0)
-    assert out["behind"] and out["achieved_rate"] == pytest.approx(1 / 0.6)
+    assert out.behind and out.achieved_rate == pytest.approx(1 / 0.6)
     late = [_rec(10 + i * 0.5 + (0.3 if i == 20 else 0.0), 0.2, 10 + i * 0.5) for i in range(21)]
-    assert any("send lag p99" in r for r in stats.open_loop(late, 2.0)["behind_reasons"])
+    assert any("send lag p99" in r for r in stats.open_loop(late, 2.0).behind_reasons)
 
 
 def test_schedule_start_recovers_the_schedules_zero():
@@ -232,7 +234,7 @@ def test_locust_open_loop_sends_on_schedule(fake_server, tmp_path: Path):
         assert r.send_lag_s == pytest.approx(r.start - r.planned_start) and -0.005 < r.send_lag_s < 0.5
         assert r.item_id == load_workload("code").item_for(r.arrival).id  # arrival i: the i-th prompt
     # Each request takes ~60 ms (14 chunks, 5 ms apart) against 50 ms between arrivals: they overlap.
-    assert stats.open_loop(records, 20.0, 20)["in_flight_max"] > 1
+    assert stats.open_loop(records, 20.0, 20).in_flight_max > 1
 
 
 def test_locust_repeats_the_first_arrivals_at_the_end_when_asked(fake_server, tmp_path: Path):
@@ -258,35 +260,34 @@ def test_a_stopped_open_loop_run_loses_no_request(fake_server, tmp_path: Path):
     outcome = run_locust(job, deadline_s=3)
     records = load_records(tmp_path / "rec")
     assert sorted(r.arrival for r in records) == list(range(12)), (outcome.aborted, outcome.log_tail)
-    outcomes = stats.open_loop(records, 1.0, 12)["outcomes"]
+    outcomes = stats.open_loop(records, 1.0, 12).outcomes
     assert outcomes["unsent"] > 0 and outcomes["served"] > 0 and sum(outcomes.values()) == 12
 
 
 # ------------------------------------------------------------------------------------ the report
-def _rate_level(rate: float, tpot_ms: float, e2e_ms: float, behind: bool = False) -> dict:
-    client = {"requests": 4, "ok": 4, "failed": 0, "output_tokens_per_s": 50.0,
-              "ttft_ms": {"p50": 40.0, "p95": 80.0}, "per_token_latency_ms": {"p50": tpot_ms, "p95": 2 * tpot_ms},
-              "e2e_ms": {"mean": e2e_ms}}
-    ol = {"achieved_rate": rate * (0.8 if behind else 1.0), "behind": behind, "in_flight_max": 3, "in_flight_mean": 1.5,
-          "outcomes": {"served": 4, "refused": 0, "timed_out": 0, "failed": 0, "unsent": 0}}
-    return {"rate": rate, "repeat": 1, "seed": 1, "requests": 4, "status": "ok", "problems": [], "notes": [],
-            "client": client, "open_loop": ol, "outcomes": ol["outcomes"], "server": {"acceptance_rate": 0.6},
-            "vllm_bench": {"output_tokens_per_s": 51.0, "ttft_ms": {"p50": 41.0}, "per_token_latency_ms": {"p50": 20.0}},
-            "vllm_bench_agreement": {"agrees": True}}
+def _rate_level(rate: float, tpot_ms: float, e2e_ms: float, behind: bool = False) -> LevelResult:
+    client = ClientFigures(requests=4, ok=4, failed=0, output_tokens_per_s=50.0,
+                           ttft_ms=Distribution(p50=40.0, p95=80.0),
+                           per_token_latency_ms=Distribution(p50=tpot_ms, p95=2 * tpot_ms), e2e_ms=Distribution(mean=e2e_ms))
+    ol = OpenLoopFigures(achieved_rate=rate * (0.8 if behind else 1.0), behind=behind, in_flight_max=3,
+                         in_flight_mean=1.5, outcomes={"served": 4, "refused": 0, "timed_out": 0, "failed": 0, "unsent": 0})
+    return LevelResult(rate=rate, repeat=1, seed=1, requests=4, status="ok", client=client, open_loop=ol,
+                       outcomes=ol.outcomes, server=ServerFigures(acceptance_rate=0.6),
+                       vllm_bench=BenchFigures(output_tokens_per_s=51.0, ttft_ms=Distribution(p50=41.0),
+                                               per_token_latency_ms=Distribution(p50=20.0)),
+                       vllm_bench_agreement=Agreement(agrees=True))
 
 
 def test_report_of_rate_levels(tmp_path: Path):
-    results = {"config": "c", "status": "ok", "settings": {"rates": [1.0, 2.0], "repeat": 1, "workload": "code"},
-               "problems": [], "variants": [
-                   {"name": "spec-k4", "k": 4, "status": "ok",
-                    "levels": [_rate_level(1.0, 20.0, 1000.0), _rate_level(2.0, 25.0, 1500.0, behind=True)]},
-                   {"name": "baseline", "k": None, "status": "ok",
-                    "levels": [_rate_level(1.0, 30.0, 1500.0), _rate_level(2.0, 40.0, 3000.0)]}]}
-    results = SweepResults.from_json(results)
-    rows = {(r["variant"], r["rate"]): r for r in derive_rates(results)}
-    assert rows[("spec-k4", 1.0)]["tpot_p50_speedup"] == pytest.approx(1.5)
-    assert rows[("spec-k4", 2.0)]["e2e_mean_speedup"] == pytest.approx(2.0)
-    assert "tpot_p50_speedup" not in rows[("baseline", 1.0)]
+    results = SweepResults(config="c", status="ok", settings={"rates": [1.0, 2.0], "repeat": 1, "workload": "code"},
+                           variants=[VariantResult(name="spec-k4", k=4, status="ok", levels=[
+                               _rate_level(1.0, 20.0, 1000.0), _rate_level(2.0, 25.0, 1500.0, behind=True)]),
+                               VariantResult(name="baseline", status="ok", levels=[
+                                   _rate_level(1.0, 30.0, 1500.0), _rate_level(2.0, 40.0, 3000.0)])])
+    rows = {(r.variant, r.rate): r for r in derive_rates(results)}
+    assert rows[("spec-k4", 1.0)].tpot_p50_speedup == pytest.approx(1.5)
+    assert rows[("spec-k4", 2.0)].e2e_mean_speedup == pytest.approx(2.0)
+    assert rows[("baseline", 1.0)].tpot_p50_speedup is None
     text = compare_table(results)
     assert "rate 1/s, spec-k4: against the baseline at the same arrivals, 1.50x per token" in text
     assert "BEHIND" in text and "fell behind" in text
@@ -318,20 +319,20 @@ def test_sweep_with_rates_on_running_servers(servers, tmp_path: Path):
                             level.load_generator, level.locust)
         assert level.outcomes["served"] == 12 and sum(level.outcomes.values()) == 12
         ol = level.open_loop
-        assert {"achieved_rate", "send_lag_ms", "in_flight", "in_flight_max", "behind"} <= set(ol)
+        assert ol.send_lag_ms is not None and ol.in_flight, ol
         # Sent on time (against the schedule's own rate: 12 draws of one seed). How many overlap is the
         # machine's speed (a fast one ends each request before the next arrives); the count is the records'.
-        assert ol["achieved_rate"] == pytest.approx(ol["scheduled_rate"], rel=0.15), ol
-        recs = load_records(tmp_path / "report" / level.locust["records"])
+        assert ol.achieved_rate == pytest.approx(ol.scheduled_rate, rel=0.15), ol
+        recs = load_records(tmp_path / "report" / level.locust.records)
         overlap = max(sum(1 for o in recs if o.start <= r.start < o.end) for r in recs)
-        assert ol["in_flight_max"] == overlap >= 1, (ol["in_flight"], overlap)
-        assert level.client["output_tokens"] == 12 * 16
-        assert "error" not in level.vllm_bench, level.vllm_bench
-        assert level.vllm_bench["completed"] == 12 and level.vllm_bench_agreement["agrees"] is not None
+        assert ol.in_flight_max == overlap >= 1, (ol.in_flight, overlap)
+        assert level.client.output_tokens == 12 * 16
+        assert level.vllm_bench.error is None, level.vllm_bench
+        assert level.vllm_bench.completed == 12 and level.vllm_bench_agreement.agrees is not None
     # Both variants got the same arrival offsets and prompts.
     arrivals = [sorted((r.arrival, round(r.planned_start - schedule_start(recs, 8.0, 12, 1), 6), r.item_id)
                        for r in recs)
-                for recs in (load_records(tmp_path / "report" / v.levels[0].locust["records"])
+                for recs in (load_records(tmp_path / "report" / v.levels[0].locust.records)
                              for v in results.variants)]
     assert arrivals[0] == arrivals[1]
     files = write_report(results, settings.out)

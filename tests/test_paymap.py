@@ -14,7 +14,8 @@ import yaml
 
 from loadtest.measurement.prom import Snapshot, parse_metrics
 from tuning import paymap
-from tuning.paymap import PaymapSettings
+from tuning.paymap import PLAIN, SPEC, Deployment, PaymapPlan, PaymapResult, PaymapSettings, Point, Ratio
+from tuning.step_costs import BatchFigures, PaymapRun, StepCosts
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -54,40 +55,39 @@ LEVELS = [0.3, 0.5, 0.7, 0.9]
 
 
 def test_crossing_is_interpolated_between_the_levels_around_one() -> None:
-    point = paymap.crossing(LEVELS, [0.7, 0.9, 1.1, 1.5])
-    assert point == {"value": pytest.approx(0.6), "relation": "="}
-    assert paymap.crossing(LEVELS, [1.1, 1.2, 1.3, 1.4]) == {"value": 0.3, "relation": "<="}
-    assert paymap.crossing(LEVELS, [0.5, 0.6, 0.7, 0.9]) == {"value": 0.9, "relation": ">"}
+    assert paymap.crossing(LEVELS, [0.7, 0.9, 1.1, 1.5]) == Point(pytest.approx(0.6), "=")
+    assert paymap.crossing(LEVELS, [1.1, 1.2, 1.3, 1.4]) == Point(0.3, "<=")
+    assert paymap.crossing(LEVELS, [0.5, 0.6, 0.7, 0.9]) == Point(0.9, ">")
     # Noise above a first crossing: the break-even is where every higher level pays.
-    assert paymap.crossing(LEVELS, [0.8, 1.05, 0.98, 1.2])["value"] == pytest.approx(0.7 + 0.02 / 0.22 * 0.2)
+    assert paymap.crossing(LEVELS, [0.8, 1.05, 0.98, 1.2]).value == pytest.approx(0.7 + 0.02 / 0.22 * 0.2)
 
 
-def cell(mean: float, half: float | None = 0.05) -> dict:
-    return {"mean": mean, "low": None if half is None else mean - half, "high": None if half is None else mean + half}
+def cell(mean: float, half: float | None = 0.05) -> Ratio:
+    return Ratio(mean, None if half is None else mean - half, None if half is None else mean + half)
 
 
 def test_break_even_interval_from_the_cells_intervals() -> None:
     point = paymap.break_even(LEVELS, [cell(0.7), cell(0.9), cell(1.1), cell(1.5)])
-    assert point["value"] == pytest.approx(0.6)
+    assert point.value == pytest.approx(0.6)
     # Upper ends (0.75, 0.95, 1.15, ...) cross at 0.55; lower ends (0.65, 0.85, 1.05, ...) at 0.65.
-    assert point["low"]["value"] == pytest.approx(0.55) and point["high"]["value"] == pytest.approx(0.65)
-    assert "low" not in paymap.break_even(LEVELS, [cell(0.7, None)] * 4)
+    assert point.low.value == pytest.approx(0.55) and point.high.value == pytest.approx(0.65)
+    assert paymap.break_even(LEVELS, [cell(0.7, None)] * 4).low is None
     assert paymap.describe_point(point) == "0.60 (95% interval 0.55 to 0.65)"
 
 
 def test_pays_at_reads_the_break_even() -> None:
-    assert paymap.pays_at({"value": 0.6, "relation": "="}, 0.62) is True
-    assert paymap.pays_at({"value": 0.6, "relation": "="}, 0.55) is False
-    assert paymap.pays_at({"value": 0.3, "relation": "<="}, 0.4) is True
-    assert paymap.pays_at({"value": 0.3, "relation": "<="}, 0.2) is None
-    assert paymap.pays_at({"value": 0.9, "relation": ">"}, 0.8) is False
-    assert paymap.pays_at({"value": 0.9, "relation": ">"}, 0.95) is None
+    assert paymap.pays_at(Point(0.6, "="), 0.62) is True
+    assert paymap.pays_at(Point(0.6, "="), 0.55) is False
+    assert paymap.pays_at(Point(0.3, "<="), 0.4) is True
+    assert paymap.pays_at(Point(0.3, "<="), 0.2) is None
+    assert paymap.pays_at(Point(0.9, ">"), 0.8) is False
+    assert paymap.pays_at(Point(0.9, ">"), 0.95) is None
 
 
 def test_ratio_interval() -> None:
     r = paymap.ratio_interval([110.0, 120.0, 130.0], [100.0, 100.0, 100.0])
-    assert r["mean"] == pytest.approx(1.2) and r["low"] < 1.2 < r["high"]
-    assert paymap.ratio_interval([120.0], [100.0])["low"] is None
+    assert r.mean == pytest.approx(1.2) and r.low < 1.2 < r.high
+    assert paymap.ratio_interval([120.0], [100.0]).low is None
 
 
 def test_best_k_prefers_the_shorter_draft_within_a_tie() -> None:
@@ -96,17 +96,17 @@ def test_best_k_prefers_the_shorter_draft_within_a_tie() -> None:
 
 
 def raw_engines(speedup: dict[tuple[int, float, int], float], batches: list[int], ks: list[int],
-                levels: list[float], k0: float | None = None) -> dict:
+                levels: list[float], k0: float | None = None) -> StepCosts:
     """What the two engines return (tuning.step_costs._paymap_cells), for a given speedup per cell."""
-    raw: dict = {"batches": {}}
+    raw = StepCosts()
     for b in batches:
         base = 100.0 * b
-        cells = {f"a{a:g}-k{k}": [{"tokens_per_s": base * speedup[(b, a, k)] * f, "steps": 40, "drafts": 50,
-                                   "per_position": paymap.rates_for(a, max(ks))} for f in (0.98, 1.0, 1.02)]
-                 for a in levels for k in ks}
+        cells = {f"a{a:g}-k{k}": [PaymapRun(0, 40, base * speedup[(b, a, k)] * f, 50, paymap.rates_for(a, max(ks)))
+                                  for f in (0.98, 1.0, 1.02)] for a in levels for k in ks}
         if k0 is not None:
-            cells["k0"] = [{"tokens_per_s": base * k0, "steps": 127, "drafts": 0, "per_position": []}] * 3
-        raw["batches"][str(b)] = {"plain": {"runs": [{"tokens_per_s": base}] * 3}, "spec": {"cells": cells}}
+            cells["k0"] = [PaymapRun(0, 127, base * k0, 0, [])] * 3
+        raw.batches[str(b)] = {PLAIN: BatchFigures(runs=[PaymapRun(tokens_per_s=base)] * 3),
+                               SPEC: BatchFigures(cells=cells)}
     return raw
 
 
@@ -115,24 +115,24 @@ def model_speedup(b: int, a: float, k: int) -> float:
     return sum(a ** i for i in range(k + 1)) / (1 + 0.1 * k + 0.04 * k * b)
 
 
-def grid_for(batches: list[int], ks: list[int], k0: float | None = None) -> dict:
+def grid_for(batches: list[int], ks: list[int], k0: float | None = None) -> paymap.Grid:
     speedup = {(b, a, k): model_speedup(b, a, k) for b in batches for a in LEVELS for k in ks}
     return paymap.build_grid(raw_engines(speedup, batches, ks, LEVELS, k0), batches, LEVELS, ks, 128)
 
 
 def test_grid_cells_best_k_and_break_even() -> None:
     grid = grid_for([1, 16, 32], [1, 2, 4])
-    one = grid["cells"]["1"]["k2"][1]
-    assert one["mean"] == pytest.approx(model_speedup(1, 0.5, 2)) and one["low"] < one["mean"] < one["high"]
-    assert one["expected_tokens_per_step"] == pytest.approx(1.75)
+    one = grid.column(1, "k2")[1]
+    assert one.mean == pytest.approx(model_speedup(1, 0.5, 2)) and one.low < one.mean < one.high
+    assert one.expected_tokens_per_step == pytest.approx(1.75)
     for i, a in enumerate(LEVELS):
         options = {k: model_speedup(32, a, k) for k in (1, 2, 4)}
-        assert grid["best"]["32"][i]["k"] == paymap.best_k(options)
+        assert grid.column(32, paymap.BEST)[i].k == paymap.best_k(options)
     # K=1 at batch 1 pays at every level (1.3 / 1.14 at a = 0.3); at batch 16 its step costs 1.74
     # target steps, and its speedup (1 + a) / 1.74 is linear in a: break-even exactly 0.74.
-    assert grid["break_even"]["1"]["k1"] == {**grid["break_even"]["1"]["k1"], "value": 0.3, "relation": "<="}
-    assert grid["break_even"]["16"]["k1"]["value"] == pytest.approx(0.74)
-    assert grid["break_even"]["32"]["k1"]["relation"] == ">" and grid["break_even"]["32"]["best"]["relation"] == ">"
+    assert (grid.point(1, "k1").value, grid.point(1, "k1").relation) == (0.3, "<=")
+    assert grid.point(16, "k1").value == pytest.approx(0.74)
+    assert grid.point(32, "k1").relation == ">" and grid.point(32).relation == ">"
 
 
 def test_headline_states_the_batch_it_pays_up_to_and_the_need_at_32() -> None:
@@ -154,12 +154,12 @@ def test_schedule_written_as_a_config(tmp_path: Path) -> None:
     grid = grid_for(batches, [1, 2, 4], k0=0.9)
     settings = PaymapSettings("embedded-code.yaml", batches=batches, ks=[1, 2, 4], output=tmp_path / "suggested.yaml")
     result = paymap.write_schedule(settings, ROOT / "configs" / "embedded-code.yaml", grid, 0.7, tmp_path)
-    assert [r["k"] for r in result["rows"]] == [4, 2, 1, 0]
-    assert result["schedule"] == [[1, 2, 4], [3, 8, 2], [9, 22, 1], [23, 64, 0]]
+    assert [r.k for r in result.rows] == [4, 2, 1, 0]
+    assert result.schedule == [[1, 2, 4], [3, 8, 2], [9, 22, 1], [23, 64, 0]]
     text = (tmp_path / "suggested.yaml").read_text()
     assert "Suggested by `make paymap`" in text and "The kit's own code pair" in text  # the input's own comments
     written = yaml.safe_load(text)["speculation"]
-    assert written["schedule"] == result["schedule"] and written["num_speculative_tokens"] == 4
+    assert written["schedule"] == result.schedule and written["num_speculative_tokens"] == 4
     assert "extra" not in written  # the map's synthetic acceptance is not the deployment's
 
 
@@ -173,12 +173,13 @@ def test_report_and_heat_map(tmp_path: Path) -> None:
     grid = grid_for(batches, [1, 2, 4], k0=0.9)
     assert paymap.plot_heatmap(grid, 0.62, tmp_path / "heatmap.png") == "heatmap.png"
     assert (tmp_path / "heatmap.png").read_bytes()[:4] == b"\x89PNG"
-    result = {"status": "mapped", "config": "embedded-code.yaml", "grid": grid, "headline": paymap.headline(grid, 0.62),
-              "heatmap": "heatmap.png", "plan": {}, "deployment": {"a": 0.62, "per_position": None, "source": "given"},
-              "settings": {"max_tokens": 128, "temperature": 0.0, "repeats": 3}, "notes": [paymap.DUMMY_NOTE]}
+    result = PaymapResult("embedded-code.yaml", plan=PaymapPlan(repeats=3, max_tokens=128), status="mapped", grid=grid,
+                          headline=paymap.headline(grid, 0.62), heatmap="heatmap.png",
+                          deployment=Deployment(0.62, None, "given"), notes=[paymap.DUMMY_NOTE])
     text = paymap.describe(result)
-    assert text.splitlines()[0] == result["headline"]
+    assert text.splitlines()[0] == result.headline
     assert "| batch | baseline tok/s | K=1 | K=2 | K=4 | best K |" in text and "dummy weights" in text
+    assert paymap.describe(result.to_json()) == text  # a stored paymap.json renders the same
 
 
 # --- the plan -----------------------------------------------------------------------------------------
@@ -217,18 +218,18 @@ def test_small_map_on_the_engine(tmp_path: Path) -> None:
                               acceptance=[0.3, 0.9], ks=[1, 2], repeats=1, max_tokens=48,
                               deployment_acceptance=[0.6], out=tmp_path / "report")
     result = paymap.paymap(settings)
-    assert result["status"] == "mapped"
+    assert result.status == "mapped"
     out = tmp_path / "report"
     assert (out / "paymap.md").read_text().startswith("At acceptance 0.60 ")
     assert (out / "heatmap.png").stat().st_size > 0 and (out / "paymap.json").is_file()
-    assert Path(result["schedule"]["output"]).is_file()
-    for b in ("1", "2"):
-        assert result["grid"]["k0"][b]["mean"] > 0
+    assert Path(result.schedule.output).is_file()
+    for b in (1, 2):
+        assert result.grid.k0[str(b)].mean > 0
         for k in (1, 2):
-            for c in result["grid"]["cells"][b][f"k{k}"]:
-                assert c["drafts"] > 0 and c["mean"] > 0
-                bound = 4.5 * math.sqrt(c["a"] * (1 - c["a"]) / c["drafts"]) + 0.02
-                assert abs(c["per_position"][0] - c["a"]) <= bound, c
+            for c in result.grid.column(b, f"k{k}"):
+                assert c.drafts > 0 and c.mean > 0
+                bound = 4.5 * math.sqrt(c.a * (1 - c.a) / c.drafts) + 0.02
+                assert abs(c.per_position[0] - c.a) <= bound, c
 
 
 @pytest.mark.parametrize("args, message", [

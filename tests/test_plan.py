@@ -14,7 +14,8 @@ import pytest
 from deploy.config import load_config
 from deploy.preflight import Machine
 from loadtest.measurement import prom
-from loadtest.measurement.results import SweepResults
+from loadtest.measurement.figures import ClientFigures, ServerFigures
+from loadtest.measurement.results import LevelResult, SweepResults, VariantResult
 from loadtest.sweeps.plan import SweepPlan, Timings, run_order, starts_needed
 from loadtest.reports.report import compare_rows, compare_table
 from loadtest.sweeps.settings import SweepSettings
@@ -162,22 +163,22 @@ def test_effective_k_is_draft_tokens_per_drafting_step() -> None:
     d = prom.delta(prom.Snapshot(prom.parse_metrics(before_text), 0.0),
                    prom.Snapshot(prom.parse_metrics(after_text), 10.0))
     assert (d.drafts, d.draft_tokens) == (32, 68)
-    assert d.effective_k == pytest.approx(68 / 32) and d.to_json()["effective_k"] == pytest.approx(2.125)
+    assert d.effective_k == pytest.approx(68 / 32) == pytest.approx(2.125)
     plain = prom.delta(prom.Snapshot(prom.parse_metrics("vllm:generation_tokens_total 5\n"), 0),
                        prom.Snapshot(prom.parse_metrics("vllm:generation_tokens_total 9\n"), 1))
-    assert plain.effective_k is None and plain.to_json()["effective_k"] is None
+    assert plain.effective_k is None and "effective_k" not in plain.to_json()
 
 
 def test_the_report_shows_the_configured_k_beside_the_one_that_ran() -> None:
-    def level(configured, effective):
-        return {"concurrency": 32, "repeat": 1, "status": "ok", "configured_k": configured,
-                "client": {"ok": 4, "requests": 4, "output_tokens_per_s": 10.0},
-                "server": {"effective_k": effective, "acceptance_rate": 0.5 if effective else None}}
+    def level(configured: int | None, effective: float | None) -> LevelResult:
+        return LevelResult(concurrency=32, repeat=1, status="ok", configured_k=configured,
+                           client=ClientFigures(ok=4, requests=4, output_tokens_per_s=10.0),
+                           server=ServerFigures(effective_k=effective, acceptance_rate=0.5 if effective else None))
 
-    results = SweepResults.from_json({"variants": [{"name": "spec-schedule", "k": 4, "levels": [level(2, 2.125)]},
-                                                   {"name": "baseline", "k": None, "levels": [level(None, None)]}]})
-    rows = {r["variant"]: r for r in compare_rows(results)}
-    assert rows["spec-schedule"]["k"] == "2 (2.12)" and rows["baseline"]["k"] == "-"
+    results = SweepResults(variants=[VariantResult(name="spec-schedule", k=4, levels=[level(2, 2.125)]),
+                                     VariantResult(name="baseline", levels=[level(None, None)])])
+    rows = {r.variant: r for r in compare_rows(results)}
+    assert rows["spec-schedule"].k == "2 (2.12)" and rows["baseline"].k == "-"
     assert "K (effective)" in compare_table(results)
 
 

@@ -13,12 +13,15 @@ import sys
 import time
 from html.parser import HTMLParser
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from loadtest.__main__ import main
 from loadtest.measurement.derive import derive, summarize_speedups
-from loadtest.measurement.results import SweepResults
+from loadtest.measurement.figures import (Agreement, ClientFigures, Consistency, ContentReference, ContentSummary,
+                                          Distribution, FigureAgreement, HistogramFigures, LocustRun, ServerFigures)
+from loadtest.measurement.results import LevelResult, SweepResults, VariantResult
 from loadtest.reports.report import compare_table, newest_report, report_markdown, write_report
 from loadtest.reports.sweep_summary import headline
 
@@ -27,30 +30,34 @@ REPO = Path(__file__).resolve().parents[1]
 ERROR = "exit 1: <html> & a | pipe\nsecond line"  # a cell with HTML, a table's separator and a line break
 
 
-def _level(c: int, tps: float, tpot_ms: float, accept: float | None = None, length: float | None = None) -> dict:
-    dist = {"n": 4, "mean": tpot_ms, "std": 0.0, "p50": tpot_ms, "p90": tpot_ms, "p95": tpot_ms, "p99": tpot_ms}
-    client = {"requests": 4, "ok": 4, "failed": 0, "output_tokens": 512, "output_tokens_per_s": tps,
-              "duration_s": 512 / tps, "request_throughput": 1.0, "per_user_tokens_per_s": {**dist, "p50": tps / c},
-              "ttft_ms": dist, "per_token_latency_ms": dist, "chunk_gap_ms": dist, "tokens_per_chunk": dist,
-              "e2e_ms": dist, "peak_output_tokens_per_s": tps}
-    server = {"generation_tokens": 512, "acceptance_rate": accept, "mean_accepted_length": length,
-              "per_position_acceptance": [], "histograms": {"per_token_latency_s": {"mean": tpot_ms / 1000}},
-              "output_tokens_per_s": tps}
-    return {"concurrency": c, "status": "ok", "client": client, "server": server, "problems": [], "notes": [],
-            "consistency": {"ok": True, "relative_error": 0.0, "client_output_tokens": 512,
-                            "server_generation_tokens": 512},
-            "locust": {"html": f"locust/c{c}.html", "cpu_s": 1.0, "wall_s": 10.0}}
+def _level(c: int, tps: float, tpot_ms: float, accept: float | None = None, length: float | None = None,
+           **more: Any) -> LevelResult:
+    """A measured closed-loop level: 4 requests of 128 tokens, every latency `tpot_ms`."""
+    dist = Distribution(n=4, mean=tpot_ms, std=0.0, p50=tpot_ms, p90=tpot_ms, p95=tpot_ms, p99=tpot_ms)
+    client = ClientFigures(requests=4, ok=4, failed=0, output_tokens=512, output_tokens_per_s=tps, duration_s=512 / tps,
+                           request_throughput=1.0, per_user_tokens_per_s=dataclasses.replace(dist, p50=tps / c),
+                           ttft_ms=dist, per_token_latency_ms=dist, chunk_gap_ms=dist, tokens_per_chunk=dist,
+                           e2e_ms=dist, peak_output_tokens_per_s=tps)
+    server = ServerFigures(generation_tokens=512, acceptance_rate=accept, mean_accepted_length=length,
+                           histograms={"per_token_latency_s": HistogramFigures(mean=tpot_ms / 1000)},
+                           output_tokens_per_s=tps)
+    return LevelResult(**{"concurrency": c, "status": "ok", "client": client, "server": server,
+                          "consistency": Consistency(ok=True, relative_error=0.0, client_output_tokens=512,
+                                                     server_generation_tokens=512),
+                          "locust": LocustRun(html=f"locust/c{c}.html", cpu_s=1.0, wall_s=10.0), **more})
+
+
+def _sweep(*variants: VariantResult, **settings: Any) -> SweepResults:
+    return SweepResults(config="default", status="ok", settings={"tolerance": 0.05, **settings}, machine={},
+                        variants=list(variants))
 
 
 def _spec_and_baseline() -> SweepResults:
     """spec-k4 at twice the baseline's tokens/s at batch 1 and 0.9x at batch 32."""
-    return SweepResults.from_json({
-        "config": "default", "status": "ok", "settings": {"users": [1, 32], "tolerance": 0.05},
-        "machine": {}, "problems": [], "variants": [
-            {"name": "spec-k4", "label": "K=4", "k": 4, "status": "ok",
-             "levels": [_level(1, 200, 4.0, 0.7, 3.0), _level(32, 900, 30.0, 0.7, 3.0)]},
-            {"name": "baseline", "label": "off", "k": None, "status": "ok",
-             "levels": [_level(1, 100, 10.0), _level(32, 1000, 32.0)]}]})
+    return _sweep(VariantResult("spec-k4", "K=4", k=4, status="ok",
+                                levels=[_level(1, 200, 4.0, 0.7, 3.0), _level(32, 900, 30.0, 0.7, 3.0)]),
+                  VariantResult("baseline", "off", status="ok", levels=[_level(1, 100, 10.0), _level(32, 1000, 32.0)]),
+                  users=[1, 32])
 
 
 def test_report_files_speedup_and_compare_table(tmp_path):
@@ -59,13 +66,13 @@ def test_report_files_speedup_and_compare_table(tmp_path):
     for name in ("json", "markdown", "html", "throughput", "latency", "acceptance", "speedup"):
         assert files[name].is_file() and files[name].stat().st_size > 100
     assert "data:image/png;base64," in files["html"].read_text()
-    rows = {(d["variant"], d["concurrency"]): d for d in derive(results)}
-    assert rows[("spec-k4", 1)]["speedup"] == pytest.approx(2.0)
-    assert rows[("spec-k4", 32)]["speedup"] == pytest.approx(0.9)
+    rows = {(d.variant, d.concurrency): d for d in derive(results)}
+    assert rows[("spec-k4", 1)].speedup == pytest.approx(2.0)
+    assert rows[("spec-k4", 32)].speedup == pytest.approx(0.9)
     # r = 4 ms x 3 tokens / 10 ms = 1.2; at batch 32: 30 x 3 / 32 = 2.8125
-    assert rows[("spec-k4", 1)]["step_cost_ratio"] == pytest.approx(1.2)
-    assert rows[("spec-k4", 32)]["step_cost_ratio"] == pytest.approx(2.8125)
-    assert rows[("spec-k4", 1)]["per_token_source"] == "server"
+    assert rows[("spec-k4", 1)].step_cost_ratio == pytest.approx(1.2)
+    assert rows[("spec-k4", 32)].step_cost_ratio == pytest.approx(2.8125)
+    assert rows[("spec-k4", 1)].per_token_source == "server"
     table = compare_table(results)
     assert "2.00x" in table and "0.90x" in table and "70%" in table
     assert json.loads(files["json"].read_text())["comparisons"]
@@ -74,18 +81,15 @@ def test_report_files_speedup_and_compare_table(tmp_path):
 
 def test_speedup_is_split_by_which_run_of_the_pair_went_first():
     # Two repeats in the runner's alternating order: spec before baseline, then after it.
-    def run(c: int, tps: float, repeat: int, sequence: int) -> dict:
-        return {**_level(c, tps, 10.0, 0.5, 2.0), "repeat": repeat, "sequence": sequence}
+    def run(c: int, tps: float, repeat: int, sequence: int) -> LevelResult:
+        return _level(c, tps, 10.0, 0.5, 2.0, repeat=repeat, sequence=sequence)
 
-    results = SweepResults.from_json({
-        "config": "default", "status": "ok", "settings": {"users": [32]}, "machine": {}, "problems": [],
-        "variants": [{"name": "spec-k2", "label": "K=2", "k": 2, "status": "ok",
-                      "levels": [run(32, 90, 1, 1), run(32, 110, 2, 4)]},
-                     {"name": "baseline", "label": "off", "k": None, "status": "ok",
-                      "levels": [run(32, 100, 1, 2), run(32, 100, 2, 3)]}]})
-    assert [r["went_first"] for r in derive(results)] == [True, False]
+    results = _sweep(VariantResult("spec-k2", "K=2", k=2, status="ok", levels=[run(32, 90, 1, 1), run(32, 110, 2, 4)]),
+                     VariantResult("baseline", "off", status="ok", levels=[run(32, 100, 1, 2), run(32, 100, 2, 3)]),
+                     users=[32])
+    assert [r.went_first for r in derive(results)] == [True, False]
     [entry] = summarize_speedups(results)
-    assert entry["speedup_by_order"] == pytest.approx({"first": 0.9, "second": 1.1})
+    assert entry.speedup_by_order == pytest.approx({"first": 0.9, "second": 1.1})
     assert "Locust 0.90x in runs before the baseline's, 1.10x in runs after it" in headline(results)[0]
     assert headline(results)[0].endswith("(2 runs, each beside a baseline run)")
     # A grouped sweep (each server started once, on GPUs) pairs the runs by repeat, not in time.
@@ -98,13 +102,13 @@ def test_speedup_is_split_by_which_run_of_the_pair_went_first():
     assert headline(alone)[0].endswith("(2 runs)")
     # One order only (a single repeat, or results from before the order was recorded): no split.
     results.variants[0].levels.pop()
-    assert "speedup_by_order" not in summarize_speedups(results)[0]
+    assert summarize_speedups(results)[0].speedup_by_order is None
 
 
 def test_a_full_disk_never_truncates_results_json(tmp_path):
     """The report rewrites results.json; when the disk fills mid-write (here: RLIMIT_FSIZE, the
     same EFBIG/ENOSPC path) the measured file must survive whole."""
-    levels = [_level(c, 100.0 + c, 10.0) for c in range(1, 40)]
+    levels = [_level(c, 100.0 + c, 10.0).to_json() for c in range(1, 40)]
     results = {"config": "default", "status": "ok", "settings": {"users": list(range(1, 40)), "tolerance": 0.05},
                "machine": {}, "problems": [], "variants": [{"name": "baseline", "label": "off", "k": None,
                                                             "status": "ok", "levels": levels}]}
@@ -131,12 +135,9 @@ def test_a_full_disk_never_truncates_results_json(tmp_path):
 
 
 def _results() -> SweepResults:
-    return SweepResults.from_json({
-        "config": "default", "status": "ok", "settings": {"users": [1], "tolerance": 0.05}, "machine": {},
-        "problems": [], "variants": [
-            {"name": "spec-k4", "label": "K=4", "k": 4, "status": "ok", "levels": [_level(1, 200, 4.0, 0.7, 3.0)]},
-            {"name": "baseline", "label": "off", "k": None, "status": "ok", "levels": [_level(1, 100, 10.0)]},
-            {"name": "broken", "label": "x", "k": 2, "status": "failed", "levels": [], "error": ERROR}]})
+    return _sweep(VariantResult("spec-k4", "K=4", k=4, status="ok", levels=[_level(1, 200, 4.0, 0.7, 3.0)]),
+                  VariantResult("baseline", "off", status="ok", levels=[_level(1, 100, 10.0)]),
+                  VariantResult("broken", "x", k=2, status="failed", error=ERROR), users=[1])
 
 
 class _Tables(HTMLParser):
@@ -232,7 +233,7 @@ def test_the_exit_status_matches_the_words():
     flagged.status, flagged.problems = "flagged", ["vLLM's benchmark disagrees"]
     results.status = "flagged"
     assert ss.exit_code(results) == 0
-    results.variants[0].levels[0].consistency["ok"] = False
+    results.variants[0].levels[0].consistency = Consistency(ok=False)
     assert ss.exit_code(results) == ss.UNTRUSTED == 4
     failed = _results()  # a variant whose server did not start: a measurement missing
     assert ss.exit_code(failed) == ss.INCOMPLETE == 3
@@ -266,14 +267,14 @@ def test_a_flag_is_a_badge_that_links_to_its_detail(tmp_path):
     results = _results()
     results.variants = results.variants[:2]
     level = results.variants[1].levels[0]
-    level.vllm_bench_agreement = {"ttft_p50_ms": {"difference": 0.15, "difference_adjusted": 0.147,
-                                                  "agrees": False}, "agrees": False}
-    level.consistency = {"ok": False, "relative_error": 0.07}
+    level.vllm_bench_agreement = Agreement(ttft_p50_ms=FigureAgreement(difference=0.15, difference_adjusted=0.147,
+                                                                       agrees=False), agrees=False)
+    level.consistency = Consistency(ok=False, relative_error=0.07)
     badges = {(b.label, b.target): b.text for b in ss.badges(results)}
     assert badges[("FLAG", "second-opinion")] == "batch 1 baseline run 1: vLLM bench TTFT differs +14.7%"
     assert badges[("UNTRUSTED", "trust")] == "batch 1 baseline run 1: client tokens vs server counter 7.0% apart"
     # Locust says slower, the engine's clock says faster: the verdict carries a DISAGREE badge.
-    results.variants[0].levels[0].client["output_tokens_per_s"] = 50.0
+    results.variants[0].levels[0].client.output_tokens_per_s = 50.0
     badges = {(b.label, b.target): b.text for b in ss.badges(results)}
     assert badges[("DISAGREE", "second-opinion")] == ("batch 1 spec-k4: Locust's verdict contradicted by per token on "
                                                       "the engine's clock")
@@ -330,20 +331,18 @@ def test_newest_report_without_times_falls_back_to_the_name(tmp_path, content):
 
 def test_a_verdict_resting_on_loops_says_so_first_and_free_lengths_are_given(tmp_path):
     """The content check's figures (as `stats.summarize` writes them) reach the report's first lines."""
-    looping = {"checked": 4, "degenerate": 3, "degenerate_share": 0.75, "distinct_4": 0.2, "loop_share": 0.8,
-               "reference": {"distinct_4": 0.89, "source": "the embedded pair's held-out code"},
-               "acceptance_valid": 0.4, "acceptance_degenerate": 0.97, "tokens_per_s_valid": 20.0}
-    text = {**looping, "degenerate": 0, "degenerate_share": 0.0, "distinct_4": 0.93, "loop_share": 0.0,
-            "vs_reference": 1.04, "like_reference": True, "tokens_per_s_valid": 10.0}
+    looping = ContentSummary(checked=4, degenerate=3, degenerate_share=0.75, distinct_4=0.2, loop_share=0.8,
+                             reference=ContentReference(0.89, "the embedded pair's held-out code"),
+                             acceptance_valid=0.4, acceptance_degenerate=0.97, tokens_per_s_valid=20.0)
+    text = dataclasses.replace(looping, degenerate=0, degenerate_share=0.0, distinct_4=0.93, loop_share=0.0,
+                               vs_reference=1.04, like_reference=True, tokens_per_s_valid=10.0)
     spec, base = _level(1, 200, 4.0, 0.9, 4.6), _level(1, 100, 10.0)
-    spec["client"]["content"], base["client"]["content"] = looping, text
+    spec.client.content, base.client.content = looping, text
     for level in (spec, base):
-        level["client"]["output_tokens_per_request"] = {"n": 4, "p50": 90.0, "min": 12, "max": 128}
-    results = SweepResults.from_json({
-        "config": "default", "status": "ok", "settings": {"users": [1], "fixed_length": False, "max_tokens": 128},
-        "machine": {}, "problems": [],
-        "variants": [{"name": "spec-k4", "label": "K=4", "k": 4, "status": "ok", "levels": [spec]},
-                     {"name": "baseline", "label": "off", "k": None, "status": "ok", "levels": [base]}]})
+        level.client.output_tokens_per_request = Distribution(n=4, p50=90.0, min=12, max=128)
+    results = _sweep(VariantResult("spec-k4", "K=4", k=4, status="ok", levels=[spec]),
+                     VariantResult("baseline", "off", status="ok", levels=[base]),
+                     users=[1], fixed_length=False, max_tokens=128)
     lines = headline(results)
     assert lines[0].startswith("batch 1, spec-k4: CONTENT: speculation's output rests mostly on degenerate output: "
                                "3 of 4 requests degenerate")
@@ -360,16 +359,16 @@ def test_a_verdict_on_output_that_mostly_loops_is_not_coloured_as_a_gain():
     from loadtest.reports import sweep_summary as ss
 
     results = _spec_and_baseline()
-    loops = {"checked": 32, "degenerate": 29, "degenerate_share": 0.906, "distinct_4": 0.14, "loop_share": 0.86}
-    results.variants[0].levels[0].client["content"] = loops
+    loops = ContentSummary(checked=32, degenerate=29, degenerate_share=0.906, distinct_4=0.14, loop_share=0.86)
+    results.variants[0].levels[0].client.content = loops
     one, thirty_two = ss.verdict_lines(results)
     assert (one.verdict, one.tone) == ("speculation pays on looping output", "none")
     assert "29 of 32 degenerate" in one.figures
     assert (thirty_two.verdict, thirty_two.tone) == ("speculation does not pay", "bad")
     # Mostly noise (as the report's NOISE warning judges it) is treated alike.
-    noise = {"checked": 32, "degenerate": 0, "degenerate_share": 0.0, "noise_checked": 32, "noise": 20,
-             "noise_share": 0.625, "distinct_4": 0.99, "loop_share": 0.0, "known_words": 0.7}
-    results.variants[0].levels[1].client["content"] = noise
+    noise = ContentSummary(checked=32, degenerate=0, degenerate_share=0.0, noise_checked=32, noise=20,
+                           noise_share=0.625, distinct_4=0.99, loop_share=0.0, known_words=0.7)
+    results.variants[0].levels[1].client.content = noise
     thirty_two = ss.verdict_lines(results)[1]
     assert (thirty_two.verdict, thirty_two.tone) == ("speculation does not pay on noise", "none")
 
@@ -389,8 +388,8 @@ def test_a_temperature_run_is_summarized_from_its_sweeps_folders(tmp_path):
     assert [(r.temperature, r.report, r.results.status) for r in runs] == [
         (0.0, "temperature-0", "ok"), (1.0, "temperature-1", "flagged")]
     rows = tr.summary_rows(runs)
-    assert [(r["concurrency"], r["temperature"]) for r in rows] == [(1, 0.0), (1, 1.0), (32, 0.0), (32, 1.0)]
-    assert rows[0]["speedup"]["mean"] == pytest.approx(2.0) and rows[0]["verdict"] == "pays"
+    assert [(r.concurrency, r.temperature) for r in rows] == [(1, 0.0), (1, 1.0), (32, 0.0), (32, 1.0)]
+    assert rows[0].speedup.mean == pytest.approx(2.0) and rows[0].verdict == "pays"
     files = tr.write_summary(runs, tmp_path)
     md = files["markdown"].read_text()
     assert "- temperature 1: flagged: slow (baseline c=1)" in md
@@ -403,6 +402,6 @@ def test_a_temperature_runs_problems_name_each_level_by_its_load():
     """A closed-loop level by its users (`c=1`), an open-loop one by its rate (`2/s`), not `c=None`."""
     from loadtest.reports import temperature_report as tr
 
-    results = SweepResults.from_json({"variants": [{"name": "spec-k4", "levels": [
-        {"concurrency": 1, "problems": ["slow"]}, {"rate": 2.0, "problems": ["behind"]}]}]})
+    results = SweepResults(variants=[VariantResult("spec-k4", levels=[
+        LevelResult(concurrency=1, problems=["slow"]), LevelResult(rate=2.0, problems=["behind"])])])
     assert tr.run_problems(results) == ["slow (spec-k4 c=1)", "behind (spec-k4 2/s)"]

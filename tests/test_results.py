@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from loadtest.measurement.figures import ClientFigures
 from loadtest.measurement.results import (CAPACITY_SCHEMA, SWEEP_SCHEMA, CapacityLevel, CapacityResults,
                                           LevelResult, SweepResults)
 from report_samples import sweep
@@ -58,7 +59,7 @@ def test_a_newer_or_foreign_file_is_refused_clearly(tmp_path: Path) -> None:
 
 
 def test_a_capacity_search_of_schema_1_loads(tmp_path: Path) -> None:
-    level = CapacityLevel.of(LevelResult(rate=1.0, repeat=1, status="ok", client={"ok": 4}), variant="baseline",
+    level = CapacityLevel.of(LevelResult(rate=1.0, repeat=1, status="ok", client=ClientFigures(ok=4)), variant="baseline",
                              phase="search", meets_targets=True, why="met every target")
     data = CapacityResults(slo="ttft_p95=1000ms", variants=["baseline"], levels=[level]).to_json()
     (tmp_path / "capacity.json").write_text(json.dumps({**data, "schema": 1}))

@@ -4,6 +4,7 @@ outside the runner."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -49,16 +50,16 @@ def test_evaluate_counts_failures_against_targets_and_goodput_keeps_only_good_re
     records = [_record(0.05, 0.01), _record(0.05, 0.01), _record(0.5, 0.01), _record(0.05, 0.05),
                _record(0.05, 0.01, ok=False)]
     result = slo.evaluate(records, targets, duration_s=2.0)
-    ttft, tpot = result["targets"]["ttft_p50"], result["targets"]["tpot_p50"]
-    assert ttft["share_within"] == pytest.approx(3 / 5) and ttft["met"]      # 60% >= 50%
-    assert tpot["share_within"] == pytest.approx(3 / 5) and tpot["met"]
-    assert ttft["value_ms"] == pytest.approx(50) and ttft["bound_ms"] == 500 / 5
-    assert result["share_within_all"] == pytest.approx(2 / 5)
-    assert result["goodput_tokens_per_s"] == pytest.approx(2 * 10 / 2.0)     # two requests met both
-    assert result["met"]
+    ttft, tpot = result.targets["ttft_p50"], result.targets["tpot_p50"]
+    assert ttft.share_within == pytest.approx(3 / 5) and ttft.met      # 60% >= 50%
+    assert tpot.share_within == pytest.approx(3 / 5) and tpot.met
+    assert ttft.value_ms == pytest.approx(50) and ttft.bound_ms == 500 / 5
+    assert result.share_within_all == pytest.approx(2 / 5)
+    assert result.goodput_tokens_per_s == pytest.approx(2 * 10 / 2.0)     # two requests met both
+    assert result.met
     strict = slo.evaluate(records, slo.parse_targets("ttft_p90=100ms"), duration_s=2.0)
-    assert not strict["met"] and not strict["targets"]["ttft_p90"]["met"]    # 80% within < 90%
-    assert strict["targets"]["ttft_p90"]["value_ms"] is None                 # the 90th falls on the failed request
+    assert not strict.met and not strict.targets["ttft_p90"].met    # 80% within < 90%
+    assert strict.targets["ttft_p90"].value_ms is None                 # the 90th falls on the failed request
 
 
 def test_the_percentile_shown_is_the_one_the_verdict_rests_on():
@@ -67,8 +68,8 @@ def test_the_percentile_shown_is_the_one_the_verdict_rests_on():
     target = slo.parse_targets("tpot_p95=50ms")
     for above, met in ((2, True), (3, False)):
         records = [_record(0.05, 0.030 + 0.0001 * i) for i in range(56 - above)] + [_record(0.05, 0.055)] * above
-        t = slo.evaluate(records, target, duration_s=10)["targets"]["tpot_p95"]
-        assert t["met"] is met and (t["value_ms"] <= 50) is met, t
+        t = slo.evaluate(records, target, duration_s=10).targets["tpot_p95"]
+        assert t.met is met and (t.value_ms <= 50) is met, t
     assert percentile([r.per_token_latency_s for r in records], 95) * 1000 < 50  # the interpolated one would hide it
     assert slo.rank_percentile([3.0, None, 1.0, 2.0], 50) == 2.0 and slo.rank_percentile([1.0, None], 75) is None
     assert slo.rank_percentile([], 95) is None
@@ -92,14 +93,14 @@ def test_load_generator_lag_and_its_notes(tmp_path):
     (tmp_path / "loop-lag-1.json").write_text(json.dumps({"probe_s": 0.01, "lags_s": [0.0001, 0.0002, 0.3, 0.1],
                                                            "stalls_s": [[0.3, 0.27], [0.1, 0.15]]}))
     lag = load_generator_lag(records, tmp_path)
-    assert lag["send_lag_ms"]["n"] == 3 and lag["send_lag_ms"]["p50"] == pytest.approx(2.0)
-    assert lag["loop_lag_ms"]["max"] == pytest.approx(300) and lag["loop_lag_ms"]["over_50ms"] == 2
+    assert lag.send_lag_ms.n == 3 and lag.send_lag_ms.p50 == pytest.approx(2.0)
+    assert lag.loop_lag_ms.max == pytest.approx(300) and lag.loop_lag_ms.over_50ms == 2
     # A wait longer than its stall (part of it in the asked sleep) explains the stall only.
-    assert lag["stall_runqueue_share"] == pytest.approx((0.27 + 0.1) / 0.4)
+    assert lag.stall_runqueue_share == pytest.approx((0.27 + 0.1) / 0.4)
     notes = load_generator_notes(LocustOutcome(0, None, [], wall_s=10, cpu_s=1), 0, lag)
     assert any("sent requests late" in n for n in notes)
     assert any("event loop stalled" in n and "92% of that time the OS kept it runnable" in n for n in notes)
-    busy = {**lag, "stall_runqueue_share": 0.1}
+    busy = dataclasses.replace(lag, stall_runqueue_share=0.1)
     assert any("only 10% of that time was run-queue wait" in n
                for n in load_generator_notes(LocustOutcome(0, None, [], wall_s=10, cpu_s=1), 0, busy))
     quiet = load_generator_lag(records[:3], tmp_path / "none")
@@ -127,20 +128,20 @@ def test_sweep_of_running_servers_with_service_targets(servers, keyed_baseline, 
     for variant in variants.values():
         assert variant.served_model == "embedded-code"
         for level in variant.levels:
-            assert level.status in ("ok", "flagged") and level.client["ok"] == 4
-            assert level.consistency["ok"]                              # the engine's counter agrees
-            assert "error" not in level.vllm_bench                        # tokenizer found from /v1/models
-            targets = level.slo["targets"]
-            assert targets["ttft_p95"]["met"] and targets["ttft_p95"]["share_within"] == 1.0
-            assert not targets["tpot_p50"]["met"] and level.slo["goodput_tokens_per_s"] == 0
-            assert not level.slo["met"]
+            assert level.status in ("ok", "flagged") and level.client.ok == 4
+            assert level.consistency.ok                              # the engine's counter agrees
+            assert level.vllm_bench.error is None                         # tokenizer found from /v1/models
+            targets = level.slo.targets
+            assert targets["ttft_p95"].met and targets["ttft_p95"].share_within == 1.0
+            assert not targets["tpot_p50"].met and level.slo.goodput_tokens_per_s == 0
+            assert not level.slo.met
             lag = level.load_generator
-            assert lag["send_lag_ms"]["n"] == 4 - level.concurrency       # a user's first request has none
-            assert lag["loop_lag_ms"]["n"] > 10 and lag["loop_lag_ms"]["p50"] >= 0
+            assert lag.send_lag_ms.n == 4 - level.concurrency       # a user's first request has none
+            assert lag.loop_lag_ms.n > 10 and lag.loop_lag_ms.p50 >= 0
             # Stalls over 50 ms, if any, say how much of them was the OS's run-queue wait.
-            share = lag["stall_runqueue_share"]
+            share = lag.stall_runqueue_share
             assert share is None or 0 <= share <= 1
-            assert share is not None or lag["loop_lag_ms"]["over_50ms"] == 0
+            assert share is not None or lag.loop_lag_ms.over_50ms == 0
     # The servers were not the sweep's: both still serve.
     assert spec.alive() and keyed_baseline.alive()
     assert requests.get(f"{spec.base_url}/health", timeout=10).status_code == 200
@@ -173,9 +174,9 @@ def test_a_greedy_run_that_loops_is_flagged_in_the_reports_first_lines(servers, 
     assert results.status in ("ok", "flagged") and run.returncode == exit_code(results) == 0, run.stderr[-2000:]
     for variant in results.variants:
         level = variant.levels[0]
-        for checked in (level.client["content"], level.vllm_bench["content"]):
-            assert checked["checked"] == 3 and checked["degenerate"] == 3, checked
-            assert checked["loop_share"] > 0.5
+        for checked in (level.client.content, level.vllm_bench.content):
+            assert checked.checked == 3 and checked.degenerate == 3, checked
+            assert checked.loop_share > 0.5
     # The first screen: no verdict without a baseline, the content on the line, and CONTENT badges for
     # speculation's and vLLM's benchmark's outputs; the full findings lead with the loop.
     md = (out / "report.md").read_text()
@@ -207,10 +208,10 @@ def test_chat_traffic_on_the_embedded_default_end_to_end(servers, tmp_path):
     (variant,) = results.variants
     level = variant.levels[0]
     assert level.status in ("ok", "flagged"), level.problems
-    assert level.client["requests"] == 3 and level.client["failed"] == 0
-    assert 3 <= level.client["output_tokens"] <= 3 * 32  # natural lengths: each at most the maximum
-    assert "error" not in level.vllm_bench and level.vllm_bench["completed"] == 3, level.vllm_bench
-    records = [json.loads(line) for f in sorted((out / level.locust["records"]).glob("*.jsonl"))
+    assert level.client.requests == 3 and level.client.failed == 0
+    assert 3 <= level.client.output_tokens <= 3 * 32  # natural lengths: each at most the maximum
+    assert level.vllm_bench.error is None and level.vllm_bench.completed == 3, level.vllm_bench
+    records = [json.loads(line) for f in sorted((out / level.locust.records).glob("*.jsonl"))
                for line in f.read_text().splitlines()]
     assert {r["path"] for r in records} == {"/v1/chat/completions"}
     # The first screen's setup says which traffic ran; the full findings begin with it.

@@ -76,6 +76,9 @@ def _gone(processes: list[psutil.Process], within_s: float) -> list[int]:
 
 
 STOPS = ["SIGHUP", "two SIGINTs", "SIGKILL"]
+SERVED = "embedded-code"
+"""What the stop tests serve: the code pair starts in a fraction of the default's time, and how a
+server stops does not depend on its model."""
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +89,7 @@ def serving() -> Iterator[dict[str, tuple[subprocess.Popen[str], int]]]:
     while len(ports) < len(STOPS):
         if (port := free_port()) not in ports:
             ports.append(port)
-    started = {how: (subprocess.Popen([sys.executable, "-m", "deploy", "serve", "--no-spec", "--set",
+    started = {how: (subprocess.Popen([sys.executable, "-m", "deploy", "serve", SERVED, "--no-spec", "--set",
                                        f"server.port={port}"], cwd=ROOT, stdout=subprocess.PIPE,
                                       stderr=subprocess.STDOUT, text=True, start_new_session=True), port)
                for how, port in zip(STOPS, ports)}
@@ -120,13 +123,14 @@ def test_serve_leaves_nothing_running_however_it_is_stopped(how: str, serving) -
             assert time.monotonic() < deadline, "server did not become ready"
         else:
             pytest.fail(f"serve exited before ready with code {proc.wait()}")
+        model = requests.get(f"http://127.0.0.1:{port}/v1/models", timeout=60).json()["data"][0]["id"]
         reply = requests.post(f"http://127.0.0.1:{port}/v1/completions", timeout=120, json={
-            "model": "embedded-default", "prompt": "def f(", "max_tokens": 8, "temperature": 0})
+            "model": model, "prompt": "def f(", "max_tokens": 8, "temperature": 0})
         assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] == 8
         engine = psutil.Process(proc.pid).children(recursive=True)
         assert engine, "no engine processes under the server"
         if how == "SIGHUP":
-            busy = subprocess.run([sys.executable, "-m", "deploy", "serve", "--no-spec", "--set", f"server.port={port}"],
+            busy = subprocess.run([sys.executable, "-m", "deploy", "serve", SERVED, "--no-spec", "--set", f"server.port={port}"],
                                   cwd=ROOT, capture_output=True, text=True, timeout=120)
             assert busy.returncode == 2 and "already in use" in busy.stderr, busy.stderr[-2000:]
             assert "Traceback" not in busy.stderr + busy.stdout

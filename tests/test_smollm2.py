@@ -124,7 +124,7 @@ def test_the_pair_answers_chat_through_the_chat_api_with_valid_content(pair: smo
                                 timeout=60).json()["tokens"]
             figs.append(content.figures(ids, text=text, prompt_text=messages[-1]["content"]))
         summary = content.summarize(figs)
-        assert summary["degenerate"] <= 1 and summary["noise"] <= 1, summary  # at most 1 in 8 (the default's rule: 10%)
+        assert summary.degenerate <= 1 and (summary.noise or 0) <= 1, summary  # at most 1 in 8 (the default's rule: 10%)
         metrics = requests.get(f"{server.base_url}/metrics", timeout=30).text
         accepted = sum(float(line.split()[-1]) for line in metrics.splitlines()
                        if line.startswith("vllm:spec_decode_num_accepted_tokens_total"))

@@ -43,7 +43,7 @@ def test_the_config_is_the_default_and_each_option_replaces_one_field():
     assert traffic.chosen(opts, declared) == {**values, "fixed_length": True, "max_tokens": 64}
     # A workload given without --api: the prompts pick the API, not the config's API for its own prompts.
     opts = run.parse_args(["run", "llama70b-7b.yaml", "--workload", "code"])
-    assert traffic.chosen(opts, declared)["api"] == "auto"
+    assert traffic.chosen(opts, declared) == {**values, "workload": "code", "api": "auto"}
     opts = run.parse_args(["run", "embedded-code.yaml", "--no-fixed-length"])
     assert traffic.chosen(opts, traffic.declared("embedded-code.yaml")[0])["fixed_length"] is False
     # advise takes the same fields; tune its workload, API and lengths (its proof keeps its own length).
@@ -55,7 +55,7 @@ def test_the_config_is_the_default_and_each_option_replaces_one_field():
 
 def test_the_chat_traffic_sends_chat_requests_of_natural_length():
     declared, _ = traffic.declared("llama70b-7b.yaml")
-    request = RequestSettings(**{k: v for k, v in traffic.chosen(build_parser().parse_args(["run"]), declared).items()})
+    request = RequestSettings(**traffic.chosen(build_parser().parse_args(("run",)), declared))
     path, body = request_for(load_workload(request.workload).items[0], "m", request.max_tokens, request.temperature,
                              request.fixed_length, request.api)
     assert path == "/v1/chat/completions" and "messages" in body and "ignore_eos" not in body

@@ -15,7 +15,8 @@ import yaml
 
 from deploy import load_config
 from loadtest.sweeps.settings import SweepSettings, plan_variants
-from tuning.tune import choose, deployed_k, out_of_reach, schedule_from, tuned_yaml
+from tuning.step_costs import BatchFigures, StepCosts
+from tuning.tune import ProofCheck, ScheduleRow, TuneResult, choose, deployed_k, out_of_reach, schedule_from, tuned_yaml
 from plugins import k_for_batch
 
 REPO = Path(__file__).resolve().parent.parent
@@ -26,10 +27,11 @@ def tune_cli(*args: str, timeout: int = 120) -> subprocess.CompletedProcess:
                           text=True, timeout=timeout)
 
 
-def costs(plain: dict[int, float], steps: dict[int, list[float]]) -> dict:
+def costs(plain: dict[int, float], steps: dict[int, list[float]]) -> StepCosts:
     """Step times: plain per batch, and [K=0, K=1, ...] per batch."""
-    return {"batches": {str(b): {"plain": {"step_ms": plain[b]},
-                                 **{f"k{k}": {"step_ms": ms} for k, ms in enumerate(steps[b])}} for b in plain}}
+    return StepCosts(batches={str(b): {"plain": BatchFigures(ms), **{f"k{k}": BatchFigures(t)
+                                                                     for k, t in enumerate(steps[b])}}
+                              for b, ms in plain.items()})
 
 
 def test_k_is_chosen_by_tokens_per_unit_of_step_time() -> None:
@@ -37,23 +39,23 @@ def test_k_is_chosen_by_tokens_per_unit_of_step_time() -> None:
     rows = choose(costs({1: 10.0, 32: 20.0}, {1: [10.5, 11, 12, 13, 14], 32: [20.5, 30, 40, 50, 60]}), per_position, 4)
     one, big = rows
     # Batch 1: K=3 makes 2.5 tokens in 1.3 plain steps (1.92 per step's time); K=4's 2.6 in 1.4 is less.
-    assert [o["tokens_per_step"] for o in one["options"]] == pytest.approx([1, 1.7, 2.2, 2.5, 2.6])
-    assert one["k"] == 3 and one["predicted_speedup"] == pytest.approx(2.5 / 1.3)
+    assert [o.tokens_per_step for o in one.options] == pytest.approx([1, 1.7, 2.2, 2.5, 2.6])
+    assert one.k == 3 and one.predicted_speedup == pytest.approx(2.5 / 1.3)
     # Batch 32: each draft token costs half a plain step; K=1 makes 1.7 tokens in 1.5 steps, still the best.
-    assert big["k"] == 1 and big["predicted_speedup"] == pytest.approx(1.7 / 1.5)
+    assert big.k == 1 and big.predicted_speedup == pytest.approx(1.7 / 1.5)
     # Nothing pays: K=0 (the speculative engine drafting nothing) is chosen, even below 1x.
     [row] = choose(costs({64: 10.0}, {64: [10.2, 30, 40, 50, 60]}), per_position, 4)
-    assert row["k"] == 0 and row["predicted_speedup"] < 1
+    assert row.k == 0 and row.predicted_speedup < 1
     # Within 1% of the best, the shorter draft wins (it wastes less when acceptance dips).
     [tie] = choose(costs({1: 10.0}, {1: [10, 10, 10.0 * 2.2 / 1.7 * 1.005, 99, 99]}), per_position, 4)
-    assert tie["k"] == 1
+    assert tie.k == 1
 
 
 def test_schedule_ranges_meet_between_measured_batch_sizes() -> None:
-    rows = [{"batch": 1, "k": 4}, {"batch": 4, "k": 4}, {"batch": 16, "k": 2}, {"batch": 32, "k": 0}]
+    rows = [ScheduleRow(1, 4), ScheduleRow(4, 4), ScheduleRow(16, 2), ScheduleRow(32, 0)]
     assert schedule_from(rows, 64) == [[1, 8, 4], [9, 22, 2], [23, 64, 0]]
-    assert schedule_from([{"batch": 1, "k": 3}, {"batch": 2, "k": 1}], 8) == [[1, 1, 3], [2, 8, 1]]
-    assert schedule_from([{"batch": 8, "k": 2}], 32) == [[1, 32, 2]]
+    assert schedule_from([ScheduleRow(1, 3), ScheduleRow(2, 1)], 8) == [[1, 1, 3], [2, 8, 1]]
+    assert schedule_from([ScheduleRow(8, 2)], 32) == [[1, 32, 2]]
 
 
 def test_the_tuned_yaml_keeps_the_input_and_validates(tmp_path: Path) -> None:
@@ -123,9 +125,8 @@ def test_a_tuned_config_is_load_tested_against_each_fixed_k(tmp_path: Path) -> N
 def test_a_proof_no_schedule_can_pass_says_so() -> None:
     """At the largest batch, when every K (the tuned schedule too) is below 0.97x the plain server,
     the proof says that no schedule can pass; one K at 0.98x, or a smaller batch, says nothing."""
-    def check(batch: int, tuned: float, fixed: dict[int, float], t: float = 1.0) -> dict:
-        return {"temperature": t, "batch": batch, "tuned_speedup": tuned, "fixed_speedups": fixed,
-                "passed": tuned >= 0.97}
+    def check(batch: int, tuned: float, fixed: dict[int, float], t: float = 1.0) -> ProofCheck:
+        return ProofCheck(t, batch, tuned, fixed, passed=tuned >= 0.97)
 
     hopeless = check(32, 0.93, {1: 0.94, 2: 0.91})
     notes = out_of_reach([check(1, 2.5, {1: 1.5, 4: 2.6}), check(16, 0.90, {1: 0.92}), hopeless], 32)
@@ -193,11 +194,11 @@ def test_a_gpu_preset_on_this_machine_says_what_it_would_measure_and_refuses(tmp
     run = tune_cli("llama70b-7b.yaml", "--batches", "1,4,16,32", "--out", str(tmp_path),
                    "--output", str(tmp_path / "tuned.yaml"))
     assert run.returncode == 2, run.stdout + run.stderr
-    result = json.loads((tmp_path / "tune.json").read_text())
-    assert result["status"] == "cannot_measure" and "costs" not in result
+    result = TuneResult.from_json(json.loads((tmp_path / "tune.json").read_text()))
+    assert result.status == "cannot_measure" and result.costs is None
     assert not (tmp_path / "tuned.yaml").exists()  # nothing written from nothing measured
-    assert "plain decoding and of the drafter at K=0..4 (one engine" in result["would_measure"][0]
-    assert any("8 GPUs" in p for p in result["problems"]) and "What it would measure" in run.stdout
+    assert "plain decoding and of the drafter at K=0..4 (one engine" in result.would_measure[0]
+    assert any("8 GPUs" in p for p in result.problems) and "What it would measure" in run.stdout
 
 
 @pytest.mark.engine
@@ -208,29 +209,27 @@ def test_tune_on_the_embedded_default(tmp_path: Path, embedded_pair, measurement
                    "--cost-repeats", "2", "--proof-temperature", "1", "--proof-repeats", "2", "--requests", "8",
                    "--max-tokens", "32", "--output", str(output), "--out", str(tmp_path), timeout=2400)
     assert run.returncode in (0, 1), run.stdout[-2000:] + run.stderr[-3000:]
-    result = json.loads((tmp_path / "tune.json").read_text())
-    assert result["status"] in ("proven", "not_proven"), result.get("problems")
+    result = TuneResult.from_json(json.loads((tmp_path / "tune.json").read_text()))
+    assert result.status in ("proven", "not_proven"), result.problems
     text = output.read_text()
-    figures = result["costs"]["batches"]
     # K capped in the worker takes effect: told K=0 the speculative engine makes one token a step,
     # and K=1 at most two.
     for batch in ("1", "8"):
+        k0, k1, k2 = (result.costs.batches[batch][f"k{k}"].tokens_per_step for k in range(3))
         # One token a step; a single run may count one engine step more or fewer than tokens (64
         # tokens in 65 steps once in CI, in 63 another time), still far from K=1's ~2.
-        assert 64 / 65 <= figures[batch]["k0"]["tokens_per_step"] <= 64 / 63
-        assert 1.0 < figures[batch]["k1"]["tokens_per_step"] <= 2.0
-        assert figures[batch]["k2"]["tokens_per_step"] > figures[batch]["k1"]["tokens_per_step"]
+        assert 64 / 65 <= k0 <= 64 / 63 and 1.0 < k1 <= 2.0 and k2 > k1
     for t in ("0", "0.7", "1"):  # the config's temperatures; probabilistic drafts keep acceptance at T > 0
-        first, second = result["costs"]["acceptance"][t]["per_position"]
+        first, second = result.costs.acceptance[t].per_position
         assert 0.3 < first <= 1 and second <= first
-    schedule = result["schedule"]
+    schedule = result.schedule
     assert schedule[0][0] == 1 and schedule[-1][1] == 64 and all(0 <= k <= 2 for _, _, k in schedule)
-    assert {r["batch"]: r["k"] for r in result["rows"]}[1] >= 1  # batch 1 pays on this pair (2.9x measured)
+    assert {r.batch: r.k for r in result.rows}[1] >= 1  # batch 1 pays on this pair (2.9x measured)
     k, written = deployed_k(schedule)
     assert f"num_speculative_tokens: {k}" in text and "# Tuned by `make tune`" in text
     assert ("schedule: [[1, " in text) == (written is not None)
     assert "draft_max_temperature" not in text  # vLLM's native drafter drafts for every request
-    checks = result["proof"]["checks"]
-    assert {(c["temperature"], c["batch"]) for c in checks} == {(1.0, 1), (1.0, 8)}
-    assert all(c["ratio"] is not None and set(map(int, c["fixed_speedups"])) == {1, 2} for c in checks)
+    checks = result.proof.checks
+    assert {(c.temperature, c.batch) for c in checks} == {(1.0, 1), (1.0, 8)}
+    assert all(c.ratio is not None and set(map(int, c.fixed_speedups)) == {1, 2} for c in checks)
     assert "## Proof" in (tmp_path / "tune.md").read_text()

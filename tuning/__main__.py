@@ -175,9 +175,9 @@ def cmd_advise(opts: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(describe(advice))
-    print(f"advice: {Path(advice['out']) / 'advice.md'}")
+    print(f"advice: {Path(advice.out) / 'advice.md'}")
     # 0: measured and advised; 1: the draft is unsuitable or the measurement failed; 2: not measured here.
-    return {"advised": 0, "unsuitable": 1, "failed": 1, "cannot_measure": 2}[advice["status"]]
+    return {"advised": 0, "unsuitable": 1, "failed": 1, "cannot_measure": 2}[advice.status]
 
 
 def cmd_tune(opts: argparse.Namespace) -> int:
@@ -206,9 +206,9 @@ def cmd_tune(opts: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2 if not isinstance(exc, RuntimeError) else 1
     print(describe(result))
-    print(f"tuning: {Path(result['out']) / 'tune.md'}")
+    print(f"tuning: {Path(result.out) / 'tune.md'}")
     # 0: tuned (and proven where asked); 1: the proof failed or the measurement did; 2: not measured here.
-    return {"tuned": 0, "proven": 0, "not_proven": 1, "failed": 1, "cannot_measure": 2}[result["status"]]
+    return {"tuned": 0, "proven": 0, "not_proven": 1, "failed": 1, "cannot_measure": 2}[result.status]
 
 
 def acceptance_grid(text: str) -> list[float]:
@@ -255,8 +255,8 @@ def cmd_paymap(opts: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(describe(result))
-    print(f"paymap: {Path(result['out']) / 'paymap.md'}")
-    return 0 if result["status"] == "mapped" else 2
+    print(f"paymap: {Path(result.out) / 'paymap.md'}")
+    return 0 if result.status == "mapped" else 2
 
 
 def k_list(values: list[int] | None) -> list[int] | None:
@@ -277,8 +277,9 @@ def cmd_costs(opts: argparse.Namespace) -> int:
                     "greedy_sets": {"code": [i.prompt for i in load_workload("code").items if i.prompt]}}
 
     pair = ensure_pair() if opts.pair else None
-    result = engine_costs(pair) if pair and not opts.force else None
-    if result is not None and "greedy_code" not in (result.get("acceptance") or {}):
+    cached = engine_costs(pair) if pair and not opts.force else None
+    result = step_costs.StepCosts.from_json(cached) if cached else None
+    if result is not None and "greedy_code" not in (result.acceptance or {}):
         result = None  # measured before the pair had its free-running and greedy content goals
     if result is None:
         result = step_costs.measure_costs(opts.config, opts.k, tuple(opts.batches), opts.repeat,
@@ -291,7 +292,7 @@ def cmd_costs(opts: argparse.Namespace) -> int:
         step_costs.save(result, opts.out)
     print(step_costs.describe(result))
     if pair:
-        print("\n".join(["embedded pair goals:", *goal_lines(pair, result)]))
+        print("\n".join(["embedded pair goals:", *goal_lines(pair, result.to_json())]))
     return 0
 
 

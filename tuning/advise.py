@@ -22,21 +22,25 @@ from __future__ import annotations
 
 import logging
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 from deploy import ConfigError, load_config, preflight
-from deploy.config import Override, resolve_config_path
+from deploy.config import DeploymentConfig, Override, resolve_config_path
 from loadtest.reports import markdown
 from loadtest.files import bullet_sections, write_result
 from loadtest.measurement.derive import content_warnings, levels, summarize_speedups
+from loadtest.measurement.derived import SpeedupSummary
 from loadtest.measurement.results import SweepResults
+from loadtest.measurement.serial import Serial
 from loadtest.reports.report import write_report
 from loadtest.traffic.request_settings import RequestSettings, settings_record
 from loadtest.sweeps.settings import SweepSettings, default_out_dir
 from loadtest.sweeps.runner import Sweep
 from tuning import step_costs
+from tuning.step_costs import StepCosts
 
 log = logging.getLogger("specdeploy.advise")
 
@@ -46,6 +50,86 @@ SECTIONS = {"would_measure": "What it would measure on a machine that runs the d
 """The lists a result may end with, and their titles in its Markdown (tune's too)."""
 VOCABULARY_WORDS = ("vocab_size", "tokenizer vocabulary", "not the same ones")
 NOT_SMALLER = "is not smaller than"
+
+
+PLAIN = "plain"
+"""The plain engine every step-cost measurement has (`step_costs.VARIANTS`, `tune.cost_variants`)."""
+
+
+@dataclass
+class CommandResult(Serial):
+    """What each tuning command's result file holds besides its figures: the config, the report
+    folder, the `status`, and the lists its report ends with (`SECTIONS`)."""
+
+    config: str = ""
+    out: str = ""
+    status: str = ""
+    problems: list[str] | None = None
+    would_measure: list[str] | None = None
+    notes: list[str] | None = None
+
+    def write(self, stem: str, text: str) -> Self:
+        """Into the report folder as `<stem>.json` and, for people, `text` as `<stem>.md`."""
+        write_result(Path(self.out), stem, self.to_json(), text)
+        return self
+
+
+@dataclass
+class SettingsRecord(Serial):
+    """A command's settings as its result keeps them (`settings_record`), those its report reads."""
+
+    overrides: list[str] = field(default_factory=list)
+    workload: str = ""
+    temperature: float = 0.0
+    max_tokens: int = 0
+    cost_repeats: int = 0
+
+
+@dataclass
+class ReportLink(Serial):
+    """A load test's report beside a command's result: where it is, its status and problems."""
+
+    report: str = ""
+    status: str = ""
+    problems: list[str] = field(default_factory=list)
+
+
+@dataclass
+class AdviceRow(Serial):
+    """One batch size: the step costs, the engine's acceptance, and predicted beside measured speedup."""
+
+    batch: int = 0
+    plain_step_ms: float = 0.0
+    draft_step: float = 0.0
+    """One draft token's forward pass in target steps."""
+    verify_ratio: float = 0.0
+    step_cost: float = 0.0
+    """A speculative step in target steps."""
+    acceptance_rate: float | None = None
+    per_position_acceptance: list[float] | None = None
+    tokens_per_step: float | None = None
+    predicted_speedup: float | None = None
+    measured_speedup: float | None = None
+    """Locust's output tokens/s over the baseline's."""
+    engine_speedup: float | None = None
+    """On the engine's per-token clock."""
+    degenerate_share: float | None = None
+
+
+@dataclass
+class Advice(CommandResult):
+    """The advice as advice.json holds it; `status` `advised`, `unsuitable`, `cannot_measure` or `failed`."""
+
+    settings: SettingsRecord = field(default_factory=SettingsRecord)
+    drafter: str = ""
+    k: int = 0
+    draft_sampling: str = ""
+    verdict: str = ""
+    compatibility: str | None = None
+    step_costs: StepCosts | None = None
+    load_test: ReportLink | None = None
+    rows: list[AdviceRow] | None = None
+    content_warnings: list[str] | None = None
 
 
 @dataclass
@@ -70,6 +154,14 @@ class AdviceSettings:
     """Where `request` came from (`loadtest.traffic.declared.origin`): the config's traffic section, options."""
 
 
+def drafter_config(config: str, overrides: Sequence[Override | str], doing: str) -> DeploymentConfig:
+    """The config with its overrides, refused where it has no drafter (nothing to `doing`)."""
+    loaded = load_config(config, overrides)
+    if not loaded.speculation.enabled:
+        raise ValueError(f"config {config} has no drafter (speculation.drafter: none): nothing to {doing}")
+    return loaded
+
+
 def would_measure(settings: AdviceSettings, k: int) -> list[str]:
     """What `advise` measures, in words (printed where this machine cannot run it)."""
     batches = ", ".join(map(str, settings.batches))
@@ -88,9 +180,7 @@ def dry_run(settings: AdviceSettings) -> int:
     from loadtest.sweeps.plan import duration_text
 
     try:
-        config = load_config(settings.config, settings.overrides)
-        if not config.speculation.enabled:
-            raise ValueError(f"config {settings.config} has no drafter (speculation.drafter: none): nothing to advise on")
+        config = drafter_config(settings.config, settings.overrides, "advise on")
         sweep = Sweep(SweepSettings(settings.config, overrides=list(settings.overrides), users=settings.batches,
                                     repeat=settings.repeat, requests=settings.requests, request=settings.request,
                                     traffic_source=settings.traffic_source, vllm_bench=settings.vllm_bench))
@@ -113,41 +203,35 @@ def dry_run(settings: AdviceSettings) -> int:
     return 0 if plan.servers else 2
 
 
-def advise(settings: AdviceSettings) -> dict[str, Any]:
-    """Measure and judge; the result (also written as advice.json / advice.md) has `verdict`,
+def advise(settings: AdviceSettings) -> Advice:
+    """Measure and judge; the advice (also written as advice.json / advice.md) has a `verdict`, a
     `status` (`advised`, `unsuitable`, `cannot_measure`, `failed`) and the figures."""
     out = settings.out or default_out_dir(f"advise-{Path(settings.config).stem}")
-    config = load_config(settings.config, settings.overrides)
+    config = drafter_config(settings.config, settings.overrides, "advise on")
     spec = config.speculation
-    if not spec.enabled:
-        raise ValueError(f"config {settings.config} has no drafter (speculation.drafter: none): nothing to advise on")
-    advice: dict[str, Any] = {"config": settings.config, "settings": settings_record(settings),
-                              "drafter": spec.drafter, "k": spec.num_speculative_tokens,
-                              "draft_sampling": spec.draft_sampling, "out": str(out)}
+    advice = Advice(settings.config, str(out), settings=SettingsRecord.from_json(settings_record(settings)),
+                    drafter=spec.drafter, k=spec.num_speculative_tokens, draft_sampling=spec.draft_sampling)
     try:
         resolved = preflight(config, resolve_config_path(settings.config).parent, plan_only=True)
     except ConfigError as exc:
         vocabulary = [p for p in exc.problems if any(w in p for w in VOCABULARY_WORDS)]
         larger = [p for p in exc.problems if NOT_SMALLER in p]
-        verdict_text = ("vocabularies differ: " + vocabulary[0] if vocabulary else
-                        "too slow a draft: " + larger[0] if larger else "the config cannot run: " + "; ".join(exc.problems))
-        advice.update(status="unsuitable" if vocabulary or larger else "failed", problems=exc.problems,
-                      verdict=verdict_text)
-        return _finish(advice, out)
-    advice["notes"] = resolved.notes
-    advice["compatibility"] = compatibility(resolved)
+        advice.verdict = ("vocabularies differ: " + vocabulary[0] if vocabulary else "too slow a draft: " + larger[0]
+                          if larger else "the config cannot run: " + "; ".join(exc.problems))
+        advice.status, advice.problems = "unsuitable" if vocabulary or larger else "failed", exc.problems
+        return advice.write("advice", describe(advice))
+    advice.notes, advice.compatibility = resolved.notes, compatibility(resolved)
     if resolved.machine_problems:
-        advice.update(status="cannot_measure", problems=resolved.machine_problems,
-                      would_measure=would_measure(settings, spec.num_speculative_tokens),
-                      verdict=f"not measured: this machine cannot run the deployment ({len(resolved.machine_problems)} "
-                              f"problem{'s' if len(resolved.machine_problems) > 1 else ''} below); run `make advise` "
-                              f"where it is meant to run")
-        return _finish(advice, out)
+        count = len(resolved.machine_problems)
+        advice.status, advice.problems = "cannot_measure", resolved.machine_problems
+        advice.would_measure = would_measure(settings, spec.num_speculative_tokens)
+        advice.verdict = (f"not measured: this machine cannot run the deployment ({count} problem"
+                          f"{'s' if count > 1 else ''} below); run `make advise` where it is meant to run")
+        return advice.write("advice", describe(advice))
 
     log.info("advise %s: step costs at batch %s", settings.config, settings.batches)
-    costs = step_costs.measure_costs(settings.config, None, tuple(settings.batches), settings.cost_repeats,
-                                     tuple(settings.overrides))
-    advice["step_costs"] = costs
+    advice.step_costs = costs = step_costs.measure_costs(settings.config, None, tuple(settings.batches),
+                                                         settings.cost_repeats, tuple(settings.overrides))
     log.info("advise %s: load test at batch %s", settings.config, settings.batches)
     sweep_out = out / "load-test"
     results = Sweep(SweepSettings(
@@ -155,17 +239,17 @@ def advise(settings: AdviceSettings) -> dict[str, Any]:
         requests=settings.requests, request=settings.request, traffic_source=settings.traffic_source,
         vllm_bench=settings.vllm_bench, out=sweep_out)).run()
     write_report(results, sweep_out)
-    advice["load_test"] = {"report": "load-test/report.md", "status": results.status,
-                           "problems": results.problems}
-    advice["rows"] = rows = advice_rows(costs, results)
-    advice["content_warnings"] = [w for e in summarize_speedups(results) for w in content_warnings(e)]
-    measured = [r for r in rows if r.get("measured_speedup") is not None]
-    if not measured:
-        advice.update(status="failed", verdict="not measured: the load test produced no speedup ("
-                      + "; ".join(results.problems or [results.status]) + ")")
+    advice.load_test = ReportLink("load-test/report.md", results.status, results.problems)
+    advice.rows = advice_rows(costs, results)
+    advice.content_warnings = [w for e in summarize_speedups(results) for w in content_warnings(e)]
+    if not any(r.measured_speedup is not None for r in advice.rows):
+        advice.status = "failed"
+        advice.verdict = ("not measured: the load test produced no speedup ("
+                          + "; ".join(results.problems or [results.status]) + ")")
     else:
-        advice.update(status="advised", verdict=verdict(rows, spec.num_speculative_tokens, sampled_remedy(spec)))
-    return _finish(advice, out)
+        advice.status = "advised"
+        advice.verdict = verdict(advice.rows, spec.num_speculative_tokens, sampled_remedy(spec))
+    return advice.write("advice", describe(advice))
 
 
 def compatibility(resolved: Any) -> str:
@@ -181,31 +265,24 @@ def compatibility(resolved: Any) -> str:
     return "not checked: the models' config.json are not on this machine (vLLM checks the sizes when it loads them)"
 
 
-def advice_rows(costs: dict[str, Any], results: SweepResults) -> list[dict[str, Any]]:
+def advice_rows(costs: StepCosts, results: SweepResults) -> list[AdviceRow]:
     """Per batch size: the step costs, the engine's acceptance, and predicted beside measured speedup."""
-    by_batch = {e["concurrency"]: e for e in summarize_speedups(results)}
+    by_batch = {e.concurrency: e for e in summarize_speedups(results)}
     runs: dict[int, list[list[float]]] = {}
     for variant, level in levels(results):
-        if variant.k and (level.server or {}).get("per_position_acceptance"):
-            runs.setdefault(level.concurrency, []).append(level.server["per_position_acceptance"])
+        if variant.k and level.server and level.server.per_position_acceptance:
+            runs.setdefault(level.concurrency, []).append(level.server.per_position_acceptance)
     # Averaged over the repeats, as the tokens per step beside them are (sampled runs differ).
     per_position = {b: [sum(p) / len(p) for p in zip(*r)] for b, r in runs.items()}
     rows = []
-    for batch, ratio in sorted(costs["ratios"].items(), key=lambda item: int(item[0])):
-        b = int(batch)
-        entry = by_batch.get(b, {})
-        tokens = (entry.get("mean_accepted_length") or {}).get("mean")
-        row: dict[str, Any] = {
-            "batch": b, "plain_step_ms": costs["batches"][batch]["plain"]["step_ms"],
-            "draft_step": ratio["draft_step"], "verify_ratio": ratio["verify_ratio"], "step_cost": ratio["step_cost"],
-            "acceptance_rate": (entry.get("acceptance_rate") or {}).get("mean"),
-            "per_position_acceptance": per_position.get(b), "tokens_per_step": tokens,
-            "predicted_speedup": tokens / ratio["step_cost"] if tokens else None,
-            "measured_speedup": (entry.get("speedup") or {}).get("mean"),
-            "engine_speedup": (entry.get("measured_speedup") or {}).get("mean"),
-            "degenerate_share": (entry.get("content") or {}).get("degenerate_share"),
-        }
-        rows.append(row)
+    for batch, ratio in sorted((costs.ratios or {}).items(), key=lambda item: int(item[0])):
+        entry = by_batch.get(int(batch)) or SpeedupSummary()
+        tokens = entry.mean_accepted_length.mean
+        rows.append(AdviceRow(
+            int(batch), costs.batches[batch][PLAIN].step_ms, ratio.draft_step, ratio.verify_ratio, ratio.step_cost,
+            entry.acceptance_rate.mean, per_position.get(int(batch)), tokens,
+            tokens / ratio.step_cost if tokens else None, entry.speedup.mean, entry.measured_speedup.mean,
+            entry.content.degenerate_share if entry.content else None))
     return rows
 
 
@@ -219,87 +296,80 @@ def sampled_remedy(spec: Any) -> str:
     return ""
 
 
-def verdict(rows: list[dict[str, Any]], k: int, remedy: str = "") -> str:
+def verdict(rows: list[AdviceRow], k: int, remedy: str = "") -> str:
     """One sentence a person can act on, from the measured speedup at each batch size (the
     prediction explains it: which cost ate the gain). `remedy`: what the drafter can change where
     drafts are rarely accepted at this temperature (`sampled_remedy`)."""
-    rows = sorted((r for r in rows if r.get("measured_speedup") is not None), key=lambda r: r["batch"])
+    rows = sorted((r for r in rows if r.measured_speedup is not None), key=lambda r: r.batch)
     if not rows:
         return "not measured"
     paying = 0
     for r in rows:
-        if r["measured_speedup"] <= 1:
+        if r.measured_speedup <= 1:
             break
         paying += 1
     if paying == len(rows):
-        return (f"use it at every batch size measured (up to {rows[-1]['batch']}): "
-                + ", ".join(f"{r['measured_speedup']:.2f}x at batch {r['batch']}" for r in rows))
+        return (f"use it at every batch size measured (up to {rows[-1].batch}): "
+                + ", ".join(f"{r.measured_speedup:.2f}x at batch {r.batch}" for r in rows))
     if paying:
         last, first_loss = rows[paying - 1], rows[paying]
-        return (f"use it at batch <= {last['batch']} ({last['measured_speedup']:.2f}x there); at batch "
-                f"{first_loss['batch']} it makes {first_loss['measured_speedup']:.2f}x: "
-                f"{why_not(first_loss, k, remedy)}; set speculation.schedule to turn it off above {last['batch']}")
-    return f"do not speculate with this drafter: {rows[0]['measured_speedup']:.2f}x at batch {rows[0]['batch']}, " \
-           f"{why_not(rows[0], k, remedy)}"
+        return (f"use it at batch <= {last.batch} ({last.measured_speedup:.2f}x there); at batch "
+                f"{first_loss.batch} it makes {first_loss.measured_speedup:.2f}x: "
+                f"{why_not(first_loss, k, remedy)}; set speculation.schedule to turn it off above {last.batch}")
+    return (f"do not speculate with this drafter: {rows[0].measured_speedup:.2f}x at batch {rows[0].batch}, "
+            f"{why_not(rows[0], k, remedy)}")
 
 
 LOW_ACCEPTANCE = 0.3
 """Below this share of drafted tokens accepted, the draft is the problem whatever it costs."""
 
 
-def why_not(row: dict[str, Any], k: int, remedy: str = "") -> str:
+def why_not(row: AdviceRow, k: int, remedy: str = "") -> str:
     """Which cost outweighs the tokens a step makes at this batch size."""
-    tokens, cost, acceptance = row.get("tokens_per_step"), row["step_cost"], row.get("acceptance_rate")
+    tokens, cost, acceptance = row.tokens_per_step, row.step_cost, row.acceptance_rate
     if tokens is None:
         return f"a speculative step costs {cost:.2f} target steps"
     head = f"a step makes {tokens:.2f} tokens and costs {cost:.2f} target steps"
-    drafting, verifying = k * row["draft_step"], row["verify_ratio"] - 1
+    drafting, verifying = k * row.draft_step, row.verify_ratio - 1
     if acceptance is not None and acceptance < LOW_ACCEPTANCE:
         return (f"too rarely accepted: {head}, with {acceptance:.0%} of draft tokens accepted; a draft closer to "
                 f"the target on this traffic{f' (or at this temperature, {remedy})' if remedy else ''} would help")
     if drafting >= verifying:
         return (f"too slow a draft: {head}, of which drafting is {drafting:.2f} "
-                f"({row['draft_step']:.1%} of a target step per draft token)")
+                f"({row.draft_step:.1%} of a target step per draft token)")
     return (f"verification too costly at this batch size: {head}; verifying {k + 1} tokens per request costs "
-            f"{row['verify_ratio']:.2f}x a plain step (the target is compute-bound here)")
+            f"{row.verify_ratio:.2f}x a plain step (the target is compute-bound here)")
 
 
 def _fmt(value: Any, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
-def describe(advice: dict[str, Any]) -> str:
+def describe(advice: Advice) -> str:
     """The advice as a person reads it (also advice.md)."""
-    lines = [f"# Advice: {advice['config']} ({advice['drafter']}, K={advice['k']}, "
-             f"draft sampling {advice['draft_sampling']})", "",
-             f"**Verdict: {advice['verdict']}**", "",
-             *[f"**{w}**" for w in advice.get("content_warnings") or []],
-             *([""] if advice.get("content_warnings") else [])]
-    if advice.get("compatibility"):
-        lines += [f"Vocabulary: {advice['compatibility']}.", ""]
-    s = advice["settings"]
-    if advice.get("rows"):
-        lines += [f"Workload '{s['workload']}', temperature {s['temperature']:g}, {s['max_tokens']} output tokens. "
+    lines = [f"# Advice: {advice.config} ({advice.drafter}, K={advice.k}, draft sampling {advice.draft_sampling})",
+             "", f"**Verdict: {advice.verdict}**", "", *[f"**{w}**" for w in advice.content_warnings or []],
+             *([""] if advice.content_warnings else [])]
+    if advice.compatibility:
+        lines += [f"Vocabulary: {advice.compatibility}.", ""]
+    s, link = advice.settings, advice.load_test
+    if advice.rows and link:
+        lines += [f"Workload '{s.workload}', temperature {s.temperature:g}, {s.max_tokens} output tokens. "
                   "Step costs in target steps (the engine's clock, median of "
-                  f"{s['cost_repeats']}); acceptance from the engine's counters; measured speedup: Locust's output "
+                  f"{s.cost_repeats}); acceptance from the engine's counters; measured speedup: Locust's output "
                   "tokens/s over the baseline's (the engine's per-token clock beside it); predicted: tokens per "
                   "step / step cost.", "",
                   markdown.table(["batch", "plain step ms", "draft step", "verify", "step cost", "acceptance",
                                   "per position", "tokens per step", "predicted", "measured", "engine",
-                                  "degenerate outputs"], map(_advice_row, advice["rows"]), align="rrrrrrlrrrrr")]
-        lines += ["", f"The load test's own report: [{advice['load_test']['report']}]({advice['load_test']['report']})"
-                  f" ({advice['load_test']['status']})."]
+                                  "degenerate outputs"], map(_advice_row, advice.rows), align="rrrrrrlrrrrr"),
+                  "", f"The load test's own report: [{link.report}]({link.report}) ({link.status})."]
     lines += bullet_sections(advice, SECTIONS)
     return "\n".join(lines) + "\n"
 
 
-def _finish(advice: dict[str, Any], out: Path) -> dict[str, Any]:
-    return write_result(out, "advice", advice, describe(advice))
-
-
-def _advice_row(r: dict[str, Any]) -> list[str]:
-    per_position = " ".join(f"{a:.0%}" for a in r["per_position_acceptance"] or []) or "-"
-    return [str(r["batch"]), f"{r['plain_step_ms']:.2f}", f"{r['draft_step']:.1%}", f"{r['verify_ratio']:.2f}x",
-            f"{r['step_cost']:.2f}", _fmt(r["acceptance_rate"], ".1%"), per_position, _fmt(r["tokens_per_step"], ".2f"),
-            f"{_fmt(r['predicted_speedup'], '.2f')}x", f"{_fmt(r['measured_speedup'], '.2f')}x",
-            f"{_fmt(r['engine_speedup'], '.2f')}x", _fmt(r.get("degenerate_share"), ".0%")]
+def _advice_row(r: AdviceRow) -> list[str]:
+    per_position = " ".join(f"{a:.0%}" for a in r.per_position_acceptance or []) or "-"
+    return [str(r.batch), f"{r.plain_step_ms:.2f}", f"{r.draft_step:.1%}", f"{r.verify_ratio:.2f}x",
+            f"{r.step_cost:.2f}", _fmt(r.acceptance_rate, ".1%"), per_position, _fmt(r.tokens_per_step, ".2f"),
+            f"{_fmt(r.predicted_speedup, '.2f')}x", f"{_fmt(r.measured_speedup, '.2f')}x",
+            f"{_fmt(r.engine_speedup, '.2f')}x", _fmt(r.degenerate_share, ".0%")]

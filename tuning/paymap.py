@@ -33,19 +33,22 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from deploy import load_config, plan_from_config
 from deploy.config import resolve_config_path
 from deploy.engine_args import engine_arguments, is_secret
 from loadtest.reports import markdown
 from loadtest.reports import plots
-from loadtest.files import bullet_sections, write_atomic, write_result
+from loadtest.files import bullet_sections, write_atomic
 from loadtest.sweeps.plan import ServerInfo, assumed_start_s, assumed_tokens_per_s, duration_text
 from loadtest.sweeps.settings import default_out_dir
+from loadtest.measurement.serial import Serial
 from loadtest.measurement.stats import expected_tokens_per_step, implied_per_token_acceptance
 from tuning import step_costs
-from tuning.tune import TIE, deployed_k, schedule_from, tuned_yaml
+from tuning.advise import PLAIN, CommandResult, drafter_config
+from tuning.step_costs import PaymapJob, PaymapRun, StepCosts
+from tuning.tune import TIE, ScheduleRow, deployed_k, schedule_from, tuned_yaml
 
 log = logging.getLogger("specdeploy.paymap")
 
@@ -87,6 +90,160 @@ class PaymapSettings:
     output: Path | None = None
     """The schedule suggestion's YAML (default: in the report folder)."""
     out: Path | None = None
+
+
+# --- what a map holds (paymap.json) ---------------------------------------------------------------
+
+SPEC = "spec"
+"""The speculative engine's name (`engine_variants`), beside the plain one's (`PLAIN`)."""
+K0_CELL = "k0"
+"""The speculative engine's cell told to draft nothing (`step_costs._paymap_cells`)."""
+BEST = "best"
+"""The best K's cells and break-even beside each K's (`k<K>`) in the grid."""
+
+
+@dataclass
+class Ratio(Serial):
+    """A speedup, mean(spec) / mean(base), with its 95% interval where there are runs enough (`ratio_interval`)."""
+
+    mean: float = 0.0
+    low: float | None = None
+    high: float | None = None
+    n: int = 0
+
+
+@dataclass
+class Cell(Ratio):
+    """One cell of the grid: a batch size, per-token acceptance `a` and K."""
+
+    a: float = 0.0
+    k: int = 0
+    tokens_per_s: float = 0.0
+    per_position: list[float | None] = field(default_factory=list)
+    """The engine's own count of acceptance per draft position."""
+    drafts: float = 0.0
+    tokens_per_step: float = 0.0
+    expected_tokens_per_step: float = 0.0
+
+
+@dataclass
+class Point(Serial):
+    """A break-even acceptance (`crossing`): `relation` "=" where the speedup crosses 1.0 at `value`,
+    "<=" where it pays at every level (`value` the lowest), ">" where at none (the highest); `low`
+    and `high`: its interval's ends (`break_even`)."""
+
+    value: float = 0.0
+    relation: str = "="
+    low: Point | None = None
+    high: Point | None = None
+
+
+@dataclass
+class Baseline(Serial):
+    """The plain engine at one batch size: its runs' output tokens/s and their mean."""
+
+    tokens_per_s: float = 0.0
+    runs: list[float] = field(default_factory=list)
+
+
+@dataclass
+class Grid(Serial):
+    """The map (`build_grid`); each table by batch size (its text), the cells and break-evens then
+    by K (`k<K>`) and the best K's (`best`)."""
+
+    batches: list[int] = field(default_factory=list)
+    acceptance: list[float] = field(default_factory=list)
+    ks: list[int] = field(default_factory=list)
+    cells: dict[str, dict[str, list[Cell]]] = field(default_factory=dict)
+    """One cell per acceptance level."""
+    baseline: dict[str, Baseline] = field(default_factory=dict)
+    k0: dict[str, Ratio] = field(default_factory=dict)
+    best: dict[str, list[Cell]] = field(default_factory=dict)
+    break_even: dict[str, dict[str, Point]] = field(default_factory=dict)
+
+    def column(self, batch: int, key: str) -> list[Cell]:
+        """A batch size's cells over the acceptance levels, of one K (`k<K>`) or the best K's (`best`)."""
+        return self.best[str(batch)] if key == BEST else self.cells[str(batch)][key]
+
+    def point(self, batch: int, key: str = BEST) -> Point:
+        return self.break_even[str(batch)][key]
+
+
+@dataclass
+class EngineServer(Serial):
+    """One engine a map starts, with its exact arguments (secrets masked)."""
+
+    name: str = ""
+    label: str = ""
+    device: str = ""
+    weight_gib: float | None = None
+    generations: int = 0
+    engine_args: dict[str, Any] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class PaymapPlan(Serial):
+    """What a map starts and measures, and about how long it takes (`make_plan`)."""
+
+    config: str = ""
+    servers: list[EngineServer] = field(default_factory=list)
+    starts: int = 0
+    ks: list[int] = field(default_factory=list)
+    batches: list[int] = field(default_factory=list)
+    acceptance: list[float] = field(default_factory=list)
+    repeats: int = 0
+    cells: int = 0
+    """batch x acceptance x K, K=0 not counted (`k0_cells`)."""
+    k0_cells: int = 0
+    max_tokens: int = 0
+    temperature: float = 0.0
+    dummy_weights: bool = False
+    estimated_s: float = 0.0
+    machine_problems: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    max_batch: int = 0
+
+
+@dataclass
+class Deployment(Serial):
+    """The deployment's own acceptance: per-token `a`, per position where given so, and its source."""
+
+    a: float = 0.0
+    per_position: list[float] | None = None
+    source: str = ""
+
+
+@dataclass
+class MapRow(ScheduleRow):
+    """A batch size's K at the deployment's acceptance, from each K's speedup interpolated there."""
+
+    options: dict[int, float] = field(default_factory=dict)
+
+
+@dataclass
+class ScheduleSuggestion(Serial):
+    """The K schedule at the deployment's acceptance and the config it was written to (`write_schedule`)."""
+
+    rows: list[MapRow] = field(default_factory=list)
+    schedule: list[list[int]] = field(default_factory=list)
+    k: int = 0
+    written_schedule: list[list[int]] | None = None
+    output: str = ""
+
+
+@dataclass
+class PaymapResult(CommandResult):
+    """A map as paymap.json holds it; `status` `mapped` or `cannot_measure`."""
+
+    plan: PaymapPlan = field(default_factory=PaymapPlan)
+    settings: dict[str, Any] = field(default_factory=dict)
+    deployment: Deployment | None = None
+    raw: StepCosts | None = None
+    grid: Grid | None = None
+    headline: str | None = None
+    heatmap: str | None = None
+    schedule: ScheduleSuggestion | None = None
 
 
 # --- acceptance --------------------------------------------------------------------------------
@@ -152,55 +309,56 @@ def acceptance_from_url(url: str, api_key_env: str = "") -> list[float]:
 
 # --- the grid's arithmetic ---------------------------------------------------------------------
 
+R = TypeVar("R", bound=Ratio)
 
-def ratio_interval(spec: Sequence[float], base: Sequence[float]) -> dict[str, float | None]:
+
+def ratio_interval(spec: Sequence[float], base: Sequence[float], kind: type[R] = Ratio, **fields: Any) -> R:
     """mean(spec) / mean(base) and its 95% interval (delta method: the two means' relative standard
-    errors add in quadrature; Student's t with the smaller sample's degrees of freedom). The engines
-    are separate, so runs are not paired."""
+    errors add in quadrature; Student's t with the smaller sample's degrees of freedom), as a `kind`
+    with `fields` besides. The engines are separate, so runs are not paired."""
     from scipy.stats import t
 
     ms, mb = statistics.fmean(spec), statistics.fmean(base)
-    out: dict[str, float | None] = {"mean": ms / mb, "low": None, "high": None, "n": min(len(spec), len(base))}
+    out = kind(mean=ms / mb, n=min(len(spec), len(base)), **fields)
     if len(spec) >= 2 and len(base) >= 2:
         rel = math.sqrt((statistics.stdev(spec) / ms) ** 2 / len(spec) + (statistics.stdev(base) / mb) ** 2 / len(base))
         half = t.ppf(0.975, min(len(spec), len(base)) - 1) * rel * ms / mb
-        out.update(low=max(ms / mb - half, 0.0), high=ms / mb + half)  # a speedup is never negative
+        out.low, out.high = max(ms / mb - half, 0.0), ms / mb + half  # a speedup is never negative
     return out
 
 
-def crossing(levels: Sequence[float], speedups: Sequence[float]) -> dict[str, Any]:
+def crossing(levels: Sequence[float], speedups: Sequence[float]) -> Point:
     """Where speedup over acceptance crosses 1.0: the acceptance above which every level measured
-    pays, interpolated linearly between the last level that does not pay and the next.
-    `{"value": a, "relation": "="}`, or `"<="` the lowest level (pays everywhere measured), or `">"`
-    the highest (pays nowhere measured)."""
+    pays, interpolated linearly between the last level that does not pay and the next; "<=" the
+    lowest level (pays everywhere measured), or ">" the highest (pays nowhere measured)."""
     points = sorted(zip(levels, speedups))
     losing = [i for i, (_, s) in enumerate(points) if s < 1.0]
     if not losing:
-        return {"value": points[0][0], "relation": "<="}
+        return Point(points[0][0], "<=")
     i = losing[-1]
     if i == len(points) - 1:
-        return {"value": points[-1][0], "relation": ">"}
+        return Point(points[-1][0], ">")
     (a0, s0), (a1, s1) = points[i], points[i + 1]
-    return {"value": a0 + (1.0 - s0) * (a1 - a0) / (s1 - s0), "relation": "="}
+    return Point(a0 + (1.0 - s0) * (a1 - a0) / (s1 - s0), "=")
 
 
-def break_even(levels: Sequence[float], cells: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """Break-even acceptance of one batch size from its cells' speedups (`ratio_interval` results),
-    with an interval: where the interval's upper ends cross 1.0 (lowest) and its lower ends (highest)."""
-    result = crossing(levels, [c["mean"] for c in cells])
-    if all(c.get("low") is not None for c in cells):
-        result["low"] = crossing(levels, [c["high"] for c in cells])
-        result["high"] = crossing(levels, [c["low"] for c in cells])
+def break_even(levels: Sequence[float], cells: Sequence[Ratio]) -> Point:
+    """Break-even acceptance of one batch size from its cells' speedups, with an interval: where
+    the cells' upper ends cross 1.0 (lowest) and their lower ends (highest)."""
+    result = crossing(levels, [c.mean for c in cells])
+    if all(c.low is not None for c in cells):
+        result.low = crossing(levels, [c.high for c in cells])
+        result.high = crossing(levels, [c.low for c in cells])
     return result
 
 
-def pays_at(point: dict[str, Any], a: float) -> bool | None:
+def pays_at(point: Point, a: float) -> bool | None:
     """Whether acceptance a pays at a batch size whose break-even is `point` (None: the grid cannot say)."""
-    if point["relation"] == "=":
-        return a > point["value"]
-    if point["relation"] == "<=":
-        return True if a >= point["value"] else None
-    return False if a <= point["value"] else None
+    if point.relation == "=":
+        return a > point.value
+    if point.relation == "<=":
+        return True if a >= point.value else None
+    return False if a <= point.value else None
 
 
 def interpolate(levels: Sequence[float], values: Sequence[float], a: float) -> float:
@@ -220,75 +378,62 @@ def best_k(options: dict[int, float]) -> int:
     return min(k for k, v in options.items() if v >= top * (1 - TIE))
 
 
-def schedule_rows(grid: dict[str, Any], a: float) -> list[dict[str, Any]]:
+def schedule_rows(grid: Grid, a: float) -> list[MapRow]:
     """Per batch size, each K's speedup interpolated at acceptance a (K=0 as measured, where it was)
-    and the K chosen, in the row form `tune.schedule_from` reads."""
+    and the K chosen, as `tune.schedule_from` reads them."""
     rows = []
-    for batch in grid["batches"]:
-        options = {k: interpolate(grid["acceptance"], [grid["cells"][str(batch)][f"k{k}"][i]["mean"]
-                                                       for i in range(len(grid["acceptance"]))], a)
-                   for k in grid["ks"]}
-        if grid["k0"].get(str(batch)):
-            options[0] = grid["k0"][str(batch)]["mean"]
+    for batch in grid.batches:
+        options = {k: interpolate(grid.acceptance, [c.mean for c in grid.column(batch, f"k{k}")], a) for k in grid.ks}
+        if str(batch) in grid.k0:
+            options[0] = grid.k0[str(batch)].mean
         chosen = best_k(options)
-        rows.append({"batch": batch, "k": chosen, "options": options, "predicted_speedup": options[chosen]})
+        rows.append(MapRow(batch=batch, k=chosen, predicted_speedup=options[chosen], options=options))
     return rows
 
 
-def build_grid(raw: dict[str, Any], batches: list[int], levels: list[float], ks: list[int],
-               max_tokens: int) -> dict[str, Any]:
+def measured_cell(runs: list[PaymapRun], base: list[float], a: float, k: int, max_tokens: int) -> Cell:
+    """One cell from its generations: the speedup over the baseline's runs and the engine's own acceptance."""
+    drafts = sum(r.drafts for r in runs)
+    counted = [sum(r.per_position[i] * r.drafts for r in runs) / drafts if drafts else None for i in range(k)]
+    return ratio_interval([r.tokens_per_s for r in runs], base, Cell, a=a, k=k,
+                          tokens_per_s=statistics.fmean(r.tokens_per_s for r in runs), per_position=counted,
+                          drafts=drafts, expected_tokens_per_step=expected_tokens_per_step(a, k),
+                          # The prefill step makes the first token, each later step one plus the accepted drafts.
+                          tokens_per_step=statistics.fmean((max_tokens - 1) / max(r.steps - 1, 1) for r in runs))
+
+
+def build_grid(raw: StepCosts, batches: list[int], levels: list[float], ks: list[int], max_tokens: int) -> Grid:
     """The measured engines' runs -> per batch size and K, each acceptance level's speedup (mean and
     interval), the engine's own acceptance, the best K per cell and the break-even acceptance."""
-    grid: dict[str, Any] = {"batches": batches, "acceptance": levels, "ks": ks, "cells": {}, "baseline": {},
-                            "k0": {}, "best": {}, "break_even": {}}
+    grid = Grid(batches, levels, ks)
     for batch in batches:
-        figures = raw["batches"][str(batch)]
-        base = [r["tokens_per_s"] for r in figures["plain"]["runs"]]
-        grid["baseline"][str(batch)] = {"tokens_per_s": statistics.fmean(base), "runs": base}
-        spec = figures["spec"]["cells"]
-        per_k: dict[str, list[dict[str, Any]]] = {}
-        for k in ks:
-            column = []
-            for a in levels:
-                runs = spec[f"a{a:g}-k{k}"]
-                cell = ratio_interval([r["tokens_per_s"] for r in runs], base)
-                drafts = sum(r["drafts"] for r in runs)
-                measured = [sum(r["per_position"][i] * r["drafts"] for r in runs) / drafts if drafts else None
-                            for i in range(k)]
-                cell.update(a=a, k=k, tokens_per_s=statistics.fmean(r["tokens_per_s"] for r in runs),
-                            per_position=measured, drafts=drafts,
-                            # The prefill step makes the first token, each later step one plus the accepted drafts.
-                            tokens_per_step=statistics.fmean((max_tokens - 1) / max(r["steps"] - 1, 1) for r in runs),
-                            expected_tokens_per_step=expected_tokens_per_step(a, k))
-                column.append(cell)
-            per_k[f"k{k}"] = column
-        grid["cells"][str(batch)] = per_k
-        if "k0" in spec:
-            grid["k0"][str(batch)] = ratio_interval([r["tokens_per_s"] for r in spec["k0"]], base)
-        best = []
-        for i, a in enumerate(levels):
-            options = {k: per_k[f"k{k}"][i]["mean"] for k in ks}
-            k = best_k(options)
-            best.append({**per_k[f"k{k}"][i], "k": k})
-        grid["best"][str(batch)] = best
-        grid["break_even"][str(batch)] = {f"k{k}": break_even(levels, per_k[f"k{k}"]) for k in ks}
-        grid["break_even"][str(batch)]["best"] = break_even(levels, best)
+        engines = raw.batches[str(batch)]
+        base = [r.tokens_per_s for r in engines[PLAIN].runs or []]
+        grid.baseline[str(batch)] = Baseline(statistics.fmean(base), base)
+        spec = engines[SPEC].cells or {}
+        per_k = {f"k{k}": [measured_cell(spec[f"a{a:g}-k{k}"], base, a, k, max_tokens) for a in levels] for k in ks}
+        grid.cells[str(batch)] = per_k
+        if K0_CELL in spec:
+            grid.k0[str(batch)] = ratio_interval([r.tokens_per_s for r in spec[K0_CELL]], base)
+        best = [per_k[f"k{best_k({k: per_k[f'k{k}'][i].mean for k in ks})}"][i] for i in range(len(levels))]
+        grid.best[str(batch)] = best
+        grid.break_even[str(batch)] = {**{key: break_even(levels, cells) for key, cells in per_k.items()},
+                                       BEST: break_even(levels, best)}
     return grid
 
 
-def headline(grid: dict[str, Any], a: float | None) -> str:
+def headline(grid: Grid, a: float | None) -> str:
     """The report's first line."""
-    batches = grid["batches"]
+    batches = grid.batches
     reference = REFERENCE_BATCH if REFERENCE_BATCH in batches else batches[-1]
-    needs = f"at batch {reference} it needs {describe_point(grid['break_even'][str(reference)]['best'])}"
+    needs = f"at batch {reference} it needs {describe_point(grid.point(reference))}"
     if a is None:
-        first = batches[0]
-        return (f"This deployment's acceptance is not known (give --acceptance A or URL=): at batch {first} "
-                f"speculation needs {describe_point(grid['break_even'][str(first)]['best'])}; {needs}.")
+        return (f"This deployment's acceptance is not known (give --acceptance A or URL=): at batch {batches[0]} "
+                f"speculation needs {describe_point(grid.point(batches[0]))}; {needs}.")
     paying: list[int] = []
     unknown = None
     for batch in batches:
-        verdict = pays_at(grid["break_even"][str(batch)]["best"], a)
+        verdict = pays_at(grid.point(batch), a)
         if verdict is None:
             unknown = batch
             break
@@ -299,29 +444,28 @@ def headline(grid: dict[str, Any], a: float | None) -> str:
         return f"At acceptance {a:.2f} the map cannot say whether this deployment pays (outside the grid); {needs}."
     if not paying:
         return (f"At acceptance {a:.2f} this deployment pays at no batch size measured (batch {batches[0]} needs "
-                f"{describe_point(grid['break_even'][str(batches[0])]['best'])}); {needs}.")
+                f"{describe_point(grid.point(batches[0]))}); {needs}.")
     tail = " (the largest measured)" if paying[-1] == batches[-1] else ""
     return f"At acceptance {a:.2f} this deployment pays up to batch {paying[-1]}{tail}; {needs}."
 
 
-def describe_point(point: dict[str, Any]) -> str:
+def describe_point(point: Point) -> str:
     """A break-even acceptance as a person reads it, with its interval where there is one."""
-    if point["relation"] == "<=":
-        text = f"at most {point['value']:.2f} (it pays at every acceptance measured)"
-    elif point["relation"] == ">":
-        text = f"more than {point['value']:.2f} (it pays at no acceptance measured)"
+    if point.relation == "<=":
+        text = f"at most {point.value:.2f} (it pays at every acceptance measured)"
+    elif point.relation == ">":
+        text = f"more than {point.value:.2f} (it pays at no acceptance measured)"
     else:
-        text = f"{point['value']:.2f}"
-    low, high = point.get("low"), point.get("high")
-    if low and high and point["relation"] == "=":
-        text += f" (95% interval {_bound(low)} to {_bound(high)})"
+        text = f"{point.value:.2f}"
+    if point.low and point.high and point.relation == "=":
+        text += f" (95% interval {_bound(point.low)} to {_bound(point.high)})"
     return text
 
 
-def _bound(point: dict[str, Any]) -> str:
-    if point["relation"] == "=":
-        return f"{point['value']:.2f}"
-    return f"at most {point['value']:.2f}" if point["relation"] == "<=" else f"more than {point['value']:.2f}"
+def _bound(point: Point) -> str:
+    if point.relation == "=":
+        return f"{point.value:.2f}"
+    return f"at most {point.value:.2f}" if point.relation == "<=" else f"more than {point.value:.2f}"
 
 
 # --- plan, measurement, report -----------------------------------------------------------------
@@ -336,112 +480,102 @@ def engine_variants(settings: PaymapSettings, k_max: int, max_batch: int) -> dic
     spec = [f"speculation.num_speculative_tokens={k_max}", f"speculation.schedule=[[1, {max_batch}, {k_max}]]",
             "speculation.draft_max_temperature=null", "speculation.extra.rejection_sample_method=synthetic",
             f"speculation.extra.synthetic_acceptance_rates={json.dumps([round(r, 6) for r in first])}"]
-    return {"plain": (dummy, True), "spec": (spec + dummy, False)}
+    return {PLAIN: (dummy, True), SPEC: (spec + dummy, False)}
 
 
-def make_plan(settings: PaymapSettings) -> dict[str, Any]:
+def make_plan(settings: PaymapSettings) -> PaymapPlan:
     """What a paymap run starts and measures, the exact engine arguments, and about how long it takes
     (assumed start times and speeds of `loadtest.sweeps.plan`: this machine may not run it)."""
-    config = load_config(settings.config, settings.overrides)
-    if not config.speculation.enabled:
-        raise ValueError(f"config {settings.config} has no drafter (speculation.drafter: none): nothing to map")
+    config = drafter_config(settings.config, settings.overrides, "map")
     ks = sorted(set(settings.ks or [config.speculation.num_speculative_tokens]))
     max_batch = config.resources.max_num_seqs or 256
     if max(settings.batches) > max_batch:
         raise ValueError(f"batch {max(settings.batches)} exceeds the config's resources.max_num_seqs ({max_batch})")
-    variants = engine_variants(settings, max(ks), max_batch)
-    servers, problems, notes = [], [], []
-    seconds = 0.0
+    plan = PaymapPlan(settings.config, ks=ks, batches=settings.batches, acceptance=settings.acceptance,
+                      repeats=settings.repeats, cells=len(settings.batches) * len(settings.acceptance) * len(ks),
+                      k0_cells=len(settings.batches) if len(ks) > 1 else 0, max_tokens=settings.max_tokens,
+                      temperature=settings.temperature, dummy_weights=settings.dummy_weights, max_batch=max_batch)
     cells = len(settings.acceptance) * len(ks) + (1 if len(ks) > 1 else 0)
-    for name, (extra, no_spec) in variants.items():
-        resolved, plan = plan_from_config(settings.config, [*settings.overrides, *extra], no_spec, plan_only=True)
-        problems += [p for p in resolved.machine_problems if p not in problems]
+    for name, (extra, no_spec) in engine_variants(settings, max(ks), max_batch).items():
+        resolved, engine = plan_from_config(settings.config, [*settings.overrides, *extra], no_spec, plan_only=True)
+        plan.machine_problems += [p for p in resolved.machine_problems if p not in plan.machine_problems]
         # Preflight's memory estimates are for a server; the rest (a plumbing target, a dtype) says what ran.
-        notes += [n for n in resolved.notes if n not in notes and not n.startswith("memory estimate")]
+        plan.notes += [n for n in resolved.notes if n not in plan.notes and not n.startswith("memory estimate")]
         weights = resolved.weight_bytes / 2 ** 30 if resolved.weight_bytes else None
         info = ServerInfo(name, name, resolved.device, 0, "", "", weight_gib=weights)
-        generations = len(settings.batches) * settings.repeats * (cells if name == "spec" else 1)
-        run_s = sum(settings.repeats * (cells if name == "spec" else 1) * (b * settings.max_tokens + b * 6)
-                    / assumed_tokens_per_s(resolved.device, b) for b in settings.batches)
-        seconds += assumed_start_s(info) + run_s
+        per_batch = settings.repeats * (cells if name == SPEC else 1)
+        run_s = sum(per_batch * (b * settings.max_tokens + b * 6) / assumed_tokens_per_s(resolved.device, b)
+                    for b in settings.batches)
+        plan.estimated_s += assumed_start_s(info) + run_s
         args = step_costs.llm_arguments(engine_arguments(resolved))
-        servers.append({"name": name, "label": "speculation off (baseline)" if no_spec else
-                        f"{config.speculation.drafter}, synthetic acceptance, K capped per cell",
-                        "device": resolved.device, "weight_gib": weights, "generations": generations,
-                        "engine_args": {n: ("***" if is_secret(n) else v) for n, v in args.items()},
-                        "env": {n: v for n, v in plan.env.items() if not is_secret(n)}})
-    return {"config": settings.config, "servers": servers, "starts": len(servers), "ks": ks,
-            "batches": settings.batches, "acceptance": settings.acceptance, "repeats": settings.repeats,
-            "cells": len(settings.batches) * len(settings.acceptance) * len(ks),
-            "k0_cells": len(settings.batches) if len(ks) > 1 else 0, "max_tokens": settings.max_tokens,
-            "temperature": settings.temperature, "dummy_weights": settings.dummy_weights,
-            "estimated_s": seconds, "machine_problems": problems, "notes": notes, "max_batch": max_batch}
+        plan.servers.append(EngineServer(
+            name, "speculation off (baseline)" if no_spec else
+            f"{config.speculation.drafter}, synthetic acceptance, K capped per cell", resolved.device, weights,
+            len(settings.batches) * per_batch, {n: ("***" if is_secret(n) else v) for n, v in args.items()},
+            {n: v for n, v in engine.env.items() if not is_secret(n)}))
+    plan.starts = len(plan.servers)
+    return plan
 
 
-def describe_plan(plan: dict[str, Any]) -> str:
-    lines = [f"paymap plan for {plan['config']}: {plan['starts']} engine starts, one after the other",
-             f"  grid: batch {','.join(map(str, plan['batches']))} x per-token acceptance "
-             f"{','.join(f'{a:g}' for a in plan['acceptance'])} x K {','.join(map(str, plan['ks']))} = {plan['cells']} "
-             f"cells" + (f", plus K=0 at each batch size ({plan['k0_cells']})" if plan["k0_cells"] else "")
-             + f"; {plan['repeats']} generations each, {plan['max_tokens']} output tokens a request, "
-               f"T={plan['temperature']:g}",
-             f"  about {duration_text(plan['estimated_s'])} (assumed start times and speeds of a "
-             f"{plan['servers'][0]['device']} machine; two engine starts)"]
-    if plan["dummy_weights"]:
+def describe_plan(plan: PaymapPlan) -> str:
+    lines = [f"paymap plan for {plan.config}: {plan.starts} engine starts, one after the other",
+             f"  grid: batch {','.join(map(str, plan.batches))} x per-token acceptance "
+             f"{','.join(f'{a:g}' for a in plan.acceptance)} x K {','.join(map(str, plan.ks))} = {plan.cells} "
+             f"cells" + (f", plus K=0 at each batch size ({plan.k0_cells})" if plan.k0_cells else "")
+             + f"; {plan.repeats} generations each, {plan.max_tokens} output tokens a request, "
+               f"T={plan.temperature:g}",
+             f"  about {duration_text(plan.estimated_s)} (assumed start times and speeds of a "
+             f"{plan.servers[0].device} machine; two engine starts)"]
+    if plan.dummy_weights:
         lines.append("  dummy weights (load_format: dummy) in every engine: no weight download")
-    for s in plan["servers"]:
-        weights = f", {s['weight_gib']:.1f} GiB of weights" if s["weight_gib"] else ""
-        lines += [f"engine '{s['name']}' ({s['label']}; {s['device']}{weights}; {s['generations']} generations)",
-                  "  vllm.LLM(**" + json.dumps(s["engine_args"], sort_keys=True) + ")"]
-        if s["env"]:
-            lines.append("  environment: " + " ".join(f"{n}={v}" for n, v in sorted(s["env"].items())))
-    for p in plan["machine_problems"]:
+    for s in plan.servers:
+        weights = f", {s.weight_gib:.1f} GiB of weights" if s.weight_gib else ""
+        lines += [f"engine '{s.name}' ({s.label}; {s.device}{weights}; {s.generations} generations)",
+                  "  vllm.LLM(**" + json.dumps(s.engine_args, sort_keys=True) + ")"]
+        if s.env:
+            lines.append("  environment: " + " ".join(f"{n}={v}" for n, v in sorted(s.env.items())))
+    for p in plan.machine_problems:
         lines.append(f"this machine cannot run it: {p}")
     return "\n".join(lines)
 
 
-def paymap(settings: PaymapSettings) -> dict[str, Any]:
-    """Measure the grid and write the report; the result (paymap.json / paymap.md) has `status`
-    (`mapped`, `cannot_measure`)."""
+ASYNC_NOTE = ("Both engines run with async scheduling off (as every step-cost engine: `tuning/step_costs.py`); a "
+              "served plain or draft-model server overlaps scheduling with the forward pass. The two engines run "
+              "one after the other; on a shared machine one engine can be ~10% faster than the next, which "
+              "shifts a whole batch size's row, not the order of its cells.")
+
+
+def paymap(settings: PaymapSettings) -> PaymapResult:
+    """Measure the grid and write the report (paymap.json / paymap.md); its `status` is `mapped`
+    or `cannot_measure`."""
     path = resolve_config_path(settings.config)
     out = settings.out or default_out_dir(f"paymap-{path.stem}")
     plan = make_plan(settings)
-    result: dict[str, Any] = {"config": settings.config, "plan": plan, "out": str(out),
-                              "settings": {"overrides": settings.overrides, "repeats": settings.repeats,
-                                           "max_tokens": settings.max_tokens, "temperature": settings.temperature,
-                                           "dummy_weights": settings.dummy_weights}}
     own = deployment_acceptance(settings, load_config(settings.config, settings.overrides))
-    result["deployment"] = own
-    if plan["machine_problems"]:
-        result.update(status="cannot_measure", problems=plan["machine_problems"])
-        return _finish(result, out)
-    ks = plan["ks"]
-    job = {"acceptance": settings.acceptance, "ks": ks, "max_tokens": settings.max_tokens,
-           "temperature": settings.temperature}
-    log.info("paymap %s: %d cells at batch %s, 2 engines", settings.config, plan["cells"], settings.batches)
-    raw = step_costs.measure_steps(settings.config, engine_variants(settings, max(ks), plan["max_batch"]),
-                                   tuple(settings.batches), settings.repeats, tuple(settings.overrides), paymap=job)
-    result["raw"] = raw
-    result["grid"] = grid = build_grid(raw, settings.batches, settings.acceptance, ks, settings.max_tokens)
-    a = own["a"] if own else None
-    result["headline"] = headline(grid, a)
-    notes = [SYNTHETIC_NOTE]
-    if settings.dummy_weights:
-        notes.append(DUMMY_NOTE)
-    notes.append("Both engines run with async scheduling off (as every step-cost engine: `tuning/step_costs.py`); a "
-                 "served plain or draft-model server overlaps scheduling with the forward pass. The two engines run "
-                 "one after the other; on a shared machine one engine can be ~10% faster than the next, which "
-                 "shifts a whole batch size's row, not the order of its cells.")
-    result["notes"] = notes + plan["notes"]
+    result = PaymapResult(settings.config, str(out), plan=plan, deployment=own, settings={
+        "overrides": settings.overrides, "repeats": settings.repeats, "max_tokens": settings.max_tokens,
+        "temperature": settings.temperature, "dummy_weights": settings.dummy_weights})
+    if plan.machine_problems:
+        result.status, result.problems = "cannot_measure", plan.machine_problems
+        return result.write("paymap", describe(result))
+    job = PaymapJob(settings.acceptance, plan.ks, settings.max_tokens, settings.temperature)
+    log.info("paymap %s: %d cells at batch %s, 2 engines", settings.config, plan.cells, settings.batches)
+    result.raw = step_costs.measure_steps(settings.config, engine_variants(settings, max(plan.ks), plan.max_batch),
+                                          tuple(settings.batches), settings.repeats, tuple(settings.overrides),
+                                          paymap=job)
+    result.grid = grid = build_grid(result.raw, settings.batches, settings.acceptance, plan.ks, settings.max_tokens)
+    a = own.a if own else None
+    result.headline = headline(grid, a)
+    result.notes = [SYNTHETIC_NOTE, *([DUMMY_NOTE] if settings.dummy_weights else []), ASYNC_NOTE, *plan.notes]
     out.mkdir(parents=True, exist_ok=True)
-    result["heatmap"] = plot_heatmap(grid, a, out / "heatmap.png")
-    if len(ks) > 1 and a is not None:
-        result["schedule"] = write_schedule(settings, path, grid, a, out)
-    result["status"] = "mapped"
-    return _finish(result, out)
+    result.heatmap = plot_heatmap(grid, a, out / "heatmap.png")
+    if len(plan.ks) > 1 and a is not None:
+        result.schedule = write_schedule(settings, path, grid, a, out)
+    result.status = "mapped"
+    return result.write("paymap", describe(result))
 
 
-def deployment_acceptance(settings: PaymapSettings, config: Any) -> dict[str, Any] | None:
+def deployment_acceptance(settings: PaymapSettings, config: Any) -> Deployment | None:
     """The deployment's own acceptance, as given or read from its server: per-token a and per position."""
     if settings.deployment_acceptance:
         rates, source = settings.deployment_acceptance, "given (--acceptance)"
@@ -450,43 +584,41 @@ def deployment_acceptance(settings: PaymapSettings, config: Any) -> dict[str, An
         source = f"read from {settings.url}/metrics (vllm:spec_decode_num_accepted_tokens_per_pos_total)"
     else:
         return None
-    return {"a": per_token_acceptance(rates), "per_position": rates if len(rates) > 1 else None, "source": source}
+    return Deployment(per_token_acceptance(rates), rates if len(rates) > 1 else None, source)
 
 
-def write_schedule(settings: PaymapSettings, path: Path, grid: dict[str, Any], a: float, out: Path) -> dict[str, Any]:
+def write_schedule(settings: PaymapSettings, path: Path, grid: Grid, a: float, out: Path) -> ScheduleSuggestion:
     """The K schedule at acceptance a, written as the input config's text with it (as `make tune` does)."""
     rows = schedule_rows(grid, a)
     max_batch = load_config(settings.config, settings.overrides).resources.max_num_seqs or 256
     schedule = schedule_from(rows, max_batch)
     k, written = deployed_k(schedule)
+    ks = sorted(rows[0].options)
     comments = [f"Suggested by `make paymap` at per-token acceptance {a:.2f} (synthetic acceptance on the engine):",
                 "K per running batch size (vLLM's num_speculative_tokens_per_batch_size). Speedup over no",
                 "speculation at that acceptance, interpolated on the map, for each K:",
-                "batch  " + "  ".join(f"K={kk:<4}" for kk in sorted(rows[0]["options"])) + "  chosen"]
-    for row in rows:
-        comments.append(f"{row['batch']:>5}  " + "  ".join(f"{row['options'][kk]:>5.2f}x"
-                                                          for kk in sorted(row["options"])) + f"  K={row['k']}")
-    if any(r["predicted_speedup"] < 1 for r in rows):
+                "batch  " + "  ".join(f"K={kk:<4}" for kk in ks) + "  chosen",
+                *(f"{row.batch:>5}  " + "  ".join(f"{row.options[kk]:>5.2f}x" for kk in ks) + f"  K={row.k}"
+                  for row in rows)]
+    if any(r.predicted_speedup < 1 for r in rows):
         comments.append("Below 1.0x no K pays: serve that traffic without speculation (NO_SPEC=1) where it matters.")
     output = settings.output or out / f"{path.stem}-paymap.yaml"
     write_atomic(output, tuned_yaml(path.read_text(), k, written, comments))
     load_config(output, settings.overrides)  # what it writes must be a config the kit serves
-    return {"rows": rows, "schedule": schedule, "k": k, "written_schedule": written, "output": str(output)}
+    return ScheduleSuggestion(rows, schedule, k, written, str(output))
 
 
-def plot_heatmap(grid: dict[str, Any], a: float | None, path: Path) -> str:
+def plot_heatmap(grid: Grid, a: float | None, path: Path) -> str:
     """Speedup over batch size x acceptance, one panel per K (and the best K's where there are
     several), the 1.0 contour drawn, each cell's speedup written in it."""
     plt = plots.pyplot()
     import numpy as np
     from matplotlib.colors import TwoSlopeNorm
 
-    panels = [(f"K={k}", f"k{k}") for k in grid["ks"]] + ([("best K", "best")] if len(grid["ks"]) > 1 else [])
-    batches, levels = grid["batches"], grid["acceptance"]
-    tables = {}
-    for _, key in panels:
-        tables[key] = np.array([[(grid["best"][str(b)] if key == "best" else grid["cells"][str(b)][key])[i]["mean"]
-                                 for b in batches] for i in range(len(levels))])
+    panels = [(f"K={k}", f"k{k}") for k in grid.ks] + ([("best K", BEST)] if len(grid.ks) > 1 else [])
+    batches, levels = grid.batches, grid.acceptance
+    tables = {key: np.array([[grid.column(b, key)[i].mean for b in batches] for i in range(len(levels))])
+              for _, key in panels}
     values = np.concatenate([t.ravel() for t in tables.values()])
     norm = TwoSlopeNorm(vcenter=1.0, vmin=min(values.min(), 0.99), vmax=max(values.max(), 1.01))
     fig, axes = plt.subplots(1, len(panels), figsize=(3.8 * len(panels) + 1.2, 4), squeeze=False,
@@ -499,9 +631,7 @@ def plot_heatmap(grid: dict[str, Any], a: float | None, path: Path) -> str:
             ax.contour(x, y, z, levels=[1.0], colors="black", linewidths=2)
         for i in range(len(levels)):
             for j, b in enumerate(batches):
-                label = f"{z[i, j]:.2f}x"
-                if key == "best":
-                    label += f"\nK={grid['best'][str(b)][i]['k']}"
+                label = f"{z[i, j]:.2f}x" + (f"\nK={grid.column(b, BEST)[i].k}" if key == BEST else "")
                 dark = abs(float(norm(z[i, j])) - 0.5) > 0.35
                 ax.text(j, i, label, ha="center", va="center", fontsize=8, color="white" if dark else "black")
         if a is not None and levels[0] <= a <= levels[-1]:
@@ -517,74 +647,61 @@ def plot_heatmap(grid: dict[str, Any], a: float | None, path: Path) -> str:
     return path.name
 
 
-def describe(result: dict[str, Any]) -> str:
-    """The report as a person reads it (paymap.md); its first line is the headline."""
-    plan = result["plan"]
-    if result["status"] != "mapped":
-        lines = [f"Not measured: this machine cannot run {result['config']} (problems below).", "",
+def describe(result: PaymapResult | dict[str, Any]) -> str:
+    """The report as a person reads it (paymap.md, also from a stored paymap.json); its first line is the headline."""
+    result = PaymapResult.from_json(result)
+    plan, grid, own = result.plan, result.grid, result.deployment
+    if result.status != "mapped" or grid is None:
+        lines = [f"Not measured: this machine cannot run {result.config} (problems below).", "",
                  "```text", describe_plan(plan), "```"]
         return "\n".join(lines + bullet_sections(result, {"problems": "Problems:"})) + "\n"
-    grid = result["grid"]
-    own = result.get("deployment")
-    lines = [result["headline"], "", f"# Where speculation pays: {result['config']}", "",
-             f"![speedup over batch size and acceptance]({result['heatmap']})", ""]
+    lines = [result.headline, "", f"# Where speculation pays: {result.config}", "",
+             f"![speedup over batch size and acceptance]({result.heatmap})", ""]
     if own:
-        per = (" (per position " + " ".join(f"{p:.2f}" for p in own["per_position"]) + ")"
-               if own["per_position"] else "")
-        lines += [f"The deployment's acceptance: per-token {own['a']:.3f}{per}, {own['source']}.", ""]
-    s = result["settings"]
-    lines += [f"Output tokens/s of closed-loop batches ({s['max_tokens']} output tokens a request, "
-              f"T={s['temperature']:g}, {s['repeats']} generations a cell) with speculation at synthetic "
+        per = " (per position " + " ".join(f"{p:.2f}" for p in own.per_position) + ")" if own.per_position else ""
+        lines += [f"The deployment's acceptance: per-token {own.a:.3f}{per}, {own.source}.", ""]
+    lines += [f"Output tokens/s of closed-loop batches ({plan.max_tokens} output tokens a request, "
+              f"T={plan.temperature:g}, {plan.repeats} generations a cell) with speculation at synthetic "
               "per-token acceptance a (position i accepted at a^i), over the baseline's at the same batch size; the mean, with its 95% interval.", "",
               "## Break-even acceptance per batch size", "", _break_even_table(grid),
               "", "## Speedup per cell", "", _cells_table(grid)]
-    if grid["k0"]:
+    if grid.k0:
         lines += ["", "K=0 (the speculative engine told to draft nothing; no acceptance involved): "
-                  + ", ".join(f"batch {b}: {_cell(c)}" for b, c in grid["k0"].items())]
-    schedule = result.get("schedule")
-    if schedule:
-        chosen = ", ".join(f"batch {lo}-{hi}: K={k}" for lo, hi, k in schedule["schedule"])
+                  + ", ".join(f"batch {b}: {_cell(c)}" for b, c in grid.k0.items())]
+    if result.schedule:
+        chosen = ", ".join(f"batch {lo}-{hi}: K={k}" for lo, hi, k in result.schedule.schedule)
         lines += ["", "## Schedule at the deployment's acceptance", "",
-                  f"{chosen}; written to `{schedule['output']}` (the input config with `speculation.schedule`, as "
+                  f"{chosen}; written to `{result.schedule.output}` (the input config with `speculation.schedule`, as "
                   "`make tune` writes it; `make tune` then measures the real acceptance and proves it with load "
                   "tests)."]
     lines += bullet_sections(result, {"notes": "Notes:"})
     return "\n".join(lines) + "\n"
 
 
-def _cell(cell: dict[str, Any]) -> str:
-    if cell.get("low") is None:
-        return f"{cell['mean']:.2f}x"
-    return f"{cell['mean']:.2f}x [{cell['low']:.2f}-{cell['high']:.2f}]"
+def _cell(cell: Ratio) -> str:
+    if cell.low is None:
+        return f"{cell.mean:.2f}x"
+    return f"{cell.mean:.2f}x [{cell.low:.2f}-{cell.high:.2f}]"
 
 
-def _finish(result: dict[str, Any], out: Path) -> dict[str, Any]:
-    return write_result(out, "paymap", result, describe(result))
-
-
-
-def _break_even_table(grid: dict[str, Any]) -> str:
-    best = len(grid["ks"]) > 1  # a "best K" column only when there is a choice
-    rows = []
-    for b in grid["batches"]:
-        points = grid["break_even"][str(b)]
-        rows.append([str(b), f"{grid['baseline'][str(b)]['tokens_per_s']:.0f}",
-                     *(describe_point(points[f"k{k}"]) for k in grid["ks"]),
-                     *([describe_point(points["best"])] if best else [])])
-    header = ["batch", "baseline tok/s", *(f"K={k}" for k in grid["ks"]), *(["best K"] if best else [])]
+def _break_even_table(grid: Grid) -> str:
+    keys = [f"k{k}" for k in grid.ks] + ([BEST] if len(grid.ks) > 1 else [])  # "best K" only where there is a choice
+    rows = [[str(b), f"{grid.baseline[str(b)].tokens_per_s:.0f}", *(describe_point(grid.point(b, k)) for k in keys)]
+            for b in grid.batches]
+    header = ["batch", "baseline tok/s", *(f"K={k}" for k in grid.ks), *(("best K",) if len(grid.ks) > 1 else ())]
     return markdown.table(header, rows, align="rr")
 
 
-def _cells_table(grid: dict[str, Any]) -> str:
-    best = len(grid["ks"]) > 1
+def _cells_table(grid: Grid) -> str:
+    best = len(grid.ks) > 1
     rows = []
-    for b in grid["batches"]:
-        for i, a in enumerate(grid["acceptance"]):
-            cells = [grid["cells"][str(b)][f"k{k}"][i] for k in grid["ks"]]
-            counted = " ".join(f"{p:.2f}" for p in cells[-1]["per_position"] if p is not None)
-            asked = " ".join(f"{p:.2f}" for p in rates_for(a, grid["ks"][-1]))
+    for b in grid.batches:
+        for i, a in enumerate(grid.acceptance):
+            cells = [grid.column(b, f"k{k}")[i] for k in grid.ks]
+            counted = " ".join(f"{p:.2f}" for p in cells[-1].per_position if p is not None)
+            asked = " ".join(f"{p:.2f}" for p in rates_for(a, grid.ks[-1]))
             rows.append([str(b), f"{a:g}", *(_cell(c) for c in cells), f"{counted} (asked {asked})",
-                         *([str(grid["best"][str(b)][i]["k"])] if best else [])])
-    header = ["batch", "a", *(f"K={k}" for k in grid["ks"]), "engine-counted acceptance (largest K)",
-              *(["best K"] if best else [])]
-    return markdown.table(header, rows, align="rr" + "r" * len(grid["ks"]) + "lr")
+                         *([str(grid.column(b, BEST)[i].k)] if best else [])])
+    header = ["batch", "a", *(f"K={k}" for k in grid.ks), "engine-counted acceptance (largest K)",
+              *(("best K",) if best else ())]
+    return markdown.table(header, rows, align="rr" + "r" * len(grid.ks) + "lr")

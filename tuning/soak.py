@@ -43,6 +43,7 @@ from loadtest.measurement.records import load_records
 from loadtest.sampling import sampling
 from loadtest.traffic.workloads import Workload, load_workload
 from tuning import soak_report
+from tuning.soak_report import DrafterSoak, SoakMeta, SoakReport
 
 OUT_DIR = Path("reports/soak")
 CONFIG = "default"
@@ -158,7 +159,7 @@ def capacity(records: list[Any]) -> float | None:
     """Requests per second a closed-loop run completed (the client's request throughput: successful
     requests over the interval from the first sent to the last finished); None when none succeeded."""
     client = stats.summarize(records)
-    return client["request_throughput"] if client["ok"] else None
+    return client.request_throughput if client.ok else None
 
 
 class _Run:
@@ -201,32 +202,31 @@ class _Run:
             raise RuntimeError(f"{phase}: every request failed: {records[0].error if records else 'none finished'}")
         return records
 
-    def soak(self) -> dict[str, Any]:
+    def soak(self) -> DrafterSoak:
         """Start, warm up, find the rate, run the soak; the server is stopped whatever happens."""
         opts = self.opts
-        result: dict[str, Any] = {"drafter": self.name, "overrides": overrides_as_text(DRAFTERS[self.name])}
+        result = DrafterSoak(self.name, overrides_as_text(DRAFTERS[self.name]))
         started = time.monotonic()
         tqdm.write(f"{self.name}: starting vLLM, log {self.server.log_path}")
         try:
             self.server.start()
-            result["startup_s"] = self.server.wait_healthy(self.resolved.config.server.startup_timeout_s)
+            result.startup_s = self.server.wait_healthy(self.resolved.config.server.startup_timeout_s)
             self.closed_loop("warmup", opts.warmup)
             if opts.rate:
-                result.update(rate=opts.rate, rate_source="--rate")
+                result.rate, result.rate_source = opts.rate, "--rate"
             else:
                 measured = capacity(self.closed_loop("probe", PROBE_REQUESTS))
                 if not measured:
                     raise RuntimeError("the rate probe measured no throughput")
-                result.update(rate=RATE_FRACTION * measured, probe_requests_per_s=measured,
-                              rate_source=f"{RATE_FRACTION:g} x {measured:.2f}/s, the closed-loop probe at "
-                                          f"{PROBE_USERS} users")
-            tqdm.write(f"{self.name}: {opts.requests} requests at {result['rate']:.2f}/s "
-                       f"(about {opts.requests / result['rate'] / 60:.0f} min)")
+                result.rate, result.probe_requests_per_s = RATE_FRACTION * measured, measured
+                result.rate_source = f"{RATE_FRACTION:g} x {measured:.2f}/s, the closed-loop probe at {PROBE_USERS} users"
+            rate = result.rate
+            tqdm.write(f"{self.name}: {opts.requests} requests at {rate:.2f}/s (about {opts.requests / rate / 60:.0f} min)")
             # The last window replays the first's arrival gaps and prompts: the two offer the same load,
             # so what differs between them is the server's state (Poisson windows of 500 differ by ~10%).
-            job = self.job("soak", opts.requests, rate=result["rate"], repeat_head=opts.window)
+            job = self.job("soak", opts.requests, rate=rate, repeat_head=opts.window)
             # Open loop: the run lasts requests / rate; twice that, and a request's timeout, bound it.
-            deadline = 2 * opts.requests / result["rate"] + self.request.request_timeout_s
+            deadline = 2 * opts.requests / rate + self.request.request_timeout_s
             began = time.monotonic()
             with Progress(f"{self.name} soak", opts.requests, job.records_dir) as bar, \
                     RssSampler(self.server.process.pid, opts.sample_every) as sampler, \
@@ -238,21 +238,20 @@ class _Run:
                                                     refresh=False)
 
                 outcome = run_locust(job, deadline, self.server_gone, tick)
-            result["run_s"] = time.monotonic() - began
+            result.run_s = time.monotonic() - began
             records = load_records(job.records_dir)
-            result["processes"] = int(max((s[2] for s in sampler.samples), default=0))
-            result["verdict"] = soak_report.judge(records, sampler.samples, opts.window, opts.tolerance,
-                                                  expected=opts.requests, engine=engine.samples)
+            result.processes = int(max((s[2] for s in sampler.samples), default=0))
+            result.verdict = verdict = soak_report.judge(records, sampler.samples, opts.window, opts.tolerance,
+                                                         expected=opts.requests, engine=engine.samples)
             if outcome.aborted:
-                result["verdict"]["problems"].append(outcome.aborted)
-                if result["verdict"]["status"] == "ok":
-                    result["verdict"]["status"] = "failed"
-            result["series"] = soak_report.series(records, sampler.samples, engine.samples)
+                verdict.problems.append(outcome.aborted)
+                verdict.status = "failed" if verdict.status == "ok" else verdict.status
+            result.series = soak_report.series(records, sampler.samples, engine.samples)
         except (ServerStartError, RuntimeError, OSError) as exc:
-            result["error"] = str(getattr(exc, "reason", None) or exc)
+            result.error = str(getattr(exc, "reason", None) or exc)
         finally:
             self.server.stop()
-        result["wall_s"] = time.monotonic() - started
+        result.wall_s = time.monotonic() - started
         return result
 
 
@@ -328,21 +327,20 @@ def soak(opts: argparse.Namespace) -> int:
     rule = (f"{opts.rate:g} requests/s for every drafter (--rate)" if opts.rate else
             f"each drafter's rate {RATE_FRACTION:g} x the requests/s it completed in a closed-loop probe of "
             f"{PROBE_REQUESTS} requests at {PROBE_USERS} users")
-    meta = {"config": CONFIG, "requests": opts.requests, "window": opts.window, "tolerance": opts.tolerance,
-            "max_tokens": opts.max_tokens, "workload": opts.workload, "prompts": len(workload.items),
-            "temperature": opts.temperature, "seed": opts.seed, "warmup": opts.warmup,
-            "sample_every_s": opts.sample_every, "metrics_every_s": opts.metrics_every, "rate_rule": rule, "repeat_head": opts.window,
-            "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
-            "date": time.strftime("%Y-%m-%d %H:%M:%S")}
-    report: dict[str, Any] = {"meta": meta, "drafters": []}
+    meta = SoakMeta(config=CONFIG, requests=opts.requests, window=opts.window, tolerance=opts.tolerance,
+                    max_tokens=opts.max_tokens, workload=opts.workload, prompts=len(workload.items),
+                    temperature=opts.temperature, seed=opts.seed, warmup=opts.warmup, sample_every_s=opts.sample_every,
+                    metrics_every_s=opts.metrics_every, rate_rule=rule, repeat_head=opts.window,
+                    machine=f"{platform.machine()}, {os.cpu_count()} CPUs", date=time.strftime("%Y-%m-%d %H:%M:%S"))
+    report = SoakReport(meta)
     for name in names:
         try:
             result = _Run(name, opts).soak()
         except (ConfigError, OSError, ValueError) as exc:
-            result = {"drafter": name, "overrides": overrides_as_text(DRAFTERS[name]), "error": f"config: {exc}"}
-        report["drafters"].append(result)
+            result = DrafterSoak(name, overrides_as_text(DRAFTERS[name]), error=f"config: {exc}")
+        report.drafters.append(result)
         soak_report.write(report, opts.out)
-        tqdm.write(soak_report.verdict_line(name, result))
-    print("\n".join(soak_report.verdict_line(r["drafter"], r) for r in report["drafters"]))
+        tqdm.write(soak_report.verdict_line(result))
+    print("\n".join(soak_report.verdict_line(r) for r in report.drafters))
     print(f"report: {opts.out / 'soak.md'}")
     return soak_report.exit_code(report)

@@ -39,15 +39,18 @@ from deploy import ConfigError, load_config, preflight
 from deploy.config import Override, as_overrides, resolve_config_path
 from deploy.config_text import with_speculation
 from loadtest.reports import markdown
-from loadtest.files import bullet_sections, write_atomic, write_json, write_result
+from loadtest.files import bullet_sections, write_atomic
 from loadtest.measurement.derive import content_warnings, summarize_speedups
+from loadtest.measurement.derived import SpeedupSummary
+from loadtest.measurement.serial import Serial
 from loadtest.reports.report import write_report
 from loadtest.traffic.request_settings import RequestSettings, settings_record
 from loadtest.sweeps.settings import SCHEDULE_VARIANT, SweepSettings, default_out_dir
 from loadtest.sweeps.runner import Sweep
 from loadtest.traffic.workloads import as_text, load_workload, uses_chat
 from tuning import step_costs
-from tuning.advise import SECTIONS
+from tuning.advise import PLAIN, SECTIONS, CommandResult, ReportLink, SettingsRecord, drafter_config
+from tuning.step_costs import AcceptanceJob, StepCosts
 
 log = logging.getLogger("specdeploy.tune")
 
@@ -60,6 +63,87 @@ TUNED_FIELDS = (("speculation", "num_speculative_tokens"), ("speculation", "sche
 """The fields a tuned file sets (K and the schedule)."""
 ACCEPTANCE_PROMPTS = 32
 ACCEPTANCE_TOKENS = 96
+
+
+@dataclass
+class ScheduleRow(Serial):
+    """K chosen at one batch size and the speedup predicted with it (what `schedule_from` reads)."""
+
+    batch: int = 0
+    k: int = 0
+    predicted_speedup: float = 0.0
+
+
+@dataclass
+class KOption(Serial):
+    """One K at one batch size: its step time, tokens per step, and tokens per plain-step time (`rate`)."""
+
+    k: int = 0
+    step_ms: float = 0.0
+    tokens_per_step: float = 0.0
+    rate: float = 0.0
+
+
+@dataclass
+class TuneRow(ScheduleRow):
+    """A batch size's plain step time and every K's figures, the K chosen from them (`choose`)."""
+
+    plain_step_ms: float = 0.0
+    options: list[KOption] = field(default_factory=list)
+
+
+@dataclass
+class ProofCheck(Serial):
+    """The tuned config against the baseline (largest batch) or the best fixed K at one temperature and batch size."""
+
+    temperature: float = 0.0
+    batch: int = 0
+    tuned_speedup: float | None = None
+    fixed_speedups: dict[int, float] = field(default_factory=dict)
+    """By K: each fixed K's speedup over the baseline."""
+    best_fixed_k: int | None = None
+    against: str = ""
+    ratio: float | None = None
+    passed: bool = False
+    degenerate_share: float | None = None
+
+
+@dataclass
+class ProofReport(ReportLink):
+    """One proof load test's report."""
+
+    temperature: float = 0.0
+
+
+@dataclass
+class Proof(Serial):
+    """The proof's checks, its load tests' reports and notes (`prove`)."""
+
+    checks: list[ProofCheck] = field(default_factory=list)
+    reports: list[ProofReport] = field(default_factory=list)
+    passed: bool = False
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class TuneResult(CommandResult):
+    """A tuning as tune.json holds it; `status` `tuned`, `proven`, `not_proven`, `cannot_measure` or `failed`."""
+
+    drafter: str = ""
+    k_max: int = 0
+    draft_sampling: str = ""
+    temperatures: list[float] = field(default_factory=list)
+    settings: SettingsRecord = field(default_factory=SettingsRecord)
+    costs: StepCosts | None = None
+    per_position: list[float] | None = None
+    """Acceptance per draft position, the mean over the temperatures."""
+    rows: list[TuneRow] | None = None
+    schedule: list[list[int]] | None = None
+    k: int | None = None
+    written_schedule: list[list[int]] | None = None
+    draft_max_temperature: float | None = None
+    output: str | None = None
+    proof: Proof | None = None
 
 
 @dataclass
@@ -119,7 +203,7 @@ def cost_variants(k: int, max_batch: int) -> dict[str, tuple[list[Override], boo
     """The engines step 1 measures: name -> (config overrides, no speculation). The speculative one
     carries a schedule so that vLLM (or the plugin) takes the per-batch-size path a tuned server takes,
     and no temperature gate, so that acceptance is measured at every temperature asked for."""
-    return {"plain": ([], True),
+    return {PLAIN: ([], True),
             "spec": ([Override("speculation.num_speculative_tokens", k),
                       Override("speculation.schedule", [[1, max_batch, k]]),
                       Override("speculation.draft_max_temperature", None)], False)}
@@ -129,35 +213,33 @@ def tokens_per_step(per_position: list[float], k: int) -> float:
     return 1.0 + sum(per_position[:k])
 
 
-def choose(costs: dict[str, Any], per_position: list[float], k_max: int) -> list[dict[str, Any]]:
+def choose(costs: StepCosts, per_position: list[float], k_max: int) -> list[TuneRow]:
     """Per batch size: each K's tokens per step, step time and tokens per plain-step time, and the
     K chosen (0: no drafts; a schedule cannot turn the draft model off, so K=0 is the k0 engine)."""
     rows = []
-    for batch, figures in sorted(costs["batches"].items(), key=lambda item: int(item[0])):
-        plain = figures["plain"]["step_ms"]
+    for batch, engines in sorted(costs.batches.items(), key=lambda item: int(item[0])):
+        plain = engines[PLAIN].step_ms
         options = []
         for k in range(0, k_max + 1):
-            step = figures[f"k{k}"]["step_ms"]
-            tokens = tokens_per_step(per_position, k)
-            options.append({"k": k, "step_ms": step, "tokens_per_step": tokens, "rate": tokens / (step / plain)})
-        best = max(o["rate"] for o in options)
-        chosen = min(o["k"] for o in options if o["rate"] >= best * (1 - TIE))
-        rows.append({"batch": int(batch), "plain_step_ms": plain, "options": options, "k": chosen,
-                     "predicted_speedup": options[chosen]["rate"]})
+            step, tokens = engines[f"k{k}"].step_ms, tokens_per_step(per_position, k)
+            options.append(KOption(k, step, tokens, tokens / (step / plain)))
+        best = max(o.rate for o in options)
+        chosen = min(o.k for o in options if o.rate >= best * (1 - TIE))
+        rows.append(TuneRow(int(batch), chosen, options[chosen].rate, plain_step_ms=plain, options=options))
     return rows
 
 
-def schedule_from(rows: list[dict[str, Any]], max_batch: int) -> list[list[int]]:
+def schedule_from(rows: list[ScheduleRow], max_batch: int) -> list[list[int]]:
     """Inclusive batch-size ranges with one K each; a boundary sits at the geometric middle of two
     measured batch sizes, the last range runs to the server's largest batch."""
     ranges: list[list[int]] = []
     start = 1
     for i, row in enumerate(rows):
-        end = max_batch if i == len(rows) - 1 else max(row["batch"], math.isqrt(row["batch"] * rows[i + 1]["batch"]))
-        if ranges and ranges[-1][2] == row["k"]:
+        end = max_batch if i == len(rows) - 1 else max(row.batch, math.isqrt(row.batch * rows[i + 1].batch))
+        if ranges and ranges[-1][2] == row.k:
             ranges[-1][1] = end
         else:
-            ranges.append([start, end, row["k"]])
+            ranges.append([start, end, row.k])
         start = end + 1
     return ranges
 
@@ -188,10 +270,7 @@ def dry_run(settings: TuneSettings) -> int:
     from loadtest.sweeps.plan import duration_text
 
     try:
-        config = load_config(settings.config, settings.overrides)
-        spec = config.speculation
-        if not spec.enabled:
-            raise ValueError(f"config {settings.config} has no drafter (speculation.drafter: none): nothing to tune")
+        spec = drafter_config(settings.config, settings.overrides, "tune").speculation
         k_max = spec.num_speculative_tokens
         proof = Sweep(SweepSettings(
             settings.config, overrides=list(settings.overrides), extra_k=list(range(1, k_max + 1)),
@@ -221,107 +300,96 @@ def dry_run(settings: TuneSettings) -> int:
     return 0 if proof.servers else 2
 
 
-def tune(settings: TuneSettings) -> dict[str, Any]:
+def tune(settings: TuneSettings) -> TuneResult:
     """Measure, choose, write the tuned YAML and prove it; the result (also tune.json / tune.md)
     has `status` (`tuned`, `proven`, `not_proven`, `cannot_measure`, `failed`)."""
     path = resolve_config_path(settings.config)
-    config = load_config(settings.config, settings.overrides)
+    config = drafter_config(settings.config, settings.overrides, "tune")
     spec = config.speculation
-    if not spec.enabled:
-        raise ValueError(f"config {settings.config} has no drafter (speculation.drafter: none): nothing to tune")
     out = settings.out or default_out_dir(f"tune-{path.stem}")
     output = settings.output or path.with_name(f"{path.stem}-tuned.yaml")
     k_max = spec.num_speculative_tokens
     max_batch = config.resources.max_num_seqs or 256
     temperatures = settings.temperatures or spec.temperatures
-    result: dict[str, Any] = {"config": settings.config, "drafter": spec.drafter, "k_max": k_max,
-                              "draft_sampling": spec.draft_sampling, "temperatures": temperatures,
-                              "settings": settings_record(settings),
-                              "out": str(out)}
+    result = TuneResult(settings.config, str(out), settings=SettingsRecord.from_json(settings_record(settings)),
+                        drafter=spec.drafter, k_max=k_max, draft_sampling=spec.draft_sampling, temperatures=temperatures)
     resolved = preflight(config, path.parent, plan_only=True)
     if resolved.machine_problems:
-        result.update(status="cannot_measure", problems=resolved.machine_problems,
-                      would_measure=would_measure(settings, k_max))
-        return _finish(result, out)
+        result.status, result.problems = "cannot_measure", resolved.machine_problems
+        result.would_measure = would_measure(settings, k_max)
+        return result.write("tune", describe(result))
 
     prompts, conversations = acceptance_prompts(settings.request)
     log.info("tune %s: step times of plain decoding and of K=0..%d at batch %s, acceptance at T=%s",
              settings.config, k_max, settings.batches, temperatures)
-    costs = step_costs.measure_steps(
+    job = AcceptanceJob(prompts, temperatures, ACCEPTANCE_TOKENS, conversations,
+                        config.engine_args.get("chat_template"), settings.request.fixed_length)
+    result.costs = costs = step_costs.measure_steps(
         settings.config, cost_variants(k_max, max_batch), tuple(settings.batches), settings.cost_repeats,
-        tuple(settings.overrides), acceptance=("spec", {
-            "prompts": prompts, "conversations": conversations, "temperatures": temperatures,
-            "max_tokens": ACCEPTANCE_TOKENS, "fixed_length": settings.request.fixed_length,
-            "chat_template": config.engine_args.get("chat_template")}),
-        k_sweep_variant="spec", k_sweep=k_max)
-    result["costs"] = costs
-    write_json(out / "costs.json", costs)  # minutes of engine time: kept whatever happens next
-    by_temperature = costs.get("acceptance") or {}
-    if not (prompts or conversations) or not by_temperature:
-        result.update(status="failed", problems=["no acceptance measured: the workload has no prompts"])
-        return _finish(result, out)
-    write_tuned(result, path, output, max_batch, bool(spec.plugin_class))
+        tuple(settings.overrides), acceptance=("spec", job), k_sweep_variant="spec", k_sweep=k_max)
+    costs.save(out / "costs.json")  # minutes of engine time: kept whatever happens next
+    if not (prompts or conversations) or not costs.acceptance:
+        result.status, result.problems = "failed", ["no acceptance measured: the workload has no prompts"]
+        return result.write("tune", describe(result))
+    rows = write_tuned(result, path, output, max_batch, bool(spec.plugin_class))
     try:
         load_config(output, settings.overrides)
     except ConfigError as exc:  # a bug here, not the user's: say so and keep the file to look at
-        result.update(status="failed", problems=[f"the tuned config {output} does not validate: {exc}"])
-        return _finish(result, out)
-    result.update(status="tuned", output=str(output))
-    log.info("tune %s: K=%d, schedule %s written to %s", settings.config, result["k"], result["written_schedule"],
-             output)
+        result.status, result.problems = "failed", [f"the tuned config {output} does not validate: {exc}"]
+        return result.write("tune", describe(result))
+    result.status, result.output = "tuned", str(output)
+    log.info("tune %s: K=%d, schedule %s written to %s", settings.config, result.k, result.written_schedule, output)
     if settings.prove:
         # Without a schedule the tuned config is one fixed K: the load test names it spec-k<K>.
-        tuned_name = SCHEDULE_VARIANT if result["written_schedule"] else f"spec-k{result['k']}"
-        top = result["rows"][-1]  # the largest batch: what K=0 costs there says why no schedule may pass
-        result["proof"] = prove(settings, output, k_max, out, tuned_name,
-                                k0_cost=top["options"][0]["step_ms"] / top["plain_step_ms"])
-        result["status"] = "proven" if result["proof"]["passed"] else "not_proven"
-        result["notes"] = result.get("notes", []) + result["proof"]["notes"]
-    return _finish(result, out)
+        tuned_name = SCHEDULE_VARIANT if result.written_schedule else f"spec-k{result.k}"
+        top = rows[-1]  # the largest batch: what K=0 costs there says why no schedule may pass
+        result.proof = prove(settings, output, k_max, out, tuned_name,
+                             k0_cost=top.options[0].step_ms / top.plain_step_ms)
+        result.status = "proven" if result.proof.passed else "not_proven"
+        result.notes = result.proof.notes
+    return result.write("tune", describe(result))
 
 
-def write_tuned(result: dict[str, Any], source: Path, output: Path, max_batch: int, plugin: bool) -> None:
+def write_tuned(result: TuneResult, source: Path, output: Path, max_batch: int, plugin: bool) -> list[TuneRow]:
     """Steps 2 and 3: from the measurements in `result` (its `costs`), K for each batch size and the
     schedule (into `result`), and the tuned YAML written to `output`."""
-    by_temperature = result["costs"]["acceptance"]
-    per_position = [sum(t["per_position"][i] for t in by_temperature.values()) / len(by_temperature)
-                    for i in range(result["k_max"])]
-    result["per_position"] = per_position
-    result["rows"] = rows = choose(result["costs"], per_position, result["k_max"])
-    result["schedule"] = schedule_from(rows, max_batch)
-    result["k"], result["written_schedule"] = deployed_k(result["schedule"])
+    by_temperature = list((result.costs.acceptance or {}).values())
+    result.per_position = [sum(t.per_position[i] for t in by_temperature) / len(by_temperature)
+                           for i in range(result.k_max)]
+    result.rows = rows = choose(result.costs, result.per_position, result.k_max)
+    result.schedule = schedule_from(rows, max_batch)
+    result.k, result.written_schedule = deployed_k(result.schedule)
     # A plugin drafts only at the temperatures the tuning measured; hotter requests keep off (plugins.temperature_gate).
-    result["draft_max_temperature"] = max(result["temperatures"]) if plugin else None
-    text = tuned_yaml(source.read_text(), result["k"], result["written_schedule"], comments(result),
-                      result["draft_max_temperature"])
-    write_atomic(output, text)
+    result.draft_max_temperature = max(result.temperatures) if plugin else None
+    write_atomic(output, tuned_yaml(source.read_text(), result.k, result.written_schedule, comments(result, rows),
+                                    result.draft_max_temperature))
+    return rows
 
 
-def comments(result: dict[str, Any]) -> list[str]:
+def comments(result: TuneResult, rows: list[TuneRow]) -> list[str]:
     """The measurements that chose the schedule, as comment lines above it."""
-    temps = ", ".join(f"{t:g}" for t in result["temperatures"])
-    lines = [f"Tuned by `make tune` on {result['costs']['measured_at']}: K per running batch size (vLLM's",
+    temps = ", ".join(f"{t:g}" for t in result.temperatures)
+    lines = [f"Tuned by `make tune` on {result.costs.measured_at}: K per running batch size (vLLM's",
              "num_speculative_tokens_per_batch_size). Per-position acceptance of "
-             f"K={result['k_max']} drafts, mean over T={temps}:",
-             "  " + " ".join(f"{p:.0%}" for p in result["per_position"]),
-             "batch  plain ms  " + "  ".join(f"K={o['k']} tok/t" for o in result["rows"][0]["options"]) + "  chosen"]
-    for row in result["rows"]:
-        lines.append(f"{row['batch']:>5}  {row['plain_step_ms']:>8.2f}  "
-                     + "  ".join(f"{o['rate']:>9.2f}" for o in row["options"]) + f"  K={row['k']}")
-    lines.append("tok/t: tokens per plain-step time (tokens per step / the step's time in plain steps).")
-    if result.get("draft_max_temperature") is not None:
-        lines.append(f"Plugin drafter: requests above T={result['draft_max_temperature']:g}, where this "
+             f"K={result.k_max} drafts, mean over T={temps}:",
+             "  " + " ".join(f"{p:.0%}" for p in result.per_position),
+             "batch  plain ms  " + "  ".join(f"K={o.k} tok/t" for o in rows[0].options) + "  chosen",
+             *(f"{row.batch:>5}  {row.plain_step_ms:>8.2f}  " + "  ".join(f"{o.rate:>9.2f}" for o in row.options)
+               + f"  K={row.k}" for row in rows),
+             "tok/t: tokens per plain-step time (tokens per step / the step's time in plain steps)."]
+    if result.draft_max_temperature is not None:
+        lines.append(f"Plugin drafter: requests above T={result.draft_max_temperature:g}, where this "
                      "was not measured, get no drafts.")
-    if result["settings"]["overrides"]:
-        lines.append("Measured with --set " + " ".join(result["settings"]["overrides"]) + " (not written here).")
+    if result.settings.overrides:
+        lines.append("Measured with --set " + " ".join(result.settings.overrides) + " (not written here).")
     return lines
 
 
 def prove(settings: TuneSettings, tuned: Path, k_max: int, out: Path, tuned_name: str = SCHEDULE_VARIANT,
-          k0_cost: float | None = None) -> dict[str, Any]:
+          k0_cost: float | None = None) -> Proof:
     """Load tests of the tuned config beside every fixed K and the baseline, one per temperature.
     `k0_cost`: the measured K=0 step time in plain steps at the largest batch, for the notes."""
-    checks, reports, warnings = [], [], []
+    proof, warnings = Proof(), []
     largest = max(settings.batches)
     # The tuned file carries K and the schedule; an override of either would undo the tuning.
     overrides = [o for o in settings.overrides if o.path not in TUNED_FIELDS]
@@ -333,41 +401,45 @@ def prove(settings: TuneSettings, tuned: Path, k_max: int, out: Path, tuned_name
             request=settings.request, traffic_source=settings.traffic_source, vllm_bench=False,
             out=sweep_out), temperature=temperature).run()
         write_report(results, sweep_out)
-        reports.append({"temperature": temperature, "report": f"{sweep_out.name}/report.md",
-                        "status": results.status, "problems": results.problems})
+        proof.reports.append(ProofReport(f"{sweep_out.name}/report.md", results.status, results.problems,
+                                         temperature=temperature))
         entries = summarize_speedups(results)
-        speedups = {(e["variant"], e["concurrency"]): (e.get("speedup") or {}).get("mean") for e in entries}
-        degenerate = {e["concurrency"]: (e.get("content") or {}).get("degenerate_share")
-                      for e in entries if e["variant"] == tuned_name}
-        warnings += [f"T={temperature:g}, {w}" for e in entries if e["variant"] == tuned_name
-                     for w in content_warnings(e)]
+        speedups = {(e.variant, e.concurrency): e.speedup.mean for e in entries}
+        tuned_entries = {e.concurrency: e for e in entries if e.variant == tuned_name}
+        warnings += [f"T={temperature:g}, {w}" for e in tuned_entries.values() for w in content_warnings(e)]
         for batch in settings.batches:
-            tuned_x = speedups.get((tuned_name, batch))
-            fixed = {k: speedups.get((f"spec-k{k}", batch)) for k in range(1, k_max + 1)}
-            fixed = {k: v for k, v in fixed.items() if v is not None}
-            best_k = max(fixed, key=fixed.get) if fixed else None
-            if batch == largest:
-                against, reference = "baseline", 1.0
-            else:
-                against, reference = (f"K={best_k}", fixed[best_k]) if best_k else ("best fixed K", None)
-            ratio = tuned_x / reference if tuned_x is not None and reference else None
-            checks.append({"temperature": temperature, "batch": batch, "tuned_speedup": tuned_x,
-                           "fixed_speedups": fixed, "best_fixed_k": best_k, "against": against,
-                           "ratio": ratio, "passed": ratio is not None and ratio >= PROOF_RATIO,
-                           "degenerate_share": degenerate.get(batch)})
-    return {"checks": checks, "reports": reports, "passed": bool(checks) and all(c["passed"] for c in checks),
-            "notes": warnings + out_of_reach(checks, largest, k0_cost)}
+            proof.checks.append(check(temperature, batch, largest, speedups.get((tuned_name, batch)),
+                                      {k: speedups.get((f"spec-k{k}", batch)) for k in range(1, k_max + 1)},
+                                      tuned_entries.get(batch)))
+    proof.passed = bool(proof.checks) and all(c.passed for c in proof.checks)
+    proof.notes = warnings + out_of_reach(proof.checks, largest, k0_cost)
+    return proof
 
 
-def out_of_reach(checks: list[dict[str, Any]], largest: int, k0_cost: float | None = None) -> list[str]:
+def check(temperature: float, batch: int, largest: int, tuned_x: float | None, fixed: dict[int, float | None],
+          tuned: SpeedupSummary | None) -> ProofCheck:
+    """The tuned config at one batch size against the baseline (the largest batch) or the best fixed K."""
+    fixed = {k: v for k, v in fixed.items() if v is not None}
+    best_k = max(fixed, key=fixed.get) if fixed else None
+    if batch == largest:
+        against, reference = "baseline", 1.0
+    else:
+        against, reference = (f"K={best_k}", fixed[best_k]) if best_k else ("best fixed K", None)
+    ratio = tuned_x / reference if tuned_x is not None and reference else None
+    return ProofCheck(temperature, batch, tuned_x, fixed, best_k, against, ratio,
+                      ratio is not None and ratio >= PROOF_RATIO,
+                      tuned.content.degenerate_share if tuned and tuned.content else None)
+
+
+def out_of_reach(checks: list[ProofCheck], largest: int, k0_cost: float | None = None) -> list[str]:
     """Why a proof cannot pass whatever the schedule: at the largest batch, no K of this drafter (the
     tuned schedule included) reached the plain server. `k0_cost`: this run's K=0 step in plain steps there."""
     notes = []
     for c in checks:
-        speeds = [v for v in (c["tuned_speedup"], *c["fixed_speedups"].values()) if v is not None]
-        if c["batch"] == largest and not c["passed"] and speeds and max(speeds) < PROOF_RATIO:
+        speeds = [v for v in (c.tuned_speedup, *c.fixed_speedups.values()) if v is not None]
+        if c.batch == largest and not c.passed and speeds and max(speeds) < PROOF_RATIO:
             notes.append(
-                f"T={c['temperature']:g}, batch {largest}: no K of this drafter reached {PROOF_RATIO}x the plain "
+                f"T={c.temperature:g}, batch {largest}: no K of this drafter reached {PROOF_RATIO}x the plain "
                 f"server (the best made {max(speeds):.2f}x), so no schedule can. In vLLM 0.32 a speculative server "
                 "pays for speculation even where its schedule says K=0: a draft model still runs its forward pass "
                 "(to keep its KV cache in step), and with no draft at all (a plugin drafter's K=0) the speculative "
@@ -381,48 +453,41 @@ def _x(value: Any) -> str:
     return "-" if value is None else f"{value:.2f}x"
 
 
-def describe(result: dict[str, Any]) -> str:
+def describe(result: TuneResult) -> str:
     """The tuning as a person reads it (also tune.md)."""
-    lines = [f"# Tuning: {result['config']} ({result['drafter']}, K up to {result['k_max']}, draft sampling "
-             f"{result['draft_sampling']})", "", f"**Status: {result['status']}**", ""]
-    if result.get("schedule"):
-        chosen = ", ".join(f"batch {a}-{b}: K={k}" for a, b, k in result["schedule"])
-        written = (f"`schedule: {result['written_schedule']}`, `num_speculative_tokens: {result['k']}`"
-                   if result.get("written_schedule") else
-                   f"`num_speculative_tokens: {result.get('k')}` and no schedule (one K everywhere)")
-        lines += [f"Chosen: {chosen}. Written to `{result.get('output')}`: {written}.", "",
-                  "Per-position acceptance (mean over T=" + ", ".join(f"{t:g}" for t in result["temperatures"]) + "): "
-                  + " ".join(f"{p:.1%}" for p in result["per_position"]), ""]
-        for t, a in (result["costs"].get("acceptance") or {}).items():
-            lines.append(f"- T={t}: " + " ".join(f"{p:.1%}" for p in a["per_position"]) + f" ({a['drafts']:.0f} drafts)")
-        options = result["rows"][0]["options"]
+    lines = [f"# Tuning: {result.config} ({result.drafter}, K up to {result.k_max}, draft sampling "
+             f"{result.draft_sampling})", "", f"**Status: {result.status}**", ""]
+    if result.schedule and result.rows:
+        chosen = ", ".join(f"batch {a}-{b}: K={k}" for a, b, k in result.schedule)
+        written = (f"`schedule: {result.written_schedule}`, `num_speculative_tokens: {result.k}`"
+                   if result.written_schedule else
+                   f"`num_speculative_tokens: {result.k}` and no schedule (one K everywhere)")
+        lines += [f"Chosen: {chosen}. Written to `{result.output}`: {written}.", "",
+                  "Per-position acceptance (mean over T=" + ", ".join(f"{t:g}" for t in result.temperatures) + "): "
+                  + " ".join(f"{p:.1%}" for p in result.per_position or []), ""]
+        for t, a in ((result.costs.acceptance if result.costs else None) or {}).items():
+            lines.append(f"- T={t}: " + " ".join(f"{p:.1%}" for p in a.per_position) + f" ({a.drafts:.0f} drafts)")
+        options = result.rows[0].options
         lines += ["", "Engine step time (ms) and tokens per plain-step time for each K; K=0 is the speculative "
                   "engine told to draft nothing:", "",
-                  markdown.table(["batch", "plain ms", *(f"K={o['k']} ms" for o in options),
-                                  *(f"K={o['k']} tok/t" for o in options), "K chosen", "predicted"],
-                                 [[row["batch"], f"{row['plain_step_ms']:.2f}",
-                                   *(f"{o['step_ms']:.2f}" for o in row["options"]),
-                                   *(f"{o['rate']:.2f}" for o in row["options"]),
-                                   row["k"], f"{row['predicted_speedup']:.2f}x"] for row in result["rows"]],
-                                 align="r" * (2 * len(options) + 4))]
-    proof = result.get("proof")
-    if proof:
+                  markdown.table(["batch", "plain ms", *(f"K={o.k} ms" for o in options),
+                                  *(f"K={o.k} tok/t" for o in options), "K chosen", "predicted"],
+                                 [[row.batch, f"{row.plain_step_ms:.2f}", *(f"{o.step_ms:.2f}" for o in row.options),
+                                   *(f"{o.rate:.2f}" for o in row.options), row.k, f"{row.predicted_speedup:.2f}x"]
+                                  for row in result.rows], align="r" * (2 * len(options) + 4))]
+    if result.proof:
         lines += ["", f"## Proof: load tests, tuned against the baseline at the largest batch and against the best "
                   f"fixed K elsewhere (pass: >= {PROOF_RATIO}x)", "",
                   markdown.table(["T", "batch", "tuned vs baseline", "fixed K vs baseline", "against", "ratio", "pass",
-                                  "tuned outputs degenerate"], map(_proof_row, proof["checks"]), align="rrrllrlr")]
-        lines += ["", *[f"- T={r['temperature']:g}: [{r['report']}]({r['report']}) ({r['status']})"
-                        + ("; " + "; ".join(r["problems"]) if r["problems"] else "") for r in proof["reports"]]]
+                                  "tuned outputs degenerate"], map(_proof_row, result.proof.checks), align="rrrllrlr")]
+        lines += ["", *[f"- T={r.temperature:g}: [{r.report}]({r.report}) ({r.status})"
+                        + ("; " + "; ".join(r.problems) if r.problems else "") for r in result.proof.reports]]
     lines += bullet_sections(result, SECTIONS)
     return "\n".join(lines) + "\n"
 
 
-def _proof_row(c: dict[str, Any]) -> list[str]:
-    fixed = ", ".join(f"K={k} {v:.2f}x" for k, v in sorted(c["fixed_speedups"].items(), key=lambda i: int(i[0])))
-    return [f"{c['temperature']:g}", str(c["batch"]), _x(c["tuned_speedup"]), fixed or "-", c["against"],
-            _x(c["ratio"]), "yes" if c["passed"] else "NO",
-            "-" if c.get("degenerate_share") is None else f"{c['degenerate_share']:.0%}"]
-
-
-def _finish(result: dict[str, Any], out: Path) -> dict[str, Any]:
-    return write_result(out, "tune", result, describe(result))
+def _proof_row(c: ProofCheck) -> list[str]:
+    fixed = ", ".join(f"K={k} {v:.2f}x" for k, v in sorted(c.fixed_speedups.items(), key=lambda i: int(i[0])))
+    return [f"{c.temperature:g}", str(c.batch), _x(c.tuned_speedup), fixed or "-", c.against,
+            _x(c.ratio), "yes" if c.passed else "NO",
+            "-" if c.degenerate_share is None else f"{c.degenerate_share:.0%}"]

@@ -1,92 +1,276 @@
-"""What a capacity search's levels say, read off `capacity.json`: speculation and the baseline paired
-at each rate (the same arrivals), the speedup there and where it crosses 1.0, capacities a later run
-contradicts (`revised`), and the report's first lines (`headline`). The search that measures the
-levels is `loadtest.sweeps.capacity`; the pages, `loadtest.reports.capacity_report`.
+"""What a capacity search finds, as types (`VariantCapacity`, `Crossover`, `Scan`, `SecondOpinion`,
+`Overload`...: capacity.json's fields besides the levels), and what its levels say: speculation and
+the baseline paired at each rate (the same arrivals), the speedup there and where it crosses 1.0,
+capacities a later run contradicts (`revised`), and the report's first lines (`headline`). The
+search that measures the levels is `loadtest.sweeps.capacity`; the pages,
+`loadtest.reports.capacity_report`.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 from loadtest.measurement import content
-from loadtest.measurement import slo
-from loadtest.measurement.results import CapacityLevel, CapacityResults, LevelResult
+from loadtest.measurement.figures import NO_VALUES, ClientFigures, Distribution, FigureAgreement
+from loadtest.measurement.serial import Serial
+
+if TYPE_CHECKING:  # results.py declares its fields with this module's types
+    from loadtest.measurement.results import CapacityLevel, CapacityResults, LevelResult
+
+    Pair = tuple[CapacityLevel, CapacityLevel]  # speculation's level and the baseline's: the same arrivals
 
 BASELINE = "baseline"
 """The variant without speculation: every speedup is over its run at the same rate and repeat."""
 
 
+# ---------------------------------------------------------------------------------- the types
+@dataclass
+class SearchSettings(Serial):
+    """The search's settings as capacity.json keeps them (`loadtest.sweeps.capacity.CapacitySettings`
+    says what each means; None: not recorded)."""
+
+    slo: str | None = None
+    start_rate: float | None = None
+    max_rate: float | None = None
+    min_rate: float | None = None
+    repeat: int | None = None
+    precision: float | None = None
+    max_steps: int | None = None
+    scan_steps: int | None = None
+    overload_s: float | None = None
+    second_opinion: bool | None = None
+
+
+@dataclass
+class SearchRequest(Serial):
+    """The requests every level sends."""
+
+    workload: str | None = None
+    api: str | None = None
+    max_tokens: int | None = None
+    fixed_length: bool | None = None
+    temperature: float | None = None
+
+
+@dataclass
+class MissedRun(Serial):
+    """A run at or below a capacity that missed the targets (`revised`)."""
+
+    rate: float = 0.0
+    phase: str = ""
+    why: str = ""
+
+
+@dataclass
+class VariantCapacity(Serial):
+    """One variant's capacity: what its search found (`loadtest.sweeps.capacity.VariantSearch.result`),
+    or what every run measured allows (`revised`)."""
+
+    variant: str = ""
+    capacity: float | None = None
+    """The highest rate (req/s) at which every run met the targets (None: none did)."""
+    interval: list[float | None] = field(default_factory=lambda: [None, None])
+    """[the highest passing rate, the lowest failing one] (None: none passed, none failed)."""
+    status: str = ""
+    """found, budget, open, at least, none passing or stopped; revised (`revised`)."""
+    steps: int = 0
+    """The distinct rates the search asked for."""
+    stopped: str | None = None
+    """Why the search ended early (its server stopped answering)."""
+    lowest_tried: float | None = None
+    runs: dict[str, list[bool]] = field(default_factory=dict)
+    """Rate (`%g`) -> whether each run there met the targets, in repeat order."""
+    was: float | None = None
+    """Revised: the search's capacity."""
+    missed: list[MissedRun] | None = None
+    """Revised: the runs that contradict the search's capacity."""
+
+
+@dataclass
+class RateSpeedup(Serial):
+    """Speculation against the baseline at one rate, means over its pairs (`paired_speedups`)."""
+
+    rate: float = 0.0
+    pairs: int = 0
+    speedup: float | None = None
+    """The baseline's per-token latency p50 over speculation's."""
+    e2e_speedup: float | None = None
+    """The baseline's mean end-to-end latency over speculation's."""
+
+
+@dataclass
+class Crossing(Serial):
+    """Where a speedup crosses 1.0 between two measured rates."""
+
+    rate: float = 0.0
+    between: list[float] = field(default_factory=list)
+    direction: str = ""
+    """down: speculation stops paying above it; up: it starts paying."""
+
+
+@dataclass
+class Crossover(Serial):
+    """Where a speedup crosses 1.0 (`crossover`)."""
+
+    kind: str = "no pairs"
+    """stops paying, starts paying, pays throughout, never pays or no pairs."""
+    rate: float | None = None
+    """The first fall below 1.0 (else the first crossing), interpolated in log(rate)."""
+    between: list[float] | None = None
+    crossings: list[Crossing] = field(default_factory=list)
+    range: list[float] | None = None
+    """[the lowest rate paired, the highest]."""
+    speedups: list[float] | None = None
+    """[the lowest speedup, the highest]."""
+    e2e: Crossover | None = None
+    """The end-to-end speedup's crossover (on the per-token one)."""
+
+
+@dataclass
+class Scan(Serial):
+    """Both variants above the search's rates while speculation still pays (`Capacity._scan`)."""
+
+    rates: list[float] = field(default_factory=list)
+    ended: str = ""
+    saturated_at: float | None = None
+    """The rate from which neither variant's throughput grew."""
+
+
+@dataclass
+class SecondOpinion(Serial):
+    """Locust against vLLM's benchmark in one level below the capacities."""
+
+    variant: str = ""
+    rate: float = 0.0
+    share: float = 0.0
+    """Of the smaller capacity."""
+    figures: dict[str, FigureAgreement] = field(default_factory=dict)
+    """By `Agreement` figure; `difference` is the judged one (the engine's drift taken out where known)."""
+    agrees: bool | None = None
+    error: str | None = None
+    """Why vLLM's benchmark did not run."""
+    achieved_rate: float | None = None
+
+
+@dataclass
+class MemoryPeaks(Serial):
+    """Peak resident memory of this process and of the Locust processes it runs, sampled every
+    `interval_s` (`loadtest.sweeps.capacity.MemoryWatch`)."""
+
+    self_peak_mib: float = 0.0
+    locust_peak_mib: float = 0.0
+    """The most the Locust processes held together at one sample."""
+    locust_process_peak_mib: float = 0.0
+    locust_processes: int = 0
+    samples: int = 0
+    interval_s: float = 0.5
+
+
+@dataclass
+class Overload(Serial):
+    """A variant at twice its capacity (`loadtest.sweeps.capacity.overload_summary`), or why not (`skipped`)."""
+
+    skipped: str | None = None
+    rate: float | None = None
+    duration_s: float | None = None
+    achieved_rate: float | None = None
+    behind: bool | None = None
+    sent: int | None = None
+    outcomes: dict[str, int | None] | None = None
+    accounted: bool | None = None
+    """sent == served + refused + timed out + failed."""
+    server_up_after: bool | None = None
+    server_gone: str | None = None
+    memory: MemoryPeaks | None = None
+    status: str | None = None
+    problems: list[str] | None = None
+
+
 # ---------------------------------------------------------------------------------- the crossover
+def _latency(level: LevelResult, pick: Callable[[ClientFigures], Distribution | None]) -> Distribution:
+    """A latency (ms) its client measured (no values where it measured none)."""
+    return (pick(level.client) if level.client else None) or NO_VALUES
+
+
+def ttft_p95(level: LevelResult) -> float | None:
+    return _latency(level, lambda c: c.ttft_ms).p95
+
+
 def tpot_p50(level: LevelResult) -> float | None:
-    """A level's per-token latency p50 (ms), as its client measured it."""
-    return ((level.client or {}).get("per_token_latency_ms") or {}).get("p50")
+    return _latency(level, lambda c: c.per_token_latency_ms).p50
+
+
+def tpot_p95(level: LevelResult) -> float | None:
+    return _latency(level, lambda c: c.per_token_latency_ms).p95
 
 
 def e2e_mean(level: LevelResult) -> float | None:
-    """A level's mean end-to-end latency (ms), as its client measured it."""
-    return ((level.client or {}).get("e2e_ms") or {}).get("mean")
+    return _latency(level, lambda c: c.e2e_ms).mean
 
 
-SPEEDUPS = (("speedup", tpot_p50), ("e2e_speedup", e2e_mean))
-"""The speedups of a pair: the baseline's figure over speculation's (lower latency is better)."""
-
-
-def level_pairs(levels: Sequence[CapacityLevel], spec: str,
-                baseline: str = BASELINE) -> list[tuple[float, CapacityLevel, CapacityLevel]]:
-    """(rate, speculation's level, the baseline's) for each (rate, repeat) both measured: the same
-    arrival sequence on both servers. The overload phase and failed runs are left out."""
+def pairs_by_rate(levels: Sequence[CapacityLevel], spec: str, baseline: str = BASELINE) -> dict[float, list[Pair]]:
+    """Per rate, in order, its pairs: each repeat both variants measured. The overload phase and
+    failed runs are left out."""
     by_key: dict[tuple[float, int], dict[str, CapacityLevel]] = {}
     for lv in levels:
-        if lv.phase == "overload" or not lv.ok_client:
-            continue
-        by_key.setdefault((lv.rate, lv.repeat), {})[lv.variant] = lv
-    return [(rate, pair[spec], pair[baseline]) for (rate, _), pair in sorted(by_key.items())
-            if spec in pair and baseline in pair]
+        if lv.phase != "overload" and lv.ok_client:
+            by_key.setdefault((lv.rate, lv.repeat), {})[lv.variant] = lv
+    out: dict[float, list[Pair]] = {}
+    for (rate, _), pair in sorted(by_key.items()):
+        if spec in pair and baseline in pair:
+            out.setdefault(rate, []).append((pair[spec], pair[baseline]))
+    return out
 
 
-def paired_speedups(levels: Sequence[CapacityLevel], spec: str, baseline: str = BASELINE) -> list[dict[str, Any]]:
-    """Per rate: speculation against the baseline over its pairs (`level_pairs`). `speedup` =
-    baseline per-token latency p50 / speculation's, `e2e_speedup` = baseline mean end-to-end latency
-    / speculation's; means over the rate's pairs."""
-    per_rate: dict[float, dict[str, list[float]]] = {}
-    for rate, s, b in level_pairs(levels, spec, baseline):
-        entry = per_rate.setdefault(rate, {"speedup": [], "e2e_speedup": []})
-        for key, fig in SPEEDUPS:
-            mine, theirs = fig(s), fig(b)
-            if mine and theirs:
-                entry[key].append(theirs / mine)
-    return [{"rate": rate, "pairs": max(len(v["speedup"]), len(v["e2e_speedup"])),
-             **{k: (sum(xs) / len(xs) if xs else None) for k, xs in v.items()}}
-            for rate, v in sorted(per_rate.items())]
+def speedups(pairs: Sequence[Pair], figure: Callable[[LevelResult], float | None]) -> list[float]:
+    """The baseline's `figure` over speculation's, per pair where both have it (lower latency is better)."""
+    return [theirs / mine for mine, theirs in ((figure(s), figure(b)) for s, b in pairs) if mine and theirs]
 
 
-def crossover(points: Sequence[dict[str, Any]], key: str = "speedup") -> dict[str, Any]:
-    """Where the speedup crosses 1.0 between measured rates, interpolated linearly in log(rate):
-    `kind` "stops paying" (above it speculation is slower), "starts paying", "pays throughout",
-    "never pays" or "no pairs"; `rate` the first crossing's, `crossings` all of them."""
-    pts = [(p["rate"], p[key]) for p in points if p.get(key) is not None and p["rate"] > 0]
+def paired_speedups(levels: Sequence[CapacityLevel], spec: str, baseline: str = BASELINE) -> list[RateSpeedup]:
+    """Per rate: speculation against the baseline, means over its pairs (`pairs_by_rate`)."""
+    out = []
+    for rate, pairs in pairs_by_rate(levels, spec, baseline).items():
+        tpot, e2e = speedups(pairs, tpot_p50), speedups(pairs, e2e_mean)
+        out.append(RateSpeedup(rate=rate, pairs=max(len(tpot), len(e2e)), speedup=_mean(tpot), e2e_speedup=_mean(e2e)))
+    return out
+
+
+def _mean(values: Sequence[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def crossover(points: Sequence[tuple[float, float | None]]) -> Crossover:
+    """Where the speedup ((rate, speedup) `points`) crosses 1.0 between measured rates, interpolated
+    linearly in log(rate); the first fall below 1.0 is the crossover, else the first rise."""
+    pts = [(r, s) for r, s in points if s is not None and r > 0]
     if not pts:
-        return {"kind": "no pairs", "rate": None, "crossings": [], "range": None}
+        return Crossover()
     crossings = []
     for (r1, s1), (r2, s2) in zip(pts, pts[1:]):
         if (s1 >= 1) != (s2 >= 1):
             t = (s1 - 1) / (s1 - s2)
-            crossings.append({"rate": math.exp(math.log(r1) + t * (math.log(r2) - math.log(r1))),
-                              "between": [r1, r2], "direction": "down" if s1 >= 1 else "up"})
-    out: dict[str, Any] = {"range": [pts[0][0], pts[-1][0]], "crossings": crossings,
-                           "speedups": [min(s for _, s in pts), max(s for _, s in pts)]}
+            crossings.append(Crossing(rate=math.exp(math.log(r1) + t * (math.log(r2) - math.log(r1))),
+                                      between=[r1, r2], direction="down" if s1 >= 1 else "up"))
+    out = Crossover(range=[pts[0][0], pts[-1][0]], crossings=crossings,
+                    speedups=[min(s for _, s in pts), max(s for _, s in pts)])
     if not crossings:
-        return {**out, "kind": "pays throughout" if pts[0][1] >= 1 else "never pays", "rate": None}
-    first_down = next((c for c in crossings if c["direction"] == "down"), None)
+        out.kind = "pays throughout" if pts[0][1] >= 1 else "never pays"
+        return out
+    first_down = next((c for c in crossings if c.direction == "down"), None)
     chosen = first_down or crossings[0]
-    return {**out, "kind": "stops paying" if chosen is first_down else "starts paying", "rate": chosen["rate"],
-            "between": chosen["between"]}
+    out.kind = "stops paying" if chosen is first_down else "starts paying"
+    out.rate, out.between = chosen.rate, chosen.between
+    return out
 
 
 # ---------------------------------------------------------------------------------- the first lines
 def describe_targets(text: str) -> str:
+    from loadtest.measurement import slo  # slo reads results, which declares its fields with this module's types
+
     parts = [t.describe() for t in slo.parse_targets(text)]
     return parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
 
@@ -96,10 +280,10 @@ def rate_text(x: float | None) -> str:
     return "-" if x is None else f"{x:.3g}"
 
 
-def _interval(c: dict[str, Any]) -> str:
-    lo, hi = c["interval"]
+def _interval(c: VariantCapacity) -> str:
+    lo, hi = c.interval
     if lo is None:
-        return f"none passing down to {rate_text(c.get('lowest_tried'))}"
+        return f"none passing down to {rate_text(c.lowest_tried)}"
     return f"{rate_text(lo)}-{rate_text(hi)}" if hi is not None else f"at least {rate_text(lo)} (none failed)"
 
 
@@ -108,7 +292,7 @@ def variant_content_warnings(result: CapacityResults) -> list[str]:
     it served (none: they are text). Looping output makes speculation look fast, so it comes first."""
     lines = []
     for variant in result.variants:
-        summary = content.merge([(lv.client or {}).get("content") for lv in result.levels if lv.variant == variant])
+        summary = content.merge([lv.client.content for lv in result.levels if lv.variant == variant and lv.client])
         text = content.warning(summary)
         if text:
             whose = "the baseline's" if variant == BASELINE else "speculation's"
@@ -120,18 +304,18 @@ def contradictions(result: CapacityResults, variant: str) -> list[CapacityLevel]
     """Runs of `variant` at or below its capacity that were measured (served, not broken off) and
     missed the targets: a later run (the second opinion's, a scan's) that the search's capacity
     does not survive."""
-    c = result.capacity.get(variant) or {}
-    cap = c.get("capacity")
-    if cap is None:
+    c = result.capacity.get(variant)
+    if c is None or c.capacity is None:
         return []
     return [lv for lv in result.levels if lv.variant == variant and lv.phase != "overload"
-            and lv.rate <= cap and not lv.meets_targets and lv.status not in ("failed", "skipped") and lv.ok_client]
+            and lv.rate <= c.capacity and not lv.meets_targets and lv.status not in ("failed", "skipped")
+            and lv.ok_client]
 
 
-def revised(result: CapacityResults, variant: str) -> dict[str, Any] | None:
+def revised(result: CapacityResults, variant: str) -> VariantCapacity | None:
     """The variant's capacity as every run measured allows (None: the search's stands): the highest
     rate below the lowest contradicting run's at which every run met the targets, with `was` (the
-    search's capacity) and `missed` (the contradicting runs: rate, phase, why)."""
+    search's capacity) and `missed` (the contradicting runs)."""
     missed = contradictions(result, variant)
     if not missed:
         return None
@@ -143,9 +327,9 @@ def revised(result: CapacityResults, variant: str) -> dict[str, Any] | None:
             passing[lv.rate] = passing.get(lv.rate, True) and bool(lv.meets_targets)
     ok = [r for r, met in passing.items() if met]
     new = max(ok) if ok else None
-    return {**c, "capacity": new, "interval": [new, low], "status": "revised", "was": c["capacity"],
-            "lowest_tried": min(passing, default=low),
-            "missed": [{"rate": lv.rate, "phase": lv.phase, "why": lv.why} for lv in missed]}
+    return replace(c, capacity=new, interval=[new, low], status="revised", was=c.capacity,
+                   lowest_tried=min(passing, default=low),
+                   missed=[MissedRun(rate=lv.rate, phase=lv.phase, why=lv.why) for lv in missed])
 
 
 def measured_variants(result: CapacityResults) -> set[str]:
@@ -153,15 +337,15 @@ def measured_variants(result: CapacityResults) -> set[str]:
     return {lv.variant for lv in result.levels if lv.ok_client}
 
 
-def effective_capacity(result: CapacityResults) -> dict[str, dict[str, Any]]:
+def effective_capacity(result: CapacityResults) -> dict[str, VariantCapacity]:
     """Each measured variant's capacity, revised where a later run contradicts it (`revised`)."""
     seen = measured_variants(result)
     return {v: revised(result, v) or c for v, c in result.capacity.items() if v in seen}
 
 
-def revision_text(variant: str, c: dict[str, Any]) -> str:
-    missed = ", ".join(f"{m['rate']:g} req/s ({m['phase']})" for m in c["missed"])
-    return (f"{'the baseline' if variant == BASELINE else 'speculation'}'s capacity revised from {rate_text(c['was'])} to "
+def revision_text(variant: str, c: VariantCapacity) -> str:
+    missed = ", ".join(f"{m.rate:g} req/s ({m.phase})" for m in c.missed or [])
+    return (f"{'the baseline' if variant == BASELINE else 'speculation'}'s capacity revised from {rate_text(c.was)} to "
             f"{capacity_text(c)} req/s: a run at {missed} missed the targets")
 
 
@@ -189,34 +373,34 @@ def headline(result: CapacityResults) -> list[str]:
                                            f"measured: no comparison" if only else "nothing was measured"))
     else:
         lines.append(f"At {targets}, {_capacity_change(base, mine)}")
-    lines += [revision_text(v, c) for v, c in caps.items() if c.get("status") == "revised"]
-    cross = result.crossover or {}
-    lines.append(crossover_text(cross, result.scan))
+    lines += [revision_text(v, c) for v, c in caps.items() if c.status == "revised"]
+    lines.append(crossover_text(result.crossover, result.scan))
     return lines
 
 
-def capacity_text(c: dict[str, Any]) -> str:
-    lo, hi = c["interval"]
+def capacity_text(c: VariantCapacity) -> str:
+    lo, hi = c.interval
     if lo is None:
-        return f"none (no rate met them, down to {rate_text(c.get('lowest_tried'))} req/s)"
+        return f"none (no rate met them, down to {rate_text(c.lowest_tried)} req/s)"
     return f"at least {rate_text(lo)}" if hi is None else rate_text(lo)
 
 
-def _capacity_change(base: dict[str, Any], mine: dict[str, Any]) -> str:
+def _capacity_change(base: VariantCapacity, mine: VariantCapacity) -> str:
     intervals = (f". Intervals (highest rate meeting them - lowest missing them): baseline {_interval(base)}, "
                  f"speculation {_interval(mine)} req/s")
-    a, b = base["capacity"], mine["capacity"]
+    a, b = base.capacity, mine.capacity
     if a is None and b is None:
         return (f"neither variant meets them at any rate measured (down to "
-                f"{rate_text(min(x for x in (base.get('lowest_tried'), mine.get('lowest_tried')) if x))} req/s)")
+                f"{rate_text(min(x for x in (base.lowest_tried, mine.lowest_tried) if x))} req/s)")
     if a is None:
         return f"only speculation meets them: up to {capacity_text(mine)} req/s; the baseline at no rate measured" \
                + intervals
     if b is None:
         return f"speculation meets them at no rate measured; the baseline up to {capacity_text(base)} req/s" + intervals
     # Within the intervals the change lies between b / a_hi - 1 and b_hi / a - 1.
-    low = b / base["interval"][1] - 1 if base["interval"][1] else None
-    high = mine["interval"][1] / a - 1 if mine["interval"][1] else None
+    a_hi, b_hi = base.interval[1], mine.interval[1]
+    low = b / a_hi - 1 if a_hi else None
+    high = b_hi / a - 1 if b_hi else None
     spread = (f", so {_pct(low)} to {_pct(high)}" if low is not None and high is not None else
               f", so at least {_pct(low)}" if low is not None else f", so at most {_pct(high)}" if high is not None
               else "")
@@ -232,24 +416,23 @@ def _pct(x: float) -> str:
     return f"{100 * x:+.0f}%"
 
 
-def crossover_text(cross: dict[str, Any], scan: dict[str, Any] | None = None) -> str:
-    kind, rng = cross.get("kind"), cross.get("range")
-    if kind in (None, "no pairs"):
+def crossover_text(cross: Crossover | None, scan: Scan | None = None) -> str:
+    if cross is None or cross.kind == "no pairs" or not cross.range or not cross.speedups:
         return "no rate was measured on both variants: no speedup to show"
-    span = f"{rate_text(rng[0])}-{rate_text(rng[1])} req/s"
-    lo, hi = cross["speedups"]
+    span = f"{rate_text(cross.range[0])}-{rate_text(cross.range[1])} req/s"
+    lo, hi = cross.speedups
     seen = f"per-token latency p50 {lo:.2f}x-{hi:.2f}x the baseline's speed"
-    between = cross.get("between") or [None, None]
-    more = (f"; it crosses 1.0 {len(cross['crossings'])} times in all: near 1.0 the speedup is within the noise"
-            if len(cross.get("crossings") or []) > 1 else "")
-    if kind == "stops paying":
-        return (f"speculation stops paying above {rate_text(cross['rate'])} req/s (its per-token speedup crosses 1.0 "
+    between = cross.between or [None, None]
+    more = (f"; it crosses 1.0 {len(cross.crossings)} times in all: near 1.0 the speedup is within the noise"
+            if len(cross.crossings) > 1 else "")
+    if cross.kind == "stops paying":
+        return (f"speculation stops paying above {rate_text(cross.rate)} req/s (its per-token speedup crosses 1.0 "
                 f"between {rate_text(between[0])} and {rate_text(between[1])} req/s; {seen} over {span}{more})")
-    if kind == "starts paying":
-        return f"speculation pays only above {rate_text(cross['rate'])} req/s (slower below it; {seen} over {span}{more})"
-    if kind == "pays throughout":
-        why = ("no crossover: from " + rate_text(scan["saturated_at"]) + " req/s neither variant's throughput grows "
-               "(both saturated: a higher rate only lengthens the queue)" if scan and scan.get("saturated_at")
+    if cross.kind == "starts paying":
+        return f"speculation pays only above {rate_text(cross.rate)} req/s (slower below it; {seen} over {span}{more})"
+    if cross.kind == "pays throughout":
+        why = ("no crossover: from " + rate_text(scan.saturated_at) + " req/s neither variant's throughput grows "
+               "(both saturated: a higher rate only lengthens the queue)" if scan and scan.saturated_at
                else "no crossover in the range measured")
         return f"speculation pays at every rate measured ({span}): {seen}; {why}"
     return f"speculation does not pay at any rate measured ({span}): {seen}; no crossover in the range measured"

@@ -39,6 +39,8 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
+from loadtest.measurement.figures import ContentReference, ContentSummary
+
 NGRAM = 4
 MAX_PERIOD = 32
 MIN_LOOP_SPAN = 12
@@ -181,29 +183,29 @@ def embedded_reference(length: int) -> float | None:
     return reference_from_stream(heldout_tokens(), length)
 
 
-def reference_for(figs: Sequence[dict[str, Any]], embedded: bool = False) -> dict[str, Any] | None:
+def reference_for(figs: Sequence[dict[str, Any]], embedded: bool = False) -> ContentReference | None:
     """The reference a level's outputs are held against: its prompts' own text when at least half
     the outputs had a prompt as long as they are, else the embedded pair's held-out corpus."""
     prompt = [f["prompt_distinct_4"] for f in figs if f.get("prompt_distinct_4") is not None]
     if figs and len(prompt) >= len(figs) / 2:
-        return {"distinct_4": round(statistics.fmean(prompt), 4), "source": "the workload's prompts"}
+        return ContentReference(round(statistics.fmean(prompt), 4), "the workload's prompts")
     lengths = [f["tokens"] for f in figs if f.get("tokens")]
     if embedded and lengths:
         value = embedded_reference(int(statistics.median(lengths)))
         if value is not None:
-            return {"distinct_4": round(value, 4), "source": "the embedded pair's held-out code"}
+            return ContentReference(round(value, 4), "the embedded pair's held-out code")
     return None
 
 
-def summarize(figs: Sequence[dict[str, Any] | None], reference: dict[str, Any] | None = None,
+def summarize(figs: Sequence[dict[str, Any] | None], reference: ContentReference | None = None,
               spec: Sequence[dict[str, Any] | None] | None = None,
-              speeds: Sequence[float | None] | None = None) -> dict[str, Any]:
+              speeds: Sequence[float | None] | None = None) -> ContentSummary:
     """A level's content: `figs` one per request (None: not checked), with the server's per-request
     speculation figures (`spec`) and each request's output tokens/s (`speeds`) in the same order,
     so acceptance and speed can be read over the content-valid requests alone."""
-    ref = (reference or {}).get("distinct_4")
+    ref = reference.distinct_4 if reference else None
     checked = [i for i, f in enumerate(figs) if f and f.get("tokens")]
-    out: dict[str, Any] = {"checked": len(checked), "reference": reference}
+    out = ContentSummary(checked=len(checked), reference=reference)
     if not checked:
         return out
     loops = [i for i in checked if is_degenerate(figs[i], ref)]  # type: ignore[arg-type]
@@ -212,56 +214,66 @@ def summarize(figs: Sequence[dict[str, Any] | None], reference: dict[str, Any] |
     bad = sorted(set(loops) | set(noise))
     good = sorted(set(checked) - set(bad))
     distinct = [figs[i]["distinct_4"] for i in checked if figs[i].get("distinct_4") is not None]  # type: ignore[index]
-    out.update({
-        "degenerate": len(loops), "degenerate_share": round(len(loops) / len(checked), 4),
-        "distinct_4": _round(statistics.fmean(distinct)) if distinct else None,
-        "loop_share": round(statistics.fmean(figs[i]["loop_share"] for i in checked), 4),  # type: ignore[index]
-    })
+    out.degenerate, out.degenerate_share = len(loops), round(len(loops) / len(checked), 4)
+    out.distinct_4 = _round(statistics.fmean(distinct)) if distinct else None
+    out.loop_share = round(statistics.fmean(figs[i]["loop_share"] for i in checked), 4)  # type: ignore[index]
     if judged:
-        out.update({"noise_checked": len(judged), "noise": len(noise), "noise_share": round(len(noise) / len(judged), 4),
-                    "known_words": round(statistics.fmean(figs[i]["known_words"] for i in judged), 4)})  # type: ignore[index]
+        out.noise_checked, out.noise, out.noise_share = len(judged), len(noise), round(len(noise) / len(judged), 4)
+        out.known_words = round(statistics.fmean(figs[i]["known_words"] for i in judged), 4)  # type: ignore[index]
     _against_reference(out)
-    for name, group in (("valid", good), ("degenerate", bad)):
-        if spec is not None:
-            out[f"acceptance_{name}"] = acceptance([spec[i] for i in group])
-        if speeds is not None:
-            values = [speeds[i] for i in group if speeds[i]]
-            out[f"tokens_per_s_{name}"] = _round(statistics.fmean(values)) if values else None  # type: ignore[arg-type]
+    if spec is not None:
+        out.acceptance_valid = acceptance([spec[i] for i in good])
+        out.acceptance_degenerate = acceptance([spec[i] for i in bad])
+    if speeds is not None:
+        out.tokens_per_s_valid = _mean_speed([speeds[i] for i in good])
+        out.tokens_per_s_degenerate = _mean_speed([speeds[i] for i in bad])
     return out
 
 
-def merge(summaries: Sequence[dict[str, Any] | None]) -> dict[str, Any] | None:
+def _mean_speed(speeds: Sequence[float | None]) -> float | None:
+    values = [v for v in speeds if v]
+    return _round(statistics.fmean(values)) if values else None  # type: ignore[arg-type]
+
+
+def merge(summaries: Sequence[ContentSummary | None]) -> ContentSummary | None:
     """Several runs' summaries (repeats of a level, or a variant's and its baseline's) as one."""
-    parts = [x for x in summaries if x and x.get("checked")]
+    parts = [x for x in summaries if x and x.checked]
     if not parts:
         return None
-    checked = sum(x["checked"] for x in parts)
-    degenerate = sum(x["degenerate"] for x in parts)
-    out: dict[str, Any] = {"checked": checked, "degenerate": degenerate,
-                           "degenerate_share": round(degenerate / checked, 4),
-                           "reference": next((x["reference"] for x in parts if x.get("reference")), None)}
-    for key in ("distinct_4", "loop_share"):
-        known = [(x[key], x["checked"]) for x in parts if x.get(key) is not None]
-        out[key] = round(sum(v * n for v, n in known) / sum(n for _, n in known), 4) if known else None
-    judged = [x for x in parts if x.get("noise_checked")]
+    checked = sum(x.checked for x in parts)
+    degenerate = sum(x.degenerate or 0 for x in parts)
+    out = ContentSummary(checked=checked, degenerate=degenerate, degenerate_share=round(degenerate / checked, 4),
+                         reference=next((x.reference for x in parts if x.reference), None))
+    out.distinct_4 = _weighted([(x.distinct_4, x.checked) for x in parts])
+    out.loop_share = _weighted([(x.loop_share, x.checked) for x in parts])
+    judged = [x for x in parts if x.noise_checked]
     if judged:
-        n = sum(x["noise_checked"] for x in judged)
-        noise = sum(x["noise"] for x in judged)
-        out.update({"noise_checked": n, "noise": noise, "noise_share": round(noise / n, 4),
-                    "known_words": round(sum(x["known_words"] * x["noise_checked"] for x in judged) / n, 4)})
-    for key in ("acceptance_valid", "acceptance_degenerate"):
-        known = [x[key] for x in parts if x.get(key) is not None]
-        out[key] = round(statistics.fmean(known), 4) if known else None
+        n = sum(x.noise_checked or 0 for x in judged)
+        noise = sum(x.noise or 0 for x in judged)
+        out.noise_checked, out.noise, out.noise_share = n, noise, round(noise / n, 4)
+        out.known_words = _weighted([(x.known_words, x.noise_checked or 0) for x in judged])
+    out.acceptance_valid = _mean([x.acceptance_valid for x in parts])
+    out.acceptance_degenerate = _mean([x.acceptance_degenerate for x in parts])
     _against_reference(out)
     return out
 
 
-def _against_reference(out: dict[str, Any]) -> None:
+def _weighted(pairs: Sequence[tuple[float | None, int]]) -> float | None:
+    known = [(v, n) for v, n in pairs if v is not None]
+    return round(sum(v * n for v, n in known) / sum(n for _, n in known), 4) if known else None
+
+
+def _mean(values: Sequence[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return round(statistics.fmean(known), 4) if known else None
+
+
+def _against_reference(out: ContentSummary) -> None:
     """Add how a summary's mean distinct 4-grams compare with its reference's, where it has one."""
-    ref = (out.get("reference") or {}).get("distinct_4")
-    if ref and out.get("distinct_4") is not None:
-        out["vs_reference"] = round(out["distinct_4"] / ref, 4)
-        out["like_reference"] = abs(out["vs_reference"] - 1) <= REFERENCE_TOLERANCE
+    ref = out.reference.distinct_4 if out.reference else None
+    if ref and out.distinct_4 is not None:
+        out.vs_reference = round(out.distinct_4 / ref, 4)
+        out.like_reference = abs(out.vs_reference - 1) <= REFERENCE_TOLERANCE
 
 
 def acceptance(spec: Sequence[dict[str, Any] | None]) -> float | None:
@@ -271,59 +283,59 @@ def acceptance(spec: Sequence[dict[str, Any] | None]) -> float | None:
     return round(accepted / drafted, 4) if drafted else None
 
 
-def describe(summary: dict[str, Any] | None) -> str:
+def describe(summary: ContentSummary | None) -> str:
     """A level's content in a phrase: 'content valid (distinct 4-grams 0.91, reference 0.88)' or
     '7 of 8 requests degenerate (loops); ...'."""
-    if not summary or not summary.get("checked"):
+    if not summary or not summary.checked:
         return "content not checked (the outputs' tokens were not returned)"
-    ref = summary.get("reference") or {}
-    ref_text = f", {ref['source']} {ref['distinct_4']:.2f}" if ref else ", no reference text"
-    figures_text = f"distinct 4-grams {summary['distinct_4']:.2f}{ref_text}; loop share {summary['loop_share']:.0%}"
-    if summary.get("known_words") is not None:
-        figures_text += f"; known words {summary['known_words']:.0%}"
-    noise = summary.get("noise") or 0
-    if not summary["degenerate"] and not noise:
+    ref = summary.reference
+    ref_text = f", {ref.source} {ref.distinct_4:.2f}" if ref else ", no reference text"
+    figures_text = f"distinct 4-grams {summary.distinct_4:.2f}{ref_text}; loop share {summary.loop_share:.0%}"
+    if summary.known_words is not None:
+        figures_text += f"; known words {summary.known_words:.0%}"
+    noise, degenerate = summary.noise or 0, summary.degenerate or 0
+    if not degenerate and not noise:
         return f"content valid ({figures_text})"
-    parts = ([f"{summary['degenerate']} of {summary['checked']} requests degenerate"] if summary["degenerate"] else []) \
-        + ([f"{noise} of {summary['noise_checked']} noise"] if noise else [])
+    parts = ([f"{degenerate} of {summary.checked} requests degenerate"] if degenerate else []) \
+        + ([f"{noise} of {summary.noise_checked} noise"] if noise else [])
     return f"{', '.join(parts)} ({figures_text})"
 
 
-def label(summary: dict[str, Any] | None) -> str:
+def label(summary: ContentSummary | None) -> str:
     """How a warning about `summary` is labelled: NOISE where outputs are noise, else CONTENT."""
-    return "NOISE" if (summary or {}).get("noise") else "CONTENT"
+    return "NOISE" if summary and summary.noise else "CONTENT"
 
 
-def mostly(summary: dict[str, Any] | None) -> str | None:
+def mostly(summary: ContentSummary | None) -> str | None:
     """"noise" or "degenerate" when a verdict resting on `summary`'s requests rests mostly on that, else None."""
-    if not summary or not summary.get("checked"):
+    if not summary or not summary.checked:
         return None
-    if (summary.get("noise_share") or 0.0) >= MOSTLY:
+    if (summary.noise_share or 0.0) >= MOSTLY:
         return "noise"
-    return "degenerate" if summary["degenerate_share"] >= MOSTLY else None
+    return "degenerate" if (summary.degenerate_share or 0.0) >= MOSTLY else None
 
 
-def warning(summary: dict[str, Any] | None) -> str | None:
+def warning(summary: ContentSummary | None) -> str | None:
     """What a verdict resting on `summary`'s requests must say first, or None."""
-    if not summary or not summary.get("checked"):
+    if not summary or not summary.checked:
         return None
-    share = summary["degenerate_share"]
-    noise = summary.get("noise_share") or 0.0
+    share = summary.degenerate_share or 0.0
+    noise = summary.noise_share or 0.0
     rests_on = mostly(summary)
     if rests_on == "noise":
         return (f"rests mostly on noise: {describe(summary)}; acceptance over the content-valid requests "
-                f"{_pct(summary.get('acceptance_valid'))}")
+                f"{_pct(summary.acceptance_valid)}")
     if rests_on == "degenerate":
         return (f"rests mostly on degenerate output: {describe(summary)}; acceptance over the content-valid "
-                f"requests {_pct(summary.get('acceptance_valid'))}, over the degenerate ones "
-                f"{_pct(summary.get('acceptance_degenerate'))}")
+                f"requests {_pct(summary.acceptance_valid)}, over the degenerate ones "
+                f"{_pct(summary.acceptance_degenerate)}")
     if share > 0 or noise > 0:
         what = " or noise" if share and noise else ""
         return (f"{max(share, noise):.0%} of its requests are {'degenerate' if share else 'noise'}{what} "
                 f"({describe(summary)})")
-    if summary.get("like_reference") is False:
-        return (f"its output differs from the reference text (distinct 4-grams {summary['distinct_4']:.2f} against "
-                f"{summary['reference']['distinct_4']:.2f})")
+    if summary.like_reference is False and summary.reference:
+        return (f"its output differs from the reference text (distinct 4-grams {summary.distinct_4:.2f} against "
+                f"{summary.reference.distinct_4:.2f})")
     return None
 
 

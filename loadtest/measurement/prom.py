@@ -17,10 +17,11 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
 import requests
 from prometheus_client.parser import text_string_to_metric_families
+
+from loadtest.measurement.figures import HistogramFigures, ServerFigures
 
 Labels = tuple[tuple[str, str], ...]
 
@@ -148,72 +149,31 @@ HISTOGRAMS = {
 }
 
 
-@dataclass
-class ServerDelta:
+def delta(before: Snapshot, after: Snapshot) -> ServerFigures:
     """What the server counted between two snapshots."""
-
-    interval_s: float
-    generation_tokens: float
-    prompt_tokens: float
-    requests_finished: float
-    spec_enabled: bool
-    drafts: float = 0
-    draft_tokens: float = 0
-    accepted_tokens: float = 0
-    accepted_per_position: list[float] = field(default_factory=list)
-    histograms: dict[str, dict[str, float | None]] = field(default_factory=dict)
-
-    @property
-    def acceptance_rate(self) -> float | None:
-        """Accepted / proposed draft tokens (a fraction; vLLM's benchmark prints it x100)."""
-        return self.accepted_tokens / self.draft_tokens if self.draft_tokens > 0 else None
-
-    @property
-    def mean_accepted_length(self) -> float | None:
-        """Tokens per verification step: 1 + accepted / drafts (vLLM's "acceptance length")."""
-        return 1 + self.accepted_tokens / self.drafts if self.drafts > 0 else None
-
-    @property
-    def effective_k(self) -> float | None:
-        """Draft tokens per drafting step of a request: the K that ran, beside the configured one.
-        vLLM counts a draft per request and step that proposed at least one token, so steps a
-        schedule gives K=0 (or a plugin leaves empty) are not in it, as they are not in acceptance."""
-        return self.draft_tokens / self.drafts if self.drafts > 0 else None
-
-    @property
-    def per_position_acceptance(self) -> list[float]:
-        """Share of drafts whose i-th token was accepted (as vLLM's benchmark reports it)."""
-        return [n / self.drafts for n in self.accepted_per_position] if self.drafts > 0 else []
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "interval_s": self.interval_s, "generation_tokens": self.generation_tokens,
-            "prompt_tokens": self.prompt_tokens, "requests_finished": self.requests_finished,
-            "spec_enabled": self.spec_enabled, "drafts": self.drafts, "draft_tokens": self.draft_tokens,
-            "accepted_tokens": self.accepted_tokens, "acceptance_rate": self.acceptance_rate,
-            "mean_accepted_length": self.mean_accepted_length, "effective_k": self.effective_k,
-            "per_position_acceptance": self.per_position_acceptance, "histograms": self.histograms,
-        }
-
-
-def delta(before: Snapshot, after: Snapshot) -> ServerDelta:
     spec = after.has(DRAFTS) or after.has(DRAFT_TOKENS)
     per_pos_after = after.by_label(ACCEPTED_PER_POS, "position")
     per_pos_before = before.by_label(ACCEPTED_PER_POS, "position")
     positions = sorted(per_pos_after, key=int)
-    hists: dict[str, dict[str, float | None]] = {}
+    hists: dict[str, HistogramFigures] = {}
     for key, name in HISTOGRAMS.items():
         h = after.histogram(name).minus(before.histogram(name))
-        hists[key] = {"count": h.count, "mean": h.mean, "p50": h.quantile(0.5), "p99": h.quantile(0.99)}
-    return ServerDelta(
+        hists[key] = HistogramFigures(count=h.count, mean=h.mean, p50=h.quantile(0.5), p99=h.quantile(0.99))
+    drafts = after.total(DRAFTS) - before.total(DRAFTS)
+    draft_tokens = after.total(DRAFT_TOKENS) - before.total(DRAFT_TOKENS)
+    accepted = after.total(ACCEPTED) - before.total(ACCEPTED)
+    accepted_per_position = [per_pos_after[p] - per_pos_before.get(p, 0.0) for p in positions]
+    return ServerFigures(
         interval_s=after.taken_at - before.taken_at,
         generation_tokens=after.total(GEN_TOKENS) - before.total(GEN_TOKENS),
         prompt_tokens=after.total(PROMPT_TOKENS) - before.total(PROMPT_TOKENS),
         requests_finished=after.total(REQUEST_SUCCESS) - before.total(REQUEST_SUCCESS),
-        spec_enabled=spec,
-        drafts=after.total(DRAFTS) - before.total(DRAFTS),
-        draft_tokens=after.total(DRAFT_TOKENS) - before.total(DRAFT_TOKENS),
-        accepted_tokens=after.total(ACCEPTED) - before.total(ACCEPTED),
-        accepted_per_position=[per_pos_after[p] - per_pos_before.get(p, 0.0) for p in positions],
+        spec_enabled=spec, drafts=drafts, draft_tokens=draft_tokens, accepted_tokens=accepted,
+        acceptance_rate=accepted / draft_tokens if draft_tokens > 0 else None,
+        mean_accepted_length=1 + accepted / drafts if drafts > 0 else None,
+        # vLLM counts a draft per request and step that proposed at least one token, so steps a
+        # schedule gives K=0 (or a plugin leaves empty) are not in it, as they are not in acceptance.
+        effective_k=draft_tokens / drafts if drafts > 0 else None,
+        per_position_acceptance=[n / drafts for n in accepted_per_position] if drafts > 0 else [],
         histograms=hists,
     )

@@ -5,72 +5,85 @@ concurrency or arrival rate); a capacity search (`CapacityResults`) holds its le
 (`schema`): the report, `compare`, `rejudge`, the tuner and the advisor read them back with
 `load`, also from files older code wrote.
 
-The figures inside a level (what the client measured, the engine's counters, vLLM's benchmark)
-stay plain JSON objects: each is documented where it is made (`stats.summarize`,
-`prom.Delta.to_json`, `vllm_bench.summarize`) and read by key.
-
-Serialisation rules, the same for every type here: a field that is None is left out of the file
-(a missing key reads back as None); a key this code does not know (written by other code) is
-kept in `extra` and written back, so reading and rewriting a file loses nothing. Files are
-written atomically (`loadtest.files.write_json`): a crash keeps the last complete one."""
+The figures inside a level (what the client measured, the engine's counters, vLLM's benchmark...)
+are types too (`loadtest.measurement.figures`). Every type here is a `Serial`: None fields are left
+out of the file, keys this code does not know are kept, and files are written atomically
+(`loadtest.files.write_json`): a crash keeps the last complete one."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Literal, TypeVar
+from typing import Any, Literal
 
-from loadtest.files import write_json
+from loadtest.measurement.derived import Comparison, RateRow
+from loadtest.measurement.capacity_figures import (Crossover, Overload, RateSpeedup, Scan, SearchRequest,
+                                                   SearchSettings, SecondOpinion, VariantCapacity)
+from loadtest.measurement.figures import (Agreement, BenchFigures, ClientFigures, Consistency, GeneratorLag,
+                                          LocustRun, OpenLoopFigures, ServerFigures, SloFigures)
+from loadtest.measurement.serial import Serial
 
-SWEEP_SCHEMA = 3
+SWEEP_SCHEMA = 4
 """results.json's version. 1 (no `schema` key) and 2 wrote the same keys as plain objects; 3 is
-their serialisation as these types (None fields left out). All three load."""
-CAPACITY_SCHEMA = 2
-"""capacity.json's version. 1 wrote the same keys as a plain object; both load."""
+their serialisation as these types (None fields left out); 4 the figures inside a level as types
+too (the same keys; None figures left out). All four load."""
+CAPACITY_SCHEMA = 3
+"""capacity.json's version. 1 wrote the same keys as a plain object, 2 its levels as types; 3 the
+search's figures as types too (the same keys; None figures left out). All three load."""
 
 CREATED_FORMAT = "%Y-%m-%dT%H:%M:%S%z"
 """`created`: when the sweep or search began, local time with its offset."""
 
 Status = Literal["running", "starting", "ok", "flagged", "failed", "skipped", "interrupted"]
-R = TypeVar("R", bound="Record")
+
+
+@dataclass(frozen=True)
+class Closed:
+    """A closed loop: `users` users, each sending its next request when its last one ends."""
+
+    users: int
+
+    @property
+    def at(self) -> float:
+        return self.users
+
+    @property
+    def name(self) -> str:
+        """How a table's column names it: `32`."""
+        return str(self.users)
+
+    @property
+    def label(self) -> str:
+        """How lines and titles name it: `c=32`."""
+        return f"c={self.users}"
+
+
+@dataclass(frozen=True)
+class Open:
+    """An open loop: requests arriving at `rate` per second (Poisson), whether or not earlier ones ended."""
+
+    rate: float
+
+    @property
+    def at(self) -> float:
+        return self.rate
+
+    @property
+    def name(self) -> str:
+        return f"{self.rate:g}/s"
+
+    @property
+    def label(self) -> str:
+        return f"{self.rate:g}/s"
+
+
+Load = Closed | Open
+"""What a level put on the server."""
 
 
 @dataclass
-class Record:
-    """The serialisation every result type shares (`to_json`, `from_json`)."""
-
-    extra: dict[str, Any] = field(default_factory=dict, kw_only=True)
-    """Keys of a file this code does not know, kept so that rewriting the file loses nothing."""
-
-    nested: ClassVar[dict[str, type[Record]]] = {}
-    """Fields that hold lists of records, and their type."""
-
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            if f.name == "extra" or value is None:
-                continue
-            out[f.name] = [r.to_json() for r in value] if f.name in self.nested else value
-        return {**out, **self.extra}
-
-    def save(self, path: Path) -> Path:
-        return write_json(path, self.to_json())
-
-    @classmethod
-    def from_json(cls: type[R], data: dict[str, Any]) -> R:
-        if not isinstance(data, dict):
-            raise ValueError(f"a {cls.__name__} is a JSON object, not {type(data).__name__}")
-        names = {f.name for f in dataclasses.fields(cls)} - {"extra"}
-        known = {k: ([cls.nested[k].from_json(r) for r in v] if k in cls.nested and v is not None else v)
-                 for k, v in data.items() if k in names}
-        return cls(**known, extra={k: v for k, v in data.items() if k not in names})
-
-
-@dataclass
-class LevelResult(Record):
+class LevelResult(Serial):
     """One measured run of a variant at one concurrency (closed loop) or one arrival rate (open
     loop: `rate` instead of `concurrency`)."""
 
@@ -88,30 +101,30 @@ class LevelResult(Record):
     """K the config gives at this concurrency (its schedule's where it has one); None for the baseline.
     The K that ran is `server["effective_k"]` (draft tokens per drafting step, from /metrics)."""
     problems: list[str] = field(default_factory=list)
-    locust: dict[str, Any] | None = None
+    locust: LocustRun | None = None
     """Locust's exit code, wall and CPU seconds, and where its CSV, HTML, log and records are."""
-    client: dict[str, Any] | None = None
+    client: ClientFigures | None = None
     """What the client measured (`stats.summarize` over the request records)."""
-    open_loop: dict[str, Any] | None = None
+    open_loop: OpenLoopFigures | None = None
     """Open loop: `stats.open_loop` (achieved rate, send lag, in-flight series, behind, outcomes)."""
     outcomes: dict[str, int] | None = None
     """Open loop: how the requests ended (served, refused, timed_out, failed, unsent)."""
-    load_generator: dict[str, Any] | None = None
+    load_generator: GeneratorLag | None = None
     """How late Locust itself was (`loadtest.sweeps.judging.load_generator_lag`)."""
-    slo: dict[str, Any] | None = None
+    slo: SloFigures | None = None
     """The service targets held against the run (`slo.evaluate`); None where none were set."""
-    server: dict[str, Any] | None = None
+    server: ServerFigures | None = None
     """The engine's counters and histograms over the run (`prom.Delta.to_json`)."""
-    consistency: dict[str, Any] | None = None
+    consistency: Consistency | None = None
     """Client token count against the server's counter (`stats.agreement`)."""
     notes: list[str] = field(default_factory=list)
     """Things that limit how far a figure can be trusted, but do not flag the run."""
-    vllm_bench: dict[str, Any] | None = None
+    vllm_bench: BenchFigures | None = None
     """vLLM's serving benchmark on the same server right after (`vllm_bench.summarize`)."""
-    vllm_bench_server: dict[str, Any] | None = None
+    vllm_bench_server: ServerFigures | None = None
     """The engine's counters over the benchmark's window."""
-    vllm_bench_agreement: dict[str, Any] | None = None
-    """Locust against the benchmark, figure by figure (`vllm_bench.compare`)."""
+    vllm_bench_agreement: Agreement | None = None
+    """Locust against the benchmark, figure by figure (`second_opinion.compare`)."""
     step_ms: dict[str, float] | None = None
     """Where the engine's steps spent their time over the measured run, ms per step by phase
     (`plugins.step_profile.per_step_ms`): servers the sweep started in one engine process."""
@@ -121,23 +134,28 @@ class LevelResult(Record):
     """The run's place in the sweep (1 = first): says which of a pair of runs went first."""
 
     @property
+    def load(self) -> Load:
+        """Its load: an arrival rate (open loop) or a number of users (closed loop)."""
+        return Open(self.rate) if self.rate is not None else Closed(self.concurrency or 0)
+
+    @property
     def at(self) -> float:
-        """Its load: the arrival rate (open loop) or the concurrency (closed loop)."""
-        return self.rate if self.rate is not None else (self.concurrency or 0)
+        """The arrival rate (open loop) or the concurrency (closed loop)."""
+        return self.load.at
 
     @property
     def label(self) -> str:
         """`2/s` for an arrival rate, `c=32` for a concurrency: how lines and titles name it."""
-        return f"{self.rate:g}/s" if self.rate is not None else f"c={self.concurrency}"
+        return self.load.label
 
     @property
-    def ok_client(self) -> dict[str, Any] | None:
+    def ok_client(self) -> ClientFigures | None:
         """What the client measured, where it measured anything (`client["ok"]`)."""
-        return self.client if self.client and self.client.get("ok") else None
+        return self.client if self.client and self.client.ok else None
 
 
 @dataclass
-class VariantResult(Record):
+class VariantResult(Serial):
     """One server configuration: speculation with some K, or the baseline."""
 
     name: str = ""
@@ -168,11 +186,10 @@ class VariantResult(Record):
     metrics: bool | None = None
     """Whether its /metrics could be read (a running server's)."""
 
-    nested: ClassVar[dict[str, type[Record]]] = {"levels": LevelResult}
 
 
 @dataclass
-class SweepResults(Record):
+class SweepResults(Serial):
     """A sweep: every variant at every level and repeat (results.json)."""
 
     schema: int = SWEEP_SCHEMA
@@ -188,12 +205,11 @@ class SweepResults(Record):
     problems: list[str] = field(default_factory=list)
     plan: dict[str, Any] | None = None
     """The order the sweep ran in and why, its server starts and its estimated seconds (`loadtest.sweeps.plan`)."""
-    comparisons: list[dict[str, Any]] | None = None
+    comparisons: list[Comparison] | None = None
     """Closed-loop speedups derived by the report (`loadtest.measurement.derive.derive`), added to the written copy."""
-    rate_comparisons: list[dict[str, Any]] | None = None
+    rate_comparisons: list[RateRow] | None = None
     """Open-loop speedups at each rate, derived by the report likewise."""
 
-    nested: ClassVar[dict[str, type[Record]]] = {"variants": VariantResult}
 
     def levels(self) -> list[tuple[VariantResult, LevelResult]]:
         """Every level with its variant, in the order of the variants."""
@@ -223,13 +239,12 @@ class CapacityLevel(LevelResult):
 
     @classmethod
     def of(cls, level: LevelResult, **more: Any) -> CapacityLevel:
-        """`level` (measured by a sweep) as a level of the search, with the search's fields `more`."""
-        mine = {f.name: getattr(level, f.name) for f in dataclasses.fields(level)}
-        return cls(**{**mine, **more})
+        """A copy of `level` (measured by a sweep) as a level of the search, with the search's fields `more`."""
+        return cls.from_json({**level.to_json(), **more})
 
 
 @dataclass
-class CapacityResults(Record):
+class CapacityResults(Serial):
     """A capacity search (capacity.json): each variant's highest rate within the service targets,
     where speculation stops paying, a second opinion and an overload run."""
 
@@ -237,32 +252,30 @@ class CapacityResults(Record):
     status: Status = "running"
     slo: str = ""
     """The service targets, as given (`--slo`, e.g. "ttft_p95=1000ms,tpot_p95=100ms")."""
-    settings: dict[str, Any] = field(default_factory=dict)
-    """The search's settings (`CapacitySettings`)."""
+    settings: SearchSettings = field(default_factory=SearchSettings)
     variants: list[str] = field(default_factory=list)
     spec_variant: str | None = None
     """The speculative variant's name (None: the baseline alone)."""
     created: str | None = None
     levels: list[CapacityLevel] = field(default_factory=list)
-    capacity: dict[str, Any] = field(default_factory=dict)
-    """Per variant: the capacity found (`loadtest.sweeps.capacity.search`)."""
-    crossover: dict[str, Any] | None = None
-    """The rate where speculation stops paying, if the search found one."""
-    scan: dict[str, Any] | None = None
-    second_opinion: list[dict[str, Any]] = field(default_factory=list)
-    overload: dict[str, Any] = field(default_factory=dict)
+    capacity: dict[str, VariantCapacity] = field(default_factory=dict)
+    """Per variant: the capacity its search found (`loadtest.sweeps.capacity.search`)."""
+    crossover: Crossover | None = None
+    """Where the per-token speedup crosses 1.0 (`e2e`: the end-to-end one's), derived from `speedups`."""
+    scan: Scan | None = None
+    second_opinion: list[SecondOpinion] = field(default_factory=list)
+    overload: dict[str, Overload] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
     config: str | None = None
     machine: dict[str, Any] | None = None
-    traffic: list[dict[str, Any]] | None = None
-    """The traffic the search ran (`loadtest.traffic.declared`)."""
-    request: dict[str, Any] | None = None
-    speedups: list[dict[str, Any]] | None = None
+    traffic: list[str] | None = None
+    """The traffic the search ran, in words (`loadtest.traffic.declared.describe`)."""
+    request: SearchRequest | None = None
+    speedups: list[RateSpeedup] | None = None
     """Paired speedups per rate, derived when the search concludes."""
-    revised: dict[str, Any] | None = None
+    revised: dict[str, VariantCapacity] | None = None
     """Capacities revised by the repeats, derived when the search concludes."""
 
-    nested: ClassVar[dict[str, type[Record]]] = {"levels": CapacityLevel}
 
     @classmethod
     def load(cls, path: Path) -> CapacityResults:

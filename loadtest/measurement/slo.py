@@ -14,10 +14,13 @@ import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
+from loadtest.measurement.figures import SloFigures, TargetFigures
 from loadtest.measurement.records import RequestRecord
-from loadtest.measurement.results import LevelResult
+
+if TYPE_CHECKING:
+    from loadtest.measurement.results import LevelResult
 
 METRICS = {
     "ttft": "time to first token",
@@ -80,30 +83,29 @@ def rank_percentile(values: Sequence[float | None], p: float) -> float | None:
     return ordered[rank - 1]
 
 
-def evaluate(records: Sequence[RequestRecord], targets: Sequence[Target], duration_s: float) -> dict[str, Any]:
+def evaluate(records: Sequence[RequestRecord], targets: Sequence[Target], duration_s: float) -> SloFigures:
     """One run against the targets: per target its percentile and the share of requests within
     the bound; goodput from the requests within every bound. Failed requests meet no target."""
-    out: dict[str, Any] = {"targets": {}, "requests": len(records)}
+    out = SloFigures(requests=len(records))
     within_all = [r.ok for r in records]
     for t in targets:
         values = [t.value_s(r) for r in records]
         within = [r.ok and v is not None and v <= t.bound_s for r, v in zip(records, values)]
         within_all = [a and b for a, b in zip(within_all, within)]
         level_value = rank_percentile([v if r.ok else None for r, v in zip(records, values)], t.percentile)
-        out["targets"][t.name] = {
-            "bound_ms": 1000 * t.bound_s,
+        out.targets[t.name] = TargetFigures(
+            bound_ms=1000 * t.bound_s,
             # The percentile the verdict rests on (None: it falls on a failed request), so that the
             # value shown and `met` cannot disagree; the interpolated one is in the run's latencies.
-            "value_ms": 1000 * level_value if level_value is not None else None,
-            "share_within": sum(within) / len(records) if records else None,
+            value_ms=1000 * level_value if level_value is not None else None,
+            share_within=sum(within) / len(records) if records else None,
             # The target is a percentile: met when that share of all requests (failures count
             # against it) is within the bound.
-            "met": bool(records) and sum(within) / len(records) >= t.percentile / 100,
-        }
+            met=bool(records) and sum(within) / len(records) >= t.percentile / 100)
     good_tokens = sum(r.output_tokens or 0 for r, good in zip(records, within_all) if good)
-    out["goodput_tokens_per_s"] = good_tokens / duration_s if duration_s > 0 else None
-    out["share_within_all"] = sum(within_all) / len(records) if records else None
-    out["met"] = bool(records) and all(v["met"] for v in out["targets"].values())
+    out.goodput_tokens_per_s = good_tokens / duration_s if duration_s > 0 else None
+    out.share_within_all = sum(within_all) / len(records) if records else None
+    out.met = bool(records) and all(v.met for v in out.targets.values())
     return out
 
 
@@ -113,6 +115,6 @@ def highest_concurrency(levels: Sequence[LevelResult]) -> int | None:
     by_c: dict[int, list[bool]] = {}
     for level in levels:
         if level.slo is not None and level.concurrency is not None:
-            by_c.setdefault(level.concurrency, []).append(bool(level.slo["met"]))
+            by_c.setdefault(level.concurrency, []).append(level.slo.met)
     meeting = [c for c, runs in by_c.items() if runs and all(runs)]
     return max(meeting) if meeting else None

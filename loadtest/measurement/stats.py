@@ -27,14 +27,18 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
 from loadtest.measurement import content
+from loadtest.measurement.derived import SpeculationAnalysis
+from loadtest.measurement.figures import (CategoryFigures, ClientFigures, ContentReference, Consistency,
+                                          Distribution, Interval, OpenLoopFigures)
 from loadtest.measurement.records import OUTCOMES, RequestRecord
 
 PERCENTILES = (50, 90, 95, 99)
+A = TypeVar("A", bound=SpeculationAnalysis)
 
 
 def percentile(values: Sequence[float], p: float) -> float | None:
@@ -45,30 +49,28 @@ def percentile(values: Sequence[float], p: float) -> float | None:
     return float(np.percentile(values, p, method="linear"))
 
 
-def distribution(values: Sequence[float], scale: float = 1.0) -> dict[str, float | None]:
-    """mean, std, and percentiles of `values` x `scale` (e.g. 1000 for seconds -> ms)."""
+def distribution(values: Sequence[float], scale: float = 1.0, extremes: bool = False) -> Distribution:
+    """mean, std, and percentiles of `values` x `scale` (e.g. 1000 for seconds -> ms); with
+    `extremes`, min and max too."""
     v = [x * scale for x in values]
-    out: dict[str, float | None] = {
-        "n": len(v), "mean": statistics.fmean(v) if v else None, "std": statistics.pstdev(v) if v else None,
-    }
-    out.update({f"p{p}": percentile(v, p) for p in PERCENTILES})
-    return out
+    return Distribution(n=len(v), mean=statistics.fmean(v) if v else None, std=statistics.pstdev(v) if v else None,
+                        p50=percentile(v, 50), p90=percentile(v, 90), p95=percentile(v, 95), p99=percentile(v, 99),
+                        min=min(v, default=None) if extremes else None, max=max(v, default=None) if extremes else None)
 
 
-def mean_interval(values: Sequence[float], confidence: float = 0.95) -> dict[str, float | None]:
+def mean_interval(values: Sequence[float], confidence: float = 0.95) -> Interval:
     """Mean of repeated measurements and its two-sided `confidence` interval (Student's t), with
     the largest relative distance of a run from the mean; no interval from fewer than two runs."""
     n = len(values)
     if n == 0:
-        return {"n": 0, "mean": None, "low": None, "high": None, "max_deviation": None}
+        return Interval(n=0)
     mean = statistics.fmean(values)
-    out: dict[str, float | None] = {"n": n, "mean": mean, "low": None, "high": None,
-                                    "max_deviation": max(abs(v - mean) for v in values) / mean if mean else None}
+    out = Interval(n=n, mean=mean, max_deviation=max(abs(v - mean) for v in values) / mean if mean else None)
     if n >= 2:
         from scipy.stats import t
 
         half = t.ppf(0.5 + confidence / 2, n - 1) * statistics.stdev(values) / math.sqrt(n)
-        out.update(low=mean - half, high=mean + half)
+        out.low, out.high = mean - half, mean + half
     return out
 
 
@@ -111,28 +113,28 @@ def implied_per_token_acceptance(tokens_per_step: float, k: int) -> float | None
 
 
 def speculation_analysis(acceptance: float | None, accepted_length: float | None, k: int,
-                         tpot_spec_s: float | None, tpot_base_s: float | None) -> dict[str, Any]:
-    """Measured acceptance beside the model's expectations and the break-even acceptance."""
-    out: dict[str, Any] = {"k": k, "acceptance_rate": acceptance, "mean_accepted_length": accepted_length}
-    out["expected_tokens_per_step"] = expected_tokens_per_step(acceptance, k) if acceptance is not None else None
-    out["implied_per_token_acceptance"] = (implied_per_token_acceptance(accepted_length, k)
-                                           if accepted_length is not None else None)
+                         tpot_spec_s: float | None, tpot_base_s: float | None,
+                         cls: type[A] = SpeculationAnalysis, **more: Any) -> A:  # type: ignore[assignment]
+    """Measured acceptance beside the model's expectations and the break-even acceptance, as a
+    `cls` (a `SpeculationAnalysis` or a subclass, with its own fields `more`)."""
+    out = cls(k=k, acceptance_rate=acceptance, mean_accepted_length=accepted_length,
+              expected_tokens_per_step=expected_tokens_per_step(acceptance, k) if acceptance is not None else None,
+              implied_per_token_acceptance=(implied_per_token_acceptance(accepted_length, k)
+                                            if accepted_length is not None else None), **more)
     if accepted_length is None or tpot_spec_s is None or not tpot_base_s:
         return out
     ratio = tpot_spec_s * accepted_length / tpot_base_s
-    out.update({
-        "step_cost_ratio": ratio,
-        # alpha* >= 1 would need every draft token accepted: never pays.
-        "break_even_acceptance_rate": max(0.0, (ratio - 1) / k) if k and ratio < k + 1 else None,
-        "break_even_per_token_acceptance": break_even_acceptance(ratio, k),
-        "measured_speedup": tpot_base_s / tpot_spec_s,
-        "pays": accepted_length > ratio,
-    })
+    out.step_cost_ratio = ratio
+    # alpha* >= 1 would need every draft token accepted: never pays.
+    out.break_even_acceptance_rate = max(0.0, (ratio - 1) / k) if k and ratio < k + 1 else None
+    out.break_even_per_token_acceptance = break_even_acceptance(ratio, k)
+    out.measured_speedup = tpot_base_s / tpot_spec_s
+    out.pays = accepted_length > ratio
     return out
 
 
 def summarize(records: Sequence[RequestRecord], embedded: bool = False,
-              interval_start: float | None = None) -> dict[str, Any]:
+              interval_start: float | None = None) -> ClientFigures:
     """Client-side numbers of one measured phase (warm-up already excluded), with the content
     check of its outputs (`content`; `embedded`: the embedded pair served, so its held-out code is
     the reference where the prompts are too short to be one). The measured interval runs from the
@@ -140,14 +142,13 @@ def summarize(records: Sequence[RequestRecord], embedded: bool = False,
     counts it), to the last end."""
     ok = [r for r in records if r.ok]
     failed = [r for r in records if not r.ok]
-    out: dict[str, Any] = {"requests": len(records), "ok": len(ok), "failed": len(failed)}
     reasons: dict[str, int] = {}
     for r in failed:
         reason = (r.error or "unknown").split(":")[0] if not (r.error or "").startswith("stream ended early") \
             else "stream ended early"
         reasons[reason] = reasons.get(reason, 0) + 1
-    out["failure_reasons"] = reasons
-    out["failure_examples"] = [r.error for r in failed[:5]]
+    out = ClientFigures(requests=len(records), ok=len(ok), failed=len(failed), failure_reasons=reasons,
+                        failure_examples=[r.error for r in failed[:5]])
     if not records:
         return out
     # The measured interval: first request sent -> last response finished (all of them, failed too).
@@ -155,43 +156,38 @@ def summarize(records: Sequence[RequestRecord], embedded: bool = False,
     end = max(r.end for r in records)
     wall = max(end - start, 1e-9)
     out_tokens = sum(r.output_tokens or 0 for r in ok)
-    out.update({
-        "interval_start": start, "interval_end": end, "duration_s": wall,
-        "output_tokens": out_tokens,
-        "prompt_tokens": sum(r.prompt_tokens or 0 for r in ok),
-        # Every token the server generated for us, failed requests' partial streams included.
-        "tokens_seen": sum(r.tokens_seen for r in records),
-        "request_throughput": len(ok) / wall,
-        "output_tokens_per_s": out_tokens / wall,
-        "total_tokens_per_s": (out_tokens + sum(r.prompt_tokens or 0 for r in ok)) / wall,
-        "per_user_tokens_per_s": distribution([r.tokens_per_s for r in ok if r.tokens_per_s is not None]),
-        "ttft_ms": distribution([r.ttft_s for r in ok if r.ttft_s is not None], 1000),
-        "per_token_latency_ms": distribution([r.per_token_latency_s for r in ok
-                                              if r.per_token_latency_s is not None], 1000),
-        "chunk_gap_ms": distribution([g for r in ok for g in r.chunk_gaps_s], 1000),
-        "tokens_per_chunk": distribution([t for r in ok for t in r.tokens_per_chunk]),
-        "e2e_ms": distribution([r.e2e_s for r in ok if r.e2e_s is not None], 1000),
-        "output_tokens_per_request": {**distribution([r.output_tokens or 0 for r in ok]),
-                                      "min": min((r.output_tokens or 0 for r in ok), default=None),
-                                      "max": max((r.output_tokens or 0 for r in ok), default=None)},
-        "peak_output_tokens_per_s": _peak_rate(ok, start),
-    })
+    prompt_tokens = sum(r.prompt_tokens or 0 for r in ok)
+    out.interval_start, out.interval_end, out.duration_s = start, end, wall
+    out.output_tokens, out.prompt_tokens = out_tokens, prompt_tokens
+    out.tokens_seen = sum(r.tokens_seen for r in records)  # failed requests' partial streams included
+    out.request_throughput = len(ok) / wall
+    out.output_tokens_per_s = out_tokens / wall
+    out.total_tokens_per_s = (out_tokens + prompt_tokens) / wall
+    out.per_user_tokens_per_s = distribution([r.tokens_per_s for r in ok if r.tokens_per_s is not None])
+    out.ttft_ms = distribution([r.ttft_s for r in ok if r.ttft_s is not None], 1000)
+    out.per_token_latency_ms = distribution([r.per_token_latency_s for r in ok if r.per_token_latency_s is not None],
+                                            1000)
+    out.chunk_gap_ms = distribution([g for r in ok for g in r.chunk_gaps_s], 1000)
+    out.tokens_per_chunk = distribution([t for r in ok for t in r.tokens_per_chunk])
+    out.e2e_ms = distribution([r.e2e_s for r in ok if r.e2e_s is not None], 1000)
+    out.output_tokens_per_request = distribution([r.output_tokens or 0 for r in ok], extremes=True)
+    out.peak_output_tokens_per_s = _peak_rate(ok, start)
     figs = [r.content for r in ok]
-    out["content"] = content.summarize(figs, content.reference_for([f for f in figs if f], embedded),
-                                       [r.spec_decode for r in ok], [r.tokens_per_s for r in ok])
+    out.content = content.summarize(figs, content.reference_for([f for f in figs if f], embedded),
+                                    [r.spec_decode for r in ok], [r.tokens_per_s for r in ok])
     spec = [r.spec_decode for r in ok if r.spec_decode]
     if spec:
-        out["server_per_request_spec"] = {k: statistics.fmean(s[k] for s in spec if isinstance(s.get(k), (int, float)))
-                                          for k in spec[0] if isinstance(spec[0][k], (int, float))}
+        out.server_per_request_spec = {k: statistics.fmean(s[k] for s in spec if isinstance(s.get(k), (int, float)))
+                                       for k in spec[0] if isinstance(spec[0][k], (int, float))}
     return out
 
 
 def by_category(records: Sequence[RequestRecord], categories: dict[str, str | None],
-                reference: dict[str, Any] | None = None) -> dict[str, dict[str, Any]]:
+                reference: ContentReference | None = None) -> dict[str, CategoryFigures]:
     """A run's figures per prompt category (`categories`: item id -> category): requests served,
     output tokens, mean per-request output tokens/s, acceptance over the category's requests (the
     server's per-request figures) and how many outputs are no text (loops or noise), judged against
-    the run's own content `reference` (its `summarize(...)["content"]["reference"]`)."""
+    the run's own content `reference` (its `summarize(...).content.reference`)."""
     groups: dict[str, list[RequestRecord]] = {}
     for r in records:
         category = categories.get(r.item_id)
@@ -201,10 +197,10 @@ def by_category(records: Sequence[RequestRecord], categories: dict[str, str | No
     for category, group in groups.items():
         speeds = [r.tokens_per_s for r in group if r.tokens_per_s is not None]
         checked = content.summarize([r.content for r in group], reference)
-        out[category] = {"requests": len(group), "output_tokens": sum(r.output_tokens or 0 for r in group),
-                         "tokens_per_s": statistics.fmean(speeds) if speeds else None,
-                         "acceptance": content.acceptance([r.spec_decode for r in group]),
-                         "not_text": (checked.get("degenerate") or 0) + (checked.get("noise") or 0)}
+        out[category] = CategoryFigures(requests=len(group), output_tokens=sum(r.output_tokens or 0 for r in group),
+                                        tokens_per_s=statistics.fmean(speeds) if speeds else None,
+                                        acceptance=content.acceptance([r.spec_decode for r in group]),
+                                        not_text=checked.not_text)
     return out
 
 
@@ -223,12 +219,12 @@ def _peak_rate(records: Sequence[RequestRecord], start: float) -> float:
     return float(max(bins.values(), default=0))
 
 
-def agreement(client_tokens: float, server_tokens: float, tolerance: float = 0.05) -> dict[str, Any]:
+def agreement(client_tokens: float, server_tokens: float, tolerance: float = 0.05) -> Consistency:
     """Do the client's token counts match the server's counter over the same interval?"""
     if server_tokens <= 0:
-        return {"ok": client_tokens == 0, "relative_error": None, "tolerance": tolerance}
+        return Consistency(ok=client_tokens == 0, tolerance=tolerance)
     error = abs(client_tokens - server_tokens) / server_tokens
-    return {"ok": error <= tolerance, "relative_error": error, "tolerance": tolerance}
+    return Consistency(ok=error <= tolerance, relative_error=error, tolerance=tolerance)
 
 
 # An open-loop generator is behind when it sent under this share of the asked rate, or when its
@@ -255,7 +251,7 @@ def in_flight_series(records: Sequence[RequestRecord]) -> list[list[float]]:
 
 
 def open_loop(records: Sequence[RequestRecord], asked_rate: float,
-              asked_requests: int | None = None) -> dict[str, Any]:
+              asked_requests: int | None = None) -> OpenLoopFigures:
     """What an open-loop run offered and how its requests ended.
 
     - achieved_rate: sends over the span of the actual sends, (sent - 1) / (last send - first
@@ -276,30 +272,31 @@ def open_loop(records: Sequence[RequestRecord], asked_rate: float,
     if asked_requests is not None and asked_requests > len(records):
         outcomes["unsent"] += asked_requests - len(records)
     sent = sorted((r for r in records if r.outcome != "unsent"), key=lambda r: r.start)
-    out: dict[str, Any] = {"asked_rate": asked_rate, "requests": asked_requests if asked_requests is not None
-                           else len(records), "sent": len(sent), "outcomes": outcomes}
+    out = OpenLoopFigures(asked_rate=asked_rate, sent=len(sent), outcomes=outcomes,
+                          requests=asked_requests if asked_requests is not None else len(records))
     span = sent[-1].start - sent[0].start if len(sent) > 1 else 0.0
-    out["achieved_rate"] = (len(sent) - 1) / span if span > 0 else None
+    out.achieved_rate = (len(sent) - 1) / span if span > 0 else None
     planned = sorted(r.planned_start for r in sent if r.planned_start is not None)
     planned_span = planned[-1] - planned[0] if len(planned) > 1 else 0.0
-    out["scheduled_rate"] = (len(planned) - 1) / planned_span if planned_span > 0 else None
+    out.scheduled_rate = (len(planned) - 1) / planned_span if planned_span > 0 else None
     lags = [r.send_lag_s for r in sent if r.send_lag_s is not None]
-    out["send_lag_ms"] = {**distribution(lags, 1000), "max": 1000 * max(lags) if lags else None}
+    out.send_lag_ms = distribution(lags, 1000)
+    out.send_lag_ms.max = 1000 * max(lags) if lags else None
     series = in_flight_series(sent)
-    out["in_flight"] = series
-    out["in_flight_max"] = max((n for _, n in series), default=0)
+    out.in_flight = series
+    out.in_flight_max = max((n for _, n in series), default=0)
     total = series[-1][0] if series else 0.0
     # Time-weighted: each level of the series held from its point to the next.
-    out["in_flight_mean"] = sum(a[1] * (b[0] - a[0]) for a, b in zip(series, series[1:])) / total if total > 0 else None
-    reference = min(asked_rate, out["scheduled_rate"] or asked_rate)
+    out.in_flight_mean = sum(a[1] * (b[0] - a[0]) for a, b in zip(series, series[1:])) / total if total > 0 else None
+    reference = min(asked_rate, out.scheduled_rate or asked_rate)
     lag_p99 = percentile(lags, 99)
     reasons = []
-    if out["achieved_rate"] is not None and out["achieved_rate"] < OPEN_LOOP_MIN_RATE_SHARE * reference:
-        reasons.append(f"sent {out['achieved_rate']:.2f} requests/s of {asked_rate:g} asked")
+    if out.achieved_rate is not None and out.achieved_rate < OPEN_LOOP_MIN_RATE_SHARE * reference:
+        reasons.append(f"sent {out.achieved_rate:.2f} requests/s of {asked_rate:g} asked")
     if lag_p99 is not None and lag_p99 > OPEN_LOOP_LAG_P99_S:
         reasons.append(f"send lag p99 {1000 * lag_p99:.0f} ms over {1000 * OPEN_LOOP_LAG_P99_S:.0f} ms")
     if outcomes["unsent"]:
-        reasons.append(f"{outcomes['unsent']} of {out['requests']} requests never sent")
-    out["behind"] = bool(reasons)
-    out["behind_reasons"] = reasons
+        reasons.append(f"{outcomes['unsent']} of {out.requests} requests never sent")
+    out.behind = bool(reasons)
+    out.behind_reasons = reasons
     return out

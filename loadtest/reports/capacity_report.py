@@ -4,11 +4,15 @@ plots: the Pareto view (latency against throughput) and the speedup against arri
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from loadtest.measurement import capacity_figures as cap
 from loadtest.measurement import content
+from loadtest.measurement.derive import verdict_rule
+from loadtest.measurement.capacity_figures import MemoryPeaks, SearchRequest
+from loadtest.measurement.figures import ContentSummary, FigureAgreement, Interval
 from loadtest.measurement.records import OUTCOMES
 from loadtest.measurement.results import CapacityLevel, CapacityResults, LevelResult
 from loadtest.reports import markdown
@@ -24,14 +28,13 @@ from loadtest.reports.report import embedded
 
 PARETO = "pareto.png"
 SPEEDUP = "capacity-speedup.png"
-PARETO_FIGURES = (("ttft_ms", "p95", "TTFT p95"), ("per_token_latency_ms", "p50", "per-token latency p50"),
-                  ("per_token_latency_ms", "p95", "per-token latency p95"))
-TARGET_OF = {("ttft_ms", "p95"): "ttft_p95", ("per_token_latency_ms", "p50"): "tpot_p50",
-             ("per_token_latency_ms", "p95"): "tpot_p95"}
+PARETO_FIGURES = ((cap.ttft_p95, "TTFT p95", "ttft_p95"), (cap.tpot_p50, "per-token latency p50", "tpot_p50"),
+                  (cap.tpot_p95, "per-token latency p95", "tpot_p95"))
+"""(the latency, its title, the service target on it)."""
 
 
-def _client(level: LevelResult, key: str, stat: str) -> float | None:
-    return ((level.client or {}).get(key) or {}).get(stat)
+def _tokens_per_s(level: LevelResult) -> float | None:
+    return level.client.output_tokens_per_s if level.client else None
 
 
 def _measured(result: CapacityResults, phases: tuple[str, ...] = ("search", "scan", "second opinion")
@@ -67,13 +70,11 @@ def _pareto_figure(plt: Any, result: CapacityResults, levels: list[CapacityLevel
     target), and the target's bound (`bounds`: ms by target name)."""
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
     for j, variant in enumerate(result.variants):
-        mine = sorted((lv for lv in levels if lv.variant == variant),
-                      key=lambda lv: (lv.client or {}).get("output_tokens_per_s") or 0)
+        mine = sorted((lv for lv in levels if lv.variant == variant), key=lambda lv: _tokens_per_s(lv) or 0)
         if not mine:
             continue
-        for ax, (key, stat, title) in zip(axes, PARETO_FIGURES):
-            pts = [((lv.client or {}).get("output_tokens_per_s"), _client(lv, key, stat), lv.meets_targets)
-                   for lv in mine]
+        for ax, (latency, _, _) in zip(axes, PARETO_FIGURES):
+            pts = [(_tokens_per_s(lv), latency(lv), lv.meets_targets) for lv in mine]
             pts = [p for p in pts if p[0] is not None and p[1] is not None]
             if not pts:
                 continue
@@ -82,8 +83,8 @@ def _pareto_figure(plt: Any, result: CapacityResults, levels: list[CapacityLevel
                        label=f"{variant}: meets targets")
             ax.scatter([x for x, _, ok in pts if not ok], [y for _, y, ok in pts if not ok], facecolors="none",
                        edgecolors=f"C{j}", label=f"{variant}: misses them")
-    for ax, (key, stat, title) in zip(axes, PARETO_FIGURES):
-        bound = bounds.get(TARGET_OF[(key, stat)])
+    for ax, (_, title, target) in zip(axes, PARETO_FIGURES):
+        bound = bounds.get(target)
         if bound is not None:
             ax.axhline(bound, color="red", lw=1, ls="--", label=f"target {bound:g} ms")
         ax.set_yscale("log")
@@ -97,34 +98,32 @@ def _pareto_figure(plt: Any, result: CapacityResults, levels: list[CapacityLevel
     return fig
 
 
-def _speedup_figure(result: CapacityResults, points: list[dict[str, Any]]) -> Any:
+def _speedup_figure(result: CapacityResults, points: list[RatePairs]) -> Any:
     """The speedup a user sees against the arrival rate (`rate_speedups`), with the crossover and
     each variant's capacity marked."""
     fig, ax = plots.speedup_axes()
-    for key, style, label in (("speedup", "o-", "per token (TPOT p50)"), ("e2e_speedup", "d--", "end to end (mean)")):
-        pts = [(p["rate"], p[key]) for p in points if p[key]["mean"] is not None]
+    for e2e, style, lw, label in ((False, "o-", 2, "per token (TPOT p50)"), (True, "d--", 1, "end to end (mean)")):
+        pts = [(p.rate, p.e2e_speedup if e2e else p.speedup) for p in points]
+        pts = [(r, m) for r, m in pts if m.mean is not None]
         if not pts:
             continue
-        err = [[m["mean"] - m["low"] if m["low"] is not None else 0 for _, m in pts],
-               [m["high"] - m["mean"] if m["high"] is not None else 0 for _, m in pts]]
-        ax.errorbar([r for r, _ in pts], [m["mean"] for _, m in pts], yerr=err, fmt=style, capsize=4,
-                    lw=2 if key == "speedup" else 1, label=label)
-    cross = result.crossover or {}
-    if cross.get("rate"):
-        ax.axvline(cross["rate"], color="red", ls=":", lw=1.5,
-                   label=f"crossover {cross['rate']:.3g} req/s ({cross['kind']})")
+        err = [[m.mean - m.low if m.low is not None else 0 for _, m in pts],
+               [m.high - m.mean if m.high is not None else 0 for _, m in pts]]
+        ax.errorbar([r for r, _ in pts], [m.mean for _, m in pts], yerr=err, fmt=style, capsize=4, lw=lw, label=label)
+    cross = result.crossover
+    if cross and cross.rate:
+        ax.axvline(cross.rate, color="red", ls=":", lw=1.5, label=f"crossover {cross.rate:.3g} req/s ({cross.kind})")
     for j, (variant, c) in enumerate(cap.effective_capacity(result).items()):
-        if c.get("capacity") is not None:
-            ax.axvline(c["capacity"], color=("C2", "C4", "C5")[j % 3], ls="--", lw=1,
-                       label=f"{variant} capacity {c['capacity']:g}" + (" (revised)" if c["status"] == "revised"
-                                                                      else ""))
+        if c.capacity is not None:
+            ax.axvline(c.capacity, color=("C2", "C4", "C5")[j % 3], ls="--", lw=1,
+                       label=f"{variant} capacity {c.capacity:g}" + (" (revised)" if c.status == "revised" else ""))
     ax.set_xscale("log")
     _plain_ticks(ax.xaxis)
     low, high = ax.get_ylim()
     ax.set_ylim(min(low, 0.8), max(high, 1.2))
     ax.set_xlabel("arrival rate, req/s (Poisson)", fontsize=11)
     ax.set_ylabel("speedup (x the baseline)", fontsize=11)
-    intervals = any(p[k]["low"] is not None for p in points for k in ("speedup", "e2e_speedup"))
+    intervals = any(m.low is not None for p in points for m in (p.speedup, p.e2e_speedup))
     ax.set_title("Speedup a user sees, same arrivals " + ("(95% intervals)" if intervals else "(no repeats: no "
                                                                                                "interval)"),
                  fontsize=12)
@@ -147,17 +146,16 @@ def _capacity_rows(result: CapacityResults) -> tuple[list[str], list[list[str]]]
               "runs (rate: met? per run)"]
     rows = []
     for variant, c in result.capacity.items():
-        lo, hi = c["interval"]
-        runs = "; ".join(f"{rate}: {' '.join('yes' if r else 'no' for r in v)}" for rate, v in c.get("runs", {}).items())
+        lo, hi = c.interval
+        runs = "; ".join(f"{rate}: {' '.join('yes' if r else 'no' for r in v)}" for rate, v in c.runs.items())
         rows.append([variant, cap.capacity_text(c), cap.rate_text(lo), cap.rate_text(hi),
-                     c["status"] + (f" ({c['stopped']})" if c.get("stopped") else ""), str(c.get("steps", 0)), runs])
+                     c.status + (f" ({c.stopped})" if c.stopped else ""), str(c.steps), runs])
     return header, rows
 
 
 def _speedup_rows(result: CapacityResults) -> tuple[list[str], list[list[str]]]:
     header = ["rate req/s", "pairs", "per-token p50 speedup", "end-to-end mean speedup"]
-    return header, [[f"{p['rate']:g}", str(p["pairs"]), _x(p.get("speedup")), _x(p.get("e2e_speedup"))]
-                    for p in result.speedups or []]
+    return header, [[f"{p.rate:g}", str(p.pairs), _x(p.speedup), _x(p.e2e_speedup)] for p in result.speedups or []]
 
 
 def _x(value: float | None) -> str:
@@ -172,16 +170,14 @@ LEVEL_HEADER = ["#", "variant", "phase", "rate asked", "run", "achieved req/s", 
 def _level_rows(result: CapacityResults) -> tuple[list[str], list[list[str]]]:
     rows = []
     for lv in result.levels:
-        ol = lv.open_loop or {}
-        outcomes = ol.get("outcomes") or {}
-        acceptance = (lv.server or {}).get("acceptance_rate")
+        ol = lv.open_loop
+        outcomes = ol.outcomes if ol else {}
         rows.append(["" if lv.sequence is None else str(lv.sequence), lv.variant, lv.phase, f"{lv.rate:g}",
-                     str(lv.repeat), figure(ol.get("achieved_rate"), 3), "-" if ol.get("behind") is None else
-                     ("YES" if ol["behind"] else "no"),
+                     str(lv.repeat), figure(ol.achieved_rate if ol else None, 3),
+                     "-" if ol is None else ("YES" if ol.behind else "no"),
                      " / ".join(figure(outcomes.get(k), 0) for k in OUTCOMES),
-                     figure(_client(lv, "ttft_ms", "p95")), figure(_client(lv, "per_token_latency_ms", "p50"), 2),
-                     figure(_client(lv, "per_token_latency_ms", "p95"), 2), figure(_client(lv, "e2e_ms", "mean")),
-                     figure((lv.client or {}).get("output_tokens_per_s")), figure(acceptance, pct=True),
+                     figure(cap.ttft_p95(lv)), figure(cap.tpot_p50(lv), 2), figure(cap.tpot_p95(lv), 2),
+                     figure(cap.e2e_mean(lv)), figure(_tokens_per_s(lv)), figure(_acceptance(lv), pct=True),
                      "yes" if lv.meets_targets else "no", lv.why])
     return LEVEL_HEADER, rows
 
@@ -197,14 +193,17 @@ def _second_opinion_rows(result: CapacityResults) -> tuple[list[str], list[list[
     header.append("agrees overall")
     rows = []
     for r in result.second_opinion:
-        row = [r["variant"], f"{r['rate']:g}", f"{100 * r['share']:.0f}%"]
+        row = [r.variant, f"{r.rate:g}", f"{100 * r.share:.0f}%"]
         for key, _ in SECOND_OPINION_FIGURES:
-            f = r["figures"].get(key) or {}
-            diff = f" ({100 * f['difference']:+.1f}%)" if f.get("difference") is not None else ""
-            row += [f"{figure(f.get('locust'), 2)} / {figure(f.get('vllm_bench'), 2)}{diff}", _yes(f.get("agrees"))]
-        row.append(_yes(r.get("agrees")) + (f": {r['error']}" if r.get("error") else ""))
+            f = r.figures.get(key) or FigureAgreement()
+            row += [f"{figure(f.locust, 2)} / {figure(f.vllm_bench, 2)}{_diff(f)}", _yes(f.agrees)]
+        row.append(_yes(r.agrees) + (f": {r.error}" if r.error else ""))
         rows.append(row)
     return header, rows
+
+
+def _diff(f: FigureAgreement, form: str = " ({})") -> str:
+    return form.format(f"{100 * f.difference:+.1f}%") if f.difference is not None else ""
 
 
 def _yes(value: bool | None) -> str:
@@ -217,46 +216,59 @@ def _overload_rows(result: CapacityResults) -> tuple[list[str], list[list[str]]]
               "Locust process", "problems"]
     rows = []
     for variant, o in result.overload.items():
-        if "skipped" in o:
-            rows.append([variant, "-", "-", "-", "-", "-", "-", "-", "-", "-", "-", "-", "-", f"skipped: {o['skipped']}"])
+        if o.skipped is not None:
+            rows.append([variant, "-", "-", "-", "-", "-", "-", "-", "-", "-", "-", "-", "-", f"skipped: {o.skipped}"])
             continue
-        m = o.get("memory") or {}
-        rows.append([variant, f"{o['rate']:g}", f"{o['duration_s']:g}", figure(o.get("achieved_rate"), 3),
-                     figure(o.get("sent"), 0), *(figure(o["outcomes"].get(k), 0) for k in OUTCOMES),
-                     "yes" if o.get("accounted") else "NO", "yes" if o.get("server_up_after") else "NO",
-                     f"{figure(m.get('self_peak_mib'), 0)} / {figure(m.get('locust_peak_mib'), 0)} / "
-                     f"{figure(m.get('locust_process_peak_mib'), 0)}",
-                     "; ".join(o.get("problems") or []) or "none"])
+        m = o.memory or MemoryPeaks()
+        rows.append([variant, f"{o.rate:g}", f"{o.duration_s:g}", figure(o.achieved_rate, 3), figure(o.sent, 0),
+                     *(figure((o.outcomes or {}).get(k), 0) for k in OUTCOMES),
+                     "yes" if o.accounted else "NO", "yes" if o.server_up_after else "NO",
+                     f"{figure(m.self_peak_mib, 0)} / {figure(m.locust_peak_mib, 0)} / "
+                     f"{figure(m.locust_process_peak_mib, 0)}", "; ".join(o.problems or []) or "none"])
     return header, rows
 
 
 # ---------------------------------------------------------------------------------- first screen
-def rate_speedups(result: CapacityResults) -> list[dict[str, Any]]:
+@dataclass(frozen=True)
+class RatePairs:
+    """Speculation against the baseline at one rate, over its pairs (`rate_speedups`): the speedups'
+    means and 95% intervals, speculation's mean acceptance and outputs, whether every run of each
+    variant met the targets."""
+
+    rate: float
+    pairs: int
+    speedup: Interval
+    e2e_speedup: Interval
+    acceptance: float | None
+    spec_met: bool
+    base_met: bool
+    content: ContentSummary | None
+
+
+def rate_speedups(result: CapacityResults) -> list[RatePairs]:
     """Per rate measured on both variants: per-token p50 and end-to-end speedups with their 95%
     intervals over the rate's pairs, speculation's acceptance, and which variants met the targets."""
-    by_rate: dict[float, dict[str, list[Any]]] = {}
-    for rate, s, b in cap.level_pairs(result.levels, result.spec_variant or ""):
-        entry = by_rate.setdefault(rate, {"speedup": [], "e2e_speedup": [], "acceptance": [], "met": [], "content": []})
-        for key, fig in cap.SPEEDUPS:
-            if fig(s) and fig(b):
-                entry[key].append(fig(b) / fig(s))
-        acceptance = (s.server or {}).get("acceptance_rate")
-        if acceptance is not None:
-            entry["acceptance"].append(acceptance)
-        entry["met"].append((bool(s.meets_targets), bool(b.meets_targets)))
-        entry["content"].append((s.client or {}).get("content"))
-    return [{"rate": rate, "pairs": len(v["met"]), "speedup": stats.mean_interval(v["speedup"]),
-             "e2e_speedup": stats.mean_interval(v["e2e_speedup"]),
-             "acceptance": sum(v["acceptance"]) / len(v["acceptance"]) if v["acceptance"] else None,
-             "spec_met": all(m[0] for m in v["met"]), "base_met": all(m[1] for m in v["met"]),
-             "content": content.merge(v["content"])}
-            for rate, v in sorted(by_rate.items())]
+    by_rate = cap.pairs_by_rate(result.levels, result.spec_variant or "")
+    return [_rate_row(rate, pairs) for rate, pairs in by_rate.items()]
 
 
-def _met_words(row: dict[str, Any]) -> str:
+def _rate_row(rate: float, pairs: list[tuple[CapacityLevel, CapacityLevel]]) -> RatePairs:
+    acceptance = [a for s, _ in pairs if (a := _acceptance(s)) is not None]
+    return RatePairs(rate=rate, pairs=len(pairs), speedup=stats.mean_interval(cap.speedups(pairs, cap.tpot_p50)),
+                   e2e_speedup=stats.mean_interval(cap.speedups(pairs, cap.e2e_mean)),
+                   acceptance=sum(acceptance) / len(acceptance) if acceptance else None,
+                   spec_met=all(s.meets_targets for s, _ in pairs), base_met=all(b.meets_targets for _, b in pairs),
+                   content=content.merge([s.client.content if s.client else None for s, _ in pairs]))
+
+
+def _acceptance(level: LevelResult) -> float | None:
+    return level.server.acceptance_rate if level.server else None
+
+
+def _met_words(row: RatePairs) -> str:
     return {(True, True): "both meet the targets", (True, False): "only speculation meets the targets",
             (False, True): "only the baseline meets the targets", (False, False): "neither meets the targets"}[
-        (row["spec_met"], row["base_met"])]
+        (row.spec_met, row.base_met)]
 
 
 def _lines(result: CapacityResults) -> list[Line]:
@@ -265,7 +277,7 @@ def _lines(result: CapacityResults) -> list[Line]:
     base, mine = caps.get(cap.BASELINE), caps.get(spec) if spec else None
     lines = []
     if base is not None and mine is not None:
-        a, b = base["capacity"], mine["capacity"]
+        a, b = base.capacity, mine.capacity
         if a is not None and b is not None and a > 0:
             change = (b - a) / a
             word = ("raises capacity" if b > a else "lowers capacity" if b < a else "leaves capacity unchanged")
@@ -273,7 +285,7 @@ def _lines(result: CapacityResults) -> list[Line]:
             lines.append(Line("capacity", f"speculation {word}" + (f" {100 * change:+.0f}%" if b != a else ""),
                               f"baseline {cap.capacity_text(base)} → speculation {cap.capacity_text(mine)} req/s "
                               f"at {cap.describe_targets(result.slo)}"
-                              + "".join(" (revised)" for c in (base, mine) if c.get("status") == "revised"), tone))
+                              + "".join(" (revised)" for c in (base, mine) if c.status == "revised"), tone))
         else:
             lines.append(Line("capacity", "no capacity to compare",
                               f"baseline {cap.capacity_text(base)}; speculation {cap.capacity_text(mine)} req/s"))
@@ -283,18 +295,18 @@ def _lines(result: CapacityResults) -> list[Line]:
                                                          f"{cap.capacity_text(only)} req/s; the other variant was "
                                                          "not measured") if only else "nothing measured"))
     for row in rate_speedups(result):
-        m = row["speedup"]
-        if m["mean"] is None:
+        m = row.speedup
+        if m.mean is None:
             continue
-        word, tone = sweep_summary.verdict_word(sweep_summary.verdict_rule(m), row["content"])
-        spread = f" (95% {m['low']:.2f}-{m['high']:.2f})" if m["low"] is not None else ""
-        figures = [f"{m['mean']:.2f}x per token{spread}"]
-        if row["e2e_speedup"]["mean"] is not None:
-            figures.append(f"{row['e2e_speedup']['mean']:.2f}x end to end")
-        if row["acceptance"] is not None:
-            figures.append(f"acceptance {row['acceptance']:.0%}")
-        figures += [_met_words(row), f"{row['pairs']} pair{'s' if row['pairs'] != 1 else ''}"]
-        lines.append(Line(f"{row['rate']:g} req/s", word, " · ".join(figures), tone))
+        word, tone = sweep_summary.verdict_word(verdict_rule(m), row.content)
+        spread = f" (95% {m.low:.2f}-{m.high:.2f})" if m.low is not None else ""
+        figures = [f"{m.mean:.2f}x per token{spread}"]
+        if row.e2e_speedup.mean is not None:
+            figures.append(f"{row.e2e_speedup.mean:.2f}x end to end")
+        if row.acceptance is not None:
+            figures.append(f"acceptance {row.acceptance:.0%}")
+        figures += [_met_words(row), f"{row.pairs} pair{'s' if row.pairs != 1 else ''}"]
+        lines.append(Line(f"{row.rate:g} req/s", word, " · ".join(figures), tone))
     return lines
 
 
@@ -304,9 +316,9 @@ def lead(result: CapacityResults) -> str:
     tail = (f"; not measured: {', '.join(missing)}: no comparison" if missing else "") + "."
     if result.status == "interrupted":
         return f"Interrupted after {runs} run{'s' if runs != 1 else ''}" + tail
-    stopped = [v for v, c in result.capacity.items() if c.get("status") == "stopped"]
+    stopped = [v for v, c in result.capacity.items() if c.status == "stopped"]
     if stopped:
-        return f"Incomplete: the search of {', '.join(stopped)} stopped ({result.capacity[stopped[0]]['stopped']})" + tail
+        return f"Incomplete: the search of {', '.join(stopped)} stopped ({result.capacity[stopped[0]].stopped})" + tail
     if missing:
         return "Incomplete" + tail
     return ""
@@ -316,30 +328,29 @@ def badges(result: CapacityResults) -> list[Badge]:
     out = [Badge(label, line.replace(f": {label}:", ":")[:90], "levels") for line in cap.variant_content_warnings(result)
            for label in ["NOISE" if ": NOISE:" in line else "CONTENT"]]
     for v, c in cap.effective_capacity(result).items():
-        if c.get("status") == "revised":
-            out.append(Badge("REVISED", f"{v}: capacity {cap.rate_text(c['was'])} → {cap.capacity_text(c)} req/s: "
-                             f"a run at {c['missed'][0]['rate']:g} req/s missed", "levels"))
+        if c.status == "revised" and c.missed:
+            out.append(Badge("REVISED", f"{v}: capacity {cap.rate_text(c.was)} → {cap.capacity_text(c)} req/s: "
+                             f"a run at {c.missed[0].rate:g} req/s missed", "levels"))
     off: dict[str, list[str]] = {}  # a figure the benchmark disagrees on: where
     for r in result.second_opinion:
-        where = f"{r['rate']:g} req/s {r['variant']}"
+        where = f"{r.rate:g} req/s {r.variant}"
         for key, name in SECOND_OPINION_FIGURES:
-            f = r["figures"].get(key) or {}
-            if f.get("agrees") is False:
-                off.setdefault(name, []).append(where + (f" {100 * f['difference']:+.1f}%" if f.get("difference")
-                                                         is not None else ""))
-        if r.get("error"):
+            f = r.figures.get(key) or FigureAgreement()
+            if f.agrees is False:
+                off.setdefault(name, []).append(where + _diff(f, " {}"))
+        if r.error:
             out.append(Badge("FLAG", f"{where}: vLLM bench failed", "second-opinion"))
     for name, wheres in off.items():
         out.append(Badge("FLAG", f"vLLM bench {name} differs from Locust: " + (
             wheres[0] if len(wheres) == 1 else f"{len(wheres)} runs ({wheres[0]}, ...)"), "second-opinion"))
     for v, o in result.overload.items():
-        for problem in o.get("problems") or []:
+        for problem in o.problems or []:
             out.append(Badge("OVERLOAD", f"{v}: {problem}"[:90], "overload"))
-    behind = [lv for lv in result.levels if (lv.open_loop or {}).get("behind")]
+    behind = [lv for lv in result.levels if lv.open_loop and lv.open_loop.behind]
     if behind:
         out.append(Badge("BEHIND", f"{len(behind)} run{'s' if len(behind) != 1 else ''}: the load generator fell "
                          "behind its schedule", "levels"))
-    untrusted = [lv for lv in result.levels if (lv.consistency or {}).get("ok") is False]
+    untrusted = [lv for lv in result.levels if _untrusted(lv)]
     if untrusted:
         out.append(Badge("UNTRUSTED", f"{len(untrusted)} run(s): client tokens vs server counter", "levels"))
     out += [Badge("PROBLEM", p[:90], "settings") for p in result.problems
@@ -347,15 +358,20 @@ def badges(result: CapacityResults) -> list[Badge]:
     return out
 
 
+def _untrusted(level: LevelResult) -> bool:
+    """The client's token count disagrees with the server's counter."""
+    return level.consistency is not None and not level.consistency.ok
+
+
 def setup(result: CapacityResults, method: str) -> str:
-    s, req, m = result.settings, result.request or {}, result.machine or {}
+    s, req, m = result.settings, result.request or SearchRequest(), result.machine or {}
     machine = (f" Machine: {m.get('cpus')} CPUs, vLLM {m.get('vllm')}" + (f", commit {m['commit']}" if m.get("commit")
                                                                           else "") + ".") if m else ""
     return (f"**Setup.** Config `{result.config or ''}`: speculation (`{result.spec_variant}`) against "
             f"the baseline at the same Poisson arrivals, targets {cap.describe_targets(result.slo)}. Workload "
-            f"`{req.get('workload')}`, {req.get('max_tokens')} output tokens, temperature {req.get('temperature')}; "
-            f"search from {s.get('start_rate')} req/s, at most {s.get('max_steps')} rates a variant, each boundary "
-            f"rate {s.get('repeat')} times.{machine} Status **{result.status}**. Method: {method}.")
+            f"`{req.workload}`, {req.max_tokens} output tokens, temperature {req.temperature}; "
+            f"search from {s.start_rate} req/s, at most {s.max_steps} rates a variant, each boundary "
+            f"rate {s.repeat} times.{machine} Status **{result.status}**. Method: {method}.")
 
 
 # ---------------------------------------------------------------------------------- documents
@@ -363,17 +379,17 @@ def _run_text(result: CapacityResults) -> str:
     s = result.settings
     run_text = (f"Status **{result.status}**. Open-loop Poisson arrivals; a rate passes when every run at it "
                 f"meets every target, with the load generator on schedule and every request served. Search from "
-                f"{s.get('start_rate')} req/s" + (f", at most {s.get('max_rate')} req/s" if s.get("max_rate") else "")
-                + f", doubling or halving to a bracket, then bisection to within {100 * s.get('precision', 0):.0f}% "
-                f"(at most {s.get('max_steps')} rates a variant); each boundary rate measured {s.get('repeat')} "
+                f"{s.start_rate} req/s" + (f", at most {s.max_rate} req/s" if s.max_rate else "")
+                + f", doubling or halving to a bracket, then bisection to within {100 * (s.precision or 0):.0f}% "
+                f"(at most {s.max_steps} rates a variant); each boundary rate measured {s.repeat} "
                 f"times; both variants measured at every rate visited, with the same arrivals.")
     scan = result.scan
     if scan:
         run_text += (" Then a scan above the search's rates while speculation still paid: "
-                     + (", ".join(f"{r:g}" for r in scan["rates"]) + " req/s" if scan["rates"] else "no rate")
-                     + f" (ended: {scan['ended']}).")
+                     + (", ".join(f"{r:g}" for r in scan.rates) + " req/s" if scan.rates else "no rate")
+                     + f" (ended: {scan.ended}).")
     if result.request:
-        run_text += " Requests: " + ", ".join(f"{k} {v}" for k, v in result.request.items()) + "."
+        run_text += " Requests: " + ", ".join(f"{k} {v}" for k, v in result.request.to_json().items()) + "."
     problems = result.problems
     return run_text + ("\n\nProblems:\n\n" + "\n".join(f"- {p}" for p in problems) if problems else "")
 
@@ -432,7 +448,7 @@ def exit_code(result: CapacityResults) -> int:
         return sweep_summary.USAGE
     if result.status == "failed" or any(lv.status in ("failed", "skipped") for lv in result.levels):
         return sweep_summary.INCOMPLETE
-    if any((lv.consistency or {}).get("ok") is False for lv in result.levels):
+    if any(_untrusted(lv) for lv in result.levels):
         return sweep_summary.UNTRUSTED
     return sweep_summary.OK
 

@@ -11,6 +11,7 @@ comparison is for (before and after `make distill`, two CPUs, two vLLM versions)
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,10 +21,13 @@ from loadtest.reports import plots
 from loadtest.measurement import stats
 from loadtest.files import write_atomic
 from loadtest.reports.page import Badge, Line, Page, Section
-from loadtest.measurement.derive import derive_rates, summarize_speedups
+from loadtest.measurement.derive import derive_rates, summarize_speedups, verdict_rule
 from loadtest.measurement.results import SweepResults
-from loadtest.reports.report import embedded
-from loadtest.reports.sweep_summary import rate_contents, verdict_rule, verdict_word
+from loadtest.measurement.derived import RateRow
+from loadtest.measurement.figures import ContentSummary, Interval
+from loadtest.reports.report import embedded, interval_text, text_table
+from loadtest.reports.sweep_plots import error_bars
+from loadtest.reports.sweep_summary import rate_contents, verdict_word
 
 MUST_MATCH = {"workload": "workload", "temperature": "temperature", "max_tokens": "output length (max_tokens)",
               "fixed_length": "fixed output length"}
@@ -90,70 +94,77 @@ def differences(runs: list[tuple[str, SweepResults]]) -> tuple[list[str], list[s
     return refusing, said
 
 
-def rows(runs: list[tuple[str, SweepResults]]) -> list[dict[str, Any]]:
+HEADER = ["level", "variant", "report", "speedup (95%)", "verdict", "acceptance", "runs"]
+
+
+@dataclass(frozen=True)
+class Row:
+    """One (level, variant, report) of the side-by-side table (`rows`)."""
+
+    level: float
+    unit: str
+    """`batch` (closed loop) or `req/s` (open loop)."""
+    variant: str
+    report: str
+    speedup: Interval
+    verdict: str
+    acceptance: float | None
+    runs: int
+    content: ContentSummary | None
+
+    @property
+    def where(self) -> str:
+        return f"{self.level:g} req/s" if self.unit == "req/s" else f"batch {self.level}"
+
+
+def rows(runs: list[tuple[str, SweepResults]]) -> list[Row]:
     """One row per (level, variant, report): the speedup's mean and interval, the verdict, the acceptance."""
     out = []
     for name, results in runs:
         for e in summarize_speedups(results):
-            out.append({"level": e["concurrency"], "unit": "batch", "variant": e["variant"], "report": name,
-                        "speedup": e.get("speedup") or {}, "verdict": e["verdict"].split(";")[0].split(" (")[0],
-                        "acceptance": (e.get("acceptance_rate") or {}).get("mean"), "runs": e["runs"],
-                        "content": e.get("content")})
+            out.append(Row(e.concurrency, "batch", e.variant, name, e.speedup, e.verdict.split(";")[0].split(" (")[0],
+                           e.acceptance_rate.mean, e.runs, e.content))
         contents = rate_contents(results)
-        groups: dict[tuple[str, float], list[dict[str, Any]]] = {}
+        groups: dict[tuple[str, float], list[RateRow]] = {}
         for r in derive_rates(results):
-            if r["variant"] != "baseline" and r.get("tpot_p50_speedup"):
-                groups.setdefault((r["variant"], r["rate"]), []).append(r)
+            if r.variant != "baseline" and r.tpot_p50_speedup:
+                groups.setdefault((r.variant, r.rate), []).append(r)
         for (variant, rate), group in groups.items():
-            m = stats.mean_interval([r["tpot_p50_speedup"] for r in group])
-            accepts = [r["acceptance"] for r in group if r.get("acceptance") is not None]
-            out.append({"level": rate, "unit": "req/s", "variant": variant, "report": name, "speedup": m,
-                        "verdict": verdict_rule(m), "acceptance": sum(accepts) / len(accepts) if accepts else None,
-                        "runs": len(group), "content": contents.get((variant, rate))})
-    return sorted(out, key=lambda r: (r["unit"], r["level"], r["variant"], [n for n, _ in runs].index(r["report"])))
+            m = stats.mean_interval([r.tpot_p50_speedup or 0 for r in group])
+            accepts = [r.acceptance for r in group if r.acceptance is not None]
+            out.append(Row(rate, "req/s", variant, name, m, verdict_rule(m),
+                           sum(accepts) / len(accepts) if accepts else None, len(group), contents.get((variant, rate))))
+    return sorted(out, key=lambda r: (r.unit, r.level, r.variant, [n for n, _ in runs].index(r.report)))
 
 
-def _speed(m: dict[str, Any]) -> str:
-    if m.get("mean") is None:
-        return "-"
-    return f"{m['mean']:.2f}x" + (f" ({m['low']:.2f}-{m['high']:.2f})" if m.get("low") is not None else "")
-
-
-def table_text(table: list[dict[str, Any]]) -> str:
+def table_text(table: list[Row]) -> str:
     """The side-by-side table for the terminal."""
-    header = ["level", "variant", "report", "speedup (95%)", "verdict", "acceptance", "runs"]
-    body = [[f"{r['level']:g} {r['unit']}" if r["unit"] == "req/s" else f"batch {r['level']}", r["variant"], r["report"],
-             _speed(r["speedup"]), r["verdict"], "-" if r["acceptance"] is None else f"{r['acceptance']:.0%}",
-             str(r["runs"])] for r in table]
-    widths = [max(len(h), *(len(b[i]) for b in body)) if body else len(h) for i, h in enumerate(header)]
-    lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths)), "  ".join("-" * w for w in widths)]
-    previous = None
-    for r, b in zip(table, body):
-        if previous is not None and (r["level"], r["variant"]) != previous:
-            lines.append("")
-        previous = (r["level"], r["variant"])
-        lines.append("  ".join(c.ljust(w) for c, w in zip(b, widths)))
-    return "\n".join(lines)
+    body = [[r.where, *_cells(r)[1:]] for r in table]
+    return "\n".join(text_table(HEADER, body, [(r.level, r.variant) for r in table]))
 
 
-def plot(table: list[dict[str, Any]], path: Path) -> Path | None:
+def _cells(r: Row) -> list[str]:
+    """A row's cells in the page's table (the terminal's names the level its own way)."""
+    return [f"{r.level:g} {r.unit}", r.variant, r.report, interval_text(r.speedup), r.verdict,
+            "-" if r.acceptance is None else f"{r.acceptance:.0%}", str(r.runs)]
+
+
+def plot(table: list[Row], path: Path) -> Path | None:
     """Every report's speedup by level on one axis, each with its 95% interval, the 1.0 line."""
-    pts = [r for r in table if r["speedup"].get("mean") is not None]
+    pts = [r for r in table if r.speedup.mean is not None]
     if not pts:
         return None
     fig, ax = plots.speedup_axes()
-    series = list(dict.fromkeys((r["report"], r["variant"], r["unit"]) for r in pts))
+    series = list(dict.fromkeys((r.report, r.variant, r.unit) for r in pts))
     several_variants = len({s[1] for s in series}) > 1
-    levels = sorted({r["level"] for r in pts})
+    levels = sorted({r.level for r in pts})
     for j, (report, variant, unit) in enumerate(series):
-        mine = sorted((r for r in pts if (r["report"], r["variant"], r["unit"]) == (report, variant, unit)),
-                      key=lambda r: r["level"])
+        mine = sorted((r for r in pts if (r.report, r.variant, r.unit) == (report, variant, unit)),
+                      key=lambda r: r.level)
         # Reports side by side at one level: a small offset (in log x) keeps their intervals apart.
         shift = 1.0 + 0.04 * (j - (len(series) - 1) / 2)
-        ms = [r["speedup"] for r in mine]
-        err = [[m["mean"] - m["low"] if m.get("low") is not None else 0 for m in ms],
-               [m["high"] - m["mean"] if m.get("high") is not None else 0 for m in ms]]
-        ax.errorbar([r["level"] * shift for r in mine], [m["mean"] for m in ms], yerr=err, fmt="o-", capsize=4,
+        ms = [r.speedup for r in mine]
+        ax.errorbar([r.level * shift for r in mine], [m.mean for m in ms], yerr=error_bars(ms), fmt="o-", capsize=4,
                     color=f"C{j}", lw=2, label=report + (f": {variant}" if several_variants else ""))
     unit = series[0][2]
     plots.finish_speedup_axes(ax, levels, "batch size (concurrent requests)" if unit == "batch" else "arrival rate, req/s",
@@ -186,33 +197,29 @@ def compare(folders: list[Path], out: Path, allow_different: bool = False) -> tu
     sources = embedded([picture]) if picture else {}
     first = _page(runs, table, refusing, said, picture, folders)
     files = {"markdown": write_atomic(out / "compare.md", page.markdown(first)),
-             "html": write_atomic(out / "compare.html", page.html(first, sources))}
-    if picture:
-        files["plot"] = picture
+             "html": write_atomic(out / "compare.html", page.html(first, sources)),
+             **({"plot": picture} if picture else {})}
     text = "\n".join([*(f"DIFFERS (allowed): {d}" for d in refusing), *(f"differs: {d}" for d in said),
                       *([""] if refusing or said else []), table_text(table)])
     return files, text
 
 
-def _page(runs: list[tuple[str, SweepResults]], table: list[dict[str, Any]], refusing: list[str], said: list[str],
+def _page(runs: list[tuple[str, SweepResults]], table: list[Row], refusing: list[str], said: list[str],
           picture: Path | None, folders: list[Path]) -> Page:
     lines = []
     for r in table:
-        level = f"{r['level']:g} req/s" if r["unit"] == "req/s" else f"batch {r['level']}"
-        word, tone = verdict_word(r["verdict"], r.get("content"))
-        figures = [_speed(r["speedup"])] + ([f"acceptance {r['acceptance']:.0%}"] if r["acceptance"] is not None else [])
-        lines.append(Line(f"{level}, {r['report']}", word,
-                          " · ".join([*figures, f"{r['runs']} run{'s' if r['runs'] != 1 else ''}"]), tone))
+        word, tone = verdict_word(r.verdict, r.content)
+        figures = [interval_text(r.speedup)] + ([f"acceptance {r.acceptance:.0%}"] if r.acceptance is not None else [])
+        lines.append(Line(f"{r.where}, {r.report}", word,
+                          " · ".join([*figures, f"{r.runs} run{'s' if r.runs != 1 else ''}"]), tone))
     first = runs[0][1]
     setup = (f"**Setup.** {len(runs)} reports: " + ", ".join(f"`{f}`" for f in folders) + f". Workload "
              f"`{_value(first, 'workload')}`, {_value(first, 'max_tokens')} output tokens, temperature "
              f"{_value(first, 'temperature')}" + (" in every report" if not refusing else " in the first") + ". "
              + ("Differs: " + "; ".join(said) + "." if said else "Machine, vLLM, commit and config: the same."))
     badges = [Badge("DIFFERENT WORK", d, "differences") for d in refusing]
-    header = ["level", "variant", "report", "speedup (95%)", "verdict", "acceptance", "runs"]
-    body = [[f"{r['level']:g} {r['unit']}", r["variant"], r["report"], _speed(r["speedup"]), r["verdict"],
-             "-" if r["acceptance"] is None else f"{r['acceptance']:.0%}", str(r["runs"])] for r in table]
-    sections = [Section("table", "Side by side", markdown.table(header, body)),
+    body = [_cells(r) for r in table]
+    sections = [Section("table", "Side by side", markdown.table(HEADER, body)),
                 Section("differences", "What differs", "\n".join(f"- {d}" for d in refusing + said) or "Nothing recorded.")]
     for name, results in runs:
         sections.append(Section(f"report-{len(sections)}", f"{name}: status {results.status}",

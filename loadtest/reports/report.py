@@ -11,23 +11,28 @@ import dataclasses
 import json
 import re
 import statistics
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-
 from loadtest.measurement import slo
-from loadtest.measurement.derive import by_category, costs, derive, derive_rates, level_at, level_name, levels, rate_levels, slo_lines
+from loadtest.measurement.derive import by_category, costs, derive, derive_rates, level_at, levels, rate_levels, slo_lines
 from loadtest.reports import markdown
 from loadtest.reports import sweep_summary
-from loadtest.traffic import vllm_bench
+from loadtest.measurement import second_opinion
 from loadtest.files import write_atomic, write_json
 from loadtest.reports.markdown import figure
 from loadtest.reports.page import Page, Section, method_link
 from loadtest.reports.sweep_plots import ANSWER, plot
 from loadtest.reports.sweep_summary import headline, rate_headline
+from loadtest.measurement.derived import CategoryRow, Comparison, CostRow
+from loadtest.measurement.figures import (NO_VALUES, ClientFigures, Consistency, Distribution, FigureAgreement,
+                                          GeneratorLag, Interval, LocustRun, ServerFigures, TargetFigures)
+from loadtest.measurement.records import OUTCOMES
 from loadtest.measurement.results import CREATED_FORMAT, LevelResult, SweepResults, VariantResult
+from loadtest.measurement.serial import Serial
 
 
 # ---------------------------------------------------------------------------------- tables
@@ -39,21 +44,21 @@ RATE_COLUMNS = ["rate asked", "variant", "run", "achieved req/s", "in flight max
 def rate_table_rows(results: SweepResults) -> list[list[str]]:
     out = []
     for r in derive_rates(results):
-        o, b = r["outcomes"], r["bench"]
-        out.append([f"{r['rate']:g}", r["variant"], str(r["repeat"]),
-                    figure(r["achieved_rate"], 2) + (" BEHIND" if r["behind"] else ""), figure(r["in_flight_max"], 0),
-                    "/".join(str(o.get(k, 0)) for k in ("served", "refused", "timed_out", "failed", "unsent")),
-                    f"{figure(r['ttft_ms'].get('p50'))} / {figure(r['ttft_ms'].get('p95'))}",
-                    f"{figure(r['tpot_ms'].get('p50'), 2)} / {figure(r['tpot_ms'].get('p95'), 2)}",
-                    figure(r["output_tokens_per_s"]), figure(r["acceptance"], pct=True),
-                    _cell("speedup", r.get("tpot_p50_speedup")), _cell("speedup", r.get("e2e_mean_speedup")),
-                    b["error"] or f"{figure(b['output_tokens_per_s'])}, {figure(b['ttft_p50_ms'])}, {figure(b['tpot_p50_ms'], 2)}",
-                    _cell("bench_agrees", b["agrees"]), str(r["status"])])
+        b = r.bench
+        out.append([f"{r.rate:g}", r.variant, str(r.repeat),
+                    figure(r.achieved_rate, 2) + (" BEHIND" if r.behind else ""), figure(r.in_flight_max, 0),
+                    "/".join(str(r.outcomes.get(k, 0)) for k in OUTCOMES),
+                    f"{figure(r.ttft_ms.p50)} / {figure(r.ttft_ms.p95)}",
+                    f"{figure(r.tpot_ms.p50, 2)} / {figure(r.tpot_ms.p95, 2)}",
+                    figure(r.output_tokens_per_s), figure(r.acceptance, pct=True),
+                    _cell("speedup", r.tpot_p50_speedup), _cell("speedup", r.e2e_mean_speedup),
+                    b.error or f"{figure(b.output_tokens_per_s)}, {figure(b.ttft_p50_ms)}, {figure(b.tpot_p50_ms, 2)}",
+                    _cell("bench_agrees", b.agrees), str(r.status)])
     return out
 
 
-def compare_rows(results: SweepResults, concurrencies: list[int] | None = None) -> list[dict[str, Any]]:
-    derived = {(r["variant"], r["concurrency"], r["repeat"]): r for r in derive(results)}
+def compare_rows(results: SweepResults, concurrencies: list[int] | None = None) -> list[CompareRow]:
+    derived = {(r.variant, r.concurrency, r.repeat): r for r in derive(results)}
     wanted = concurrencies or sorted({lv.concurrency for _, lv in levels(results)})
     repeats = sorted({lv.repeat for _, lv in results.levels()})
     rows = []
@@ -62,33 +67,48 @@ def compare_rows(results: SweepResults, concurrencies: list[int] | None = None) 
             for variant in results.variants:
                 level = next((lv for lv in variant.levels if lv.concurrency == c and lv.repeat == repeat), None)
                 if level is not None:
-                    rows.append(_compare_row(variant, level, derived.get((variant.name, c, repeat), {})))
+                    rows.append(_compare_row(variant, level, derived.get((variant.name, c, repeat))))
     return rows
 
 
-def _compare_row(variant: VariantResult, level: LevelResult, d: dict[str, Any]) -> dict[str, Any]:
-    client = level.client or {}
-    server = level.server or {}
-    bench = level.vllm_bench or {}
+@dataclass
+class CompareRow(Serial):
+    """One run in the batch comparison (`compare_rows`), its cells named as `COMPARE_COLUMNS` names them."""
+
+    concurrency: int | None
+    repeat: int
+    variant: str
+    status: str
+    requests: str
+    system_tps: float | None
+    user_tps: float | None
+    ttft_p50: str
+    tpot_p50: str
+    k: str
+    acceptance: float | None
+    accepted_length: float | None
+    speedup: float | None
+    bench_tps: float | None
+    bench_agrees: bool | None
+    server_agrees: bool | None
+    degenerate: float | None
+
+
+def _compare_row(variant: VariantResult, level: LevelResult, d: Comparison | None) -> CompareRow:
+    client, server = level.client or ClientFigures(), level.server or ServerFigures()
     configured = level.configured_k if level.configured_k is not None else variant.k
-    return {
-                "concurrency": level.concurrency, "repeat": level.repeat, "variant": variant.name,
-                "status": level.status,
-                "requests": f"{client.get('ok', 0)}/{client.get('requests', 0)}",
-                "system_tps": client.get("output_tokens_per_s"),
-                "user_tps": (client.get("per_user_tokens_per_s") or {}).get("p50"),
-                "ttft_p50": _with_engine((client.get("ttft_ms") or {}).get("p50"), server, "ttft_s"),
-                "tpot_p50": _with_engine((client.get("per_token_latency_ms") or {}).get("p50"), server,
-                                         "per_token_latency_s", 2),
-                "k": _k_cell(configured, server.get("effective_k")),
-                "acceptance": server.get("acceptance_rate"),
-                "accepted_length": server.get("mean_accepted_length"),
-                "speedup": d.get("speedup"),
-                "bench_tps": bench.get("output_tokens_per_s"),
-                "bench_agrees": (level.vllm_bench_agreement or {}).get("agrees"),
-                "server_agrees": (level.consistency or {}).get("ok"),
-                "degenerate": (client.get("content") or {}).get("degenerate_share"),
-    }
+    return CompareRow(
+        concurrency=level.concurrency, repeat=level.repeat, variant=variant.name, status=level.status,
+        requests=f"{client.ok}/{client.requests}", system_tps=client.output_tokens_per_s,
+        user_tps=(client.per_user_tokens_per_s or NO_VALUES).p50,
+        ttft_p50=_with_engine((client.ttft_ms or NO_VALUES).p50, server, "ttft_s"),
+        tpot_p50=_with_engine((client.per_token_latency_ms or NO_VALUES).p50, server, "per_token_latency_s", 2),
+        k=_k_cell(configured, server.effective_k), acceptance=server.acceptance_rate,
+        accepted_length=server.mean_accepted_length, speedup=d.speedup if d else None,
+        bench_tps=level.vllm_bench.output_tokens_per_s if level.vllm_bench else None,
+        bench_agrees=level.vllm_bench_agreement.agrees if level.vllm_bench_agreement else None,
+        server_agrees=level.consistency.ok if level.consistency else None,
+        degenerate=client.content.degenerate_share if client.content else None)
 
 
 def _k_cell(configured: int | None, effective: float | None) -> str:
@@ -98,9 +118,9 @@ def _k_cell(configured: int | None, effective: float | None) -> str:
     return f"{figure(configured, 0)} ({figure(effective, 2)})"
 
 
-def _with_engine(client_ms: float | None, server: dict[str, Any], hist: str, digits: int = 1) -> str:
+def _with_engine(client_ms: float | None, server: ServerFigures, hist: str, digits: int = 1) -> str:
     """Client percentile, and in brackets the engine's own mean (free of delivery delays)."""
-    engine_s = ((server.get("histograms") or {}).get(hist) or {}).get("mean")
+    engine_s = server.histogram(hist).mean
     text = figure(client_ms, digits)
     return f"{text} ({figure(engine_s * 1000, digits)})" if engine_s is not None else text
 
@@ -130,6 +150,15 @@ def _cell(key: str, value: Any) -> str:
     return figure(value, 1)
 
 
+def _compare_cells(row: CompareRow) -> list[str]:
+    return [_cell(k, getattr(row, k)) for k, _ in COMPARE_COLUMNS]
+
+
+def _batch_of(line: str) -> int:
+    """The batch size a first-screen line starts with: `batch 32, spec-k4: ...` or `batch 32: best drafter ...`."""
+    return int(re.match(r"batch (\d+)", line).group(1))  # type: ignore[union-attr]
+
+
 def compare_table(results: SweepResults, concurrencies: list[int] | None = None) -> str:
     """Plain-text table for the terminal."""
     said = sweep_summary.lead(results)  # what the run is, where it is not a complete measurement: before any verdict
@@ -138,19 +167,10 @@ def compare_table(results: SweepResults, concurrencies: list[int] | None = None)
     rows = compare_rows(results, concurrencies)
     top = ([said] if said else []) + [line for line in headline(results) if not concurrencies
                                       or not line.startswith("batch ")
-                                      or int(line.split(",")[0].removeprefix("batch ")) in concurrencies]
-    header = [title for _, title in COMPARE_COLUMNS]
-    body = [[_cell(k, r[k]) for k, _ in COMPARE_COLUMNS] for r in rows]
-    widths = [max(len(h), *(len(b[i]) for b in body)) if body else len(h) for i, h in enumerate(header)]
-    lines = [*top, *([""] if top else [])]
-    lines.append("  ".join(h.rjust(w) if i > 1 else h.ljust(w) for i, (h, w) in enumerate(zip(header, widths))))
-    lines.append("  ".join("-" * w for w in widths))
-    previous = None
-    for r, b in zip(rows, body):
-        if previous is not None and r["concurrency"] != previous:
-            lines.append("")
-        previous = r["concurrency"]
-        lines.append("  ".join(c.rjust(w) if i > 1 else c.ljust(w) for i, (c, w) in enumerate(zip(b, widths))))
+                                      or _batch_of(line) in concurrencies]
+    lines = [*top, *([""] if top else []), *text_table([title for _, title in COMPARE_COLUMNS],
+                                                       [_compare_cells(r) for r in rows],
+                                                       [r.concurrency for r in rows], right_from=2)]
     notes = [f"{v.name} {lv.label} run {lv.repeat}: {n}" for v, lv in results.levels()
              if lv.concurrency is not None and (not concurrencies or lv.concurrency in concurrencies)
              for n in lv.problems + lv.notes]
@@ -159,16 +179,29 @@ def compare_table(results: SweepResults, concurrencies: list[int] | None = None)
     return "\n".join(lines)
 
 
+def text_table(header: list[str], body: list[list[str]], groups: list[Any] | None = None,
+               right_from: int | None = None) -> list[str]:
+    """A table for the terminal: each column as wide as its widest cell, right-aligned from column
+    `right_from` on, and a blank line between rows where their `groups` (one per row) changes."""
+    widths = [max(len(h), *(len(b[i]) for b in body)) if body else len(h) for i, h in enumerate(header)]
+
+    def line(cells: list[str]) -> str:
+        return "  ".join(c.rjust(w) if right_from is not None and i >= right_from else c.ljust(w)
+                         for i, (c, w) in enumerate(zip(cells, widths)))
+
+    lines = [line(header), "  ".join("-" * w for w in widths)]
+    for i, cells in enumerate(body):
+        if groups and i and groups[i] != groups[i - 1]:
+            lines.append("")
+        lines.append(line(cells))
+    return lines
+
+
 def _rate_table_text(results: SweepResults) -> str:
     """The open-loop levels' table for the terminal, with their headline and notes."""
     top = rate_headline(results) + slo_lines(results)
-    body = rate_table_rows(results)
-    widths = [max(len(h), *(len(b[i]) for b in body)) if body else len(h) for i, h in enumerate(RATE_COLUMNS)]
-    lines = [*top, *([""] if top else [])]
-    lines.append("  ".join(h.ljust(w) for h, w in zip(RATE_COLUMNS, widths)))
-    lines.append("  ".join("-" * w for w in widths))
-    lines += ["  ".join(c.ljust(w) for c, w in zip(b, widths)) for b in body]
-    notes = [f"{v.name} {level_name(lv)} run {lv.repeat}: {n}" for v, lv in rate_levels(results)
+    lines = [*top, *([""] if top else []), *text_table(RATE_COLUMNS, rate_table_rows(results))]
+    notes = [f"{v.name} {lv.load.name} run {lv.repeat}: {n}" for v, lv in rate_levels(results)
              for n in lv.problems + lv.notes]
     return "\n".join(lines + (["", *[f"note: {n}" for n in notes]] if notes else []))
 
@@ -178,17 +211,15 @@ def _latency_rows(results: SweepResults) -> tuple[list[str], list[list[str]]]:
               "tokens/chunk mean", "e2e p50/p99 ms", "req/s", "peak tok/s"]
     rows = []
     for variant, level in levels(results):
-        c = level.client
+        c = level.client or ClientFigures()
 
-        def trio(key: str, ps: tuple[int, ...] = (50, 95, 99)) -> str:
-            d = c.get(key) or {}
-            return " / ".join(figure(d.get(f"p{p}")) for p in ps)
+        def trio(d: Distribution | None, ps: tuple[int, ...] = (50, 95, 99)) -> str:
+            return " / ".join(figure((d or NO_VALUES).percentile(f"p{p}")) for p in ps)
 
-        rows.append([variant.name, str(level.concurrency), str(level.repeat), trio("ttft_ms"),
-                     trio("per_token_latency_ms"),
-                     trio("chunk_gap_ms", (50, 99)), figure((c.get("tokens_per_chunk") or {}).get("mean"), 2),
-                     trio("e2e_ms", (50, 99)), figure(c.get("request_throughput"), 2),
-                     figure(c.get("peak_output_tokens_per_s"), 0)])
+        rows.append([variant.name, str(level.concurrency), str(level.repeat), trio(c.ttft_ms),
+                     trio(c.per_token_latency_ms), trio(c.chunk_gap_ms, (50, 99)),
+                     figure((c.tokens_per_chunk or NO_VALUES).mean, 2), trio(c.e2e_ms, (50, 99)),
+                     figure(c.request_throughput, 2), figure(c.peak_output_tokens_per_s, 0)])
     return header, rows
 
 
@@ -199,20 +230,20 @@ def _spec_rows(results: SweepResults) -> tuple[list[str], list[list[str]]]:
               "throughput speedup"]
     rows = []
     for d in derive(results):
-        level = level_at(results, d["variant"], d["concurrency"], d["repeat"])
-        per_pos = ((level.server if level else None) or {}).get("per_position_acceptance") or []
-        costed = "step_cost_ratio" in d
+        level = level_at(results, d.variant, d.concurrency, d.repeat)
+        per_pos = level.server.per_position_acceptance if level and level.server else []
+        costed = d.step_cost_ratio is not None
 
-        def never(key: str) -> str:
-            return "never" if costed and d.get(key) is None else figure(d.get(key), 3)
+        def never(value: float | None) -> str:
+            return "never" if costed and value is None else figure(value, 3)
 
-        rows.append([d["variant"], str(d["concurrency"]), str(d["repeat"]), str(d["k"]), d.get("per_token_source", "-"),
-                     figure(d.get("acceptance_rate"), 3), figure(d.get("expected_tokens_per_step"), 2),
-                     figure(d.get("mean_accepted_length"), 2), figure(d.get("implied_per_token_acceptance"), 3),
-                     " ".join(f"{p:.2f}" for p in per_pos) or "-", figure(d.get("step_cost_ratio"), 2),
-                     never("break_even_acceptance_rate"), never("break_even_per_token_acceptance"),
-                     "-" if not costed else ("yes" if d.get("pays") else "no"),
-                     figure(d.get("measured_speedup"), 2), figure(d.get("speedup"), 2)])
+        rows.append([d.variant, str(d.concurrency), str(d.repeat), str(d.k), d.per_token_source,
+                     figure(d.acceptance_rate, 3), figure(d.expected_tokens_per_step, 2),
+                     figure(d.mean_accepted_length, 2), figure(d.implied_per_token_acceptance, 3),
+                     " ".join(f"{p:.2f}" for p in per_pos) or "-", figure(d.step_cost_ratio, 2),
+                     never(d.break_even_acceptance_rate), never(d.break_even_per_token_acceptance),
+                     "-" if not costed else ("yes" if d.pays else "no"),
+                     figure(d.measured_speedup, 2), figure(d.speedup, 2)])
     return header, rows
 
 
@@ -221,33 +252,31 @@ def _content_rows(results: SweepResults) -> tuple[list[str], list[list[str]]]:
               "loop share", "acceptance (valid / degenerate)", "tok/s per request (valid / degenerate)"]
     rows = []
     for variant, level in levels(results):
-        for client, summary in (("Locust", level.client.get("content")),
-                                ("vLLM bench", (level.vllm_bench or {}).get("content"))):
-            if not summary or not summary.get("checked"):
+        for client, summary in (("Locust", level.client.content if level.client else None),
+                                ("vLLM bench", level.vllm_bench.content if level.vllm_bench else None)):
+            if not summary or not summary.checked:
                 continue
-            ref = summary.get("reference") or {}
+            ref = summary.reference
             rows.append([variant.name, str(level.concurrency), str(level.repeat), client,
-                         str(summary["checked"]), f"{summary['degenerate']} ({summary['degenerate_share']:.0%})",
-                         figure(summary.get("distinct_4"), 2),
-                         f"{ref['distinct_4']:.2f} ({ref['source']})" if ref else "none",
-                         figure(summary.get("loop_share"), pct=True),
-                         f"{figure(summary.get('acceptance_valid'), pct=True)} / "
-                         f"{figure(summary.get('acceptance_degenerate'), pct=True)}",
-                         f"{figure(summary.get('tokens_per_s_valid'), 1)} / {figure(summary.get('tokens_per_s_degenerate'), 1)}"])
+                         str(summary.checked), f"{summary.degenerate} ({summary.degenerate_share:.0%})",
+                         figure(summary.distinct_4, 2), f"{ref.distinct_4:.2f} ({ref.source})" if ref else "none",
+                         figure(summary.loop_share, pct=True),
+                         f"{figure(summary.acceptance_valid, pct=True)} / {figure(summary.acceptance_degenerate, pct=True)}",
+                         f"{figure(summary.tokens_per_s_valid, 1)} / {figure(summary.tokens_per_s_degenerate, 1)}"])
     return header, rows
 
 
-def _category_rows(rows: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
+def _category_rows(rows: list[CategoryRow]) -> tuple[list[str], list[list[str]]]:
     header = ["batch", "category", "variant", "requests", "acceptance", "tok/s per request", "speedup", "not text"]
-    table = []
-    for r in rows:
-        speed = r.get("speedup") or {}
-        speedup = "-" if speed.get("mean") is None else (
-            f"{speed['mean']:.2f}x" + (f" ({speed['low']:.2f}-{speed['high']:.2f})" if speed.get("low") is not None else ""))
-        table.append([str(r["concurrency"]), r["category"], r["variant"], str(r["requests"]),
-                      figure(r.get("acceptance"), pct=True), figure(r.get("tokens_per_s"), 1), speedup,
-                      str(r["not_text"])])
-    return header, table
+    return header, [[str(r.concurrency), r.category, r.variant, str(r.requests), figure(r.acceptance, pct=True),
+                     figure(r.tokens_per_s, 1), interval_text(r.speedup), str(r.not_text)] for r in rows]
+
+
+def interval_text(m: Interval | None) -> str:
+    """`1.23x (1.10-1.31)`: a mean speedup and its 95% interval where it has one; `-` without a mean."""
+    if not m or m.mean is None:
+        return "-"
+    return f"{m.mean:.2f}x" + (f" ({m.low:.2f}-{m.high:.2f})" if m.low is not None else "")
 
 
 STEP_PHASES = [("schedule", "schedule"), ("forward", "target forward"), ("sample", "sample + verify"),
@@ -274,11 +303,11 @@ def _step_rows(results: SweepResults) -> tuple[list[str], list[list[str]]] | Non
             "besides the forward"], rows
 
 
-def _cost_rows(rows: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
-    batches = sorted({c for r in rows for c in r["cost_per_million_tokens"]})
+def _cost_rows(rows: list[CostRow]) -> tuple[list[str], list[list[str]]]:
+    batches = sorted({c for r in rows for c in r.cost_per_million_tokens})
     return (["variant", "GPUs", "price per GPU-hour", "GPU-hours", *(f"per M tokens at batch {c}" for c in batches)],
-            [[r["variant"], str(r["gpus"]), figure(r["price_per_gpu_hour"], 2), figure(r["gpu_hours"], 2),
-              *(figure(r["cost_per_million_tokens"].get(c), 2) for c in batches)] for r in rows])
+            [[r.variant, str(r.gpus), figure(r.price_per_gpu_hour, 2), figure(r.gpu_hours, 2),
+              *(figure(r.cost_per_million_tokens.get(c), 2) for c in batches)] for r in rows])
 
 
 def _trust_rows(results: SweepResults) -> tuple[list[str], list[list[str]]]:
@@ -287,21 +316,19 @@ def _trust_rows(results: SweepResults) -> tuple[list[str], list[list[str]]]:
               "problems and notes"]
     rows = []
     for variant, level in results.levels():
-        c, s, k = level.client or {}, level.server or {}, level.consistency or {}
-        h = s.get("histograms") or {}
+        c, s, k = level.client or ClientFigures(), level.server or ServerFigures(), level.consistency or Consistency()
 
-        def pair(ckey: str, skey: str) -> str:
-            mine = (c.get(ckey) or {}).get("mean")
-            theirs = (h.get(skey) or {}).get("mean")
-            return f"{figure(mine)} / {figure(theirs * 1000 if theirs is not None else None)}"
+        def pair(mine: Distribution | None, hist: str) -> str:
+            theirs = s.histogram(hist).mean
+            return f"{figure((mine or NO_VALUES).mean)} / {figure(theirs * 1000 if theirs is not None else None)}"
 
-        diff = k.get("relative_error")
-        rows.append([variant.name, level_name(level), str(level.repeat), level.status,
-                     figure(k.get("client_output_tokens"), 0), figure(k.get("server_generation_tokens"), 0),
-                     "-" if diff is None else f"{100 * diff:.2f}%" + ("" if k.get("ok") else " FLAG"),
-                     figure(c.get("output_tokens_per_s")), figure(s.get("output_tokens_per_s")),
-                     pair("ttft_ms", "ttft_s"), pair("e2e_ms", "e2e_s"),
-                     pair("per_token_latency_ms", "per_token_latency_s"),
+        diff = k.relative_error
+        rows.append([variant.name, level.load.name, str(level.repeat), level.status,
+                     figure(k.client_output_tokens, 0), figure(k.server_generation_tokens, 0),
+                     "-" if diff is None else f"{100 * diff:.2f}%" + ("" if k.ok else " FLAG"),
+                     figure(c.output_tokens_per_s), figure(s.output_tokens_per_s),
+                     pair(c.ttft_ms, "ttft_s"), pair(c.e2e_ms, "e2e_s"),
+                     pair(c.per_token_latency_ms, "per_token_latency_s"),
                      "; ".join(level.problems + level.notes) or "none"])
     return header, rows
 
@@ -317,13 +344,13 @@ def _slo_rows(results: SweepResults) -> tuple[list[str], list[list[str]]]:
             continue
         cells = []
         for t in targets:
-            v = r["targets"].get(t.name) or {}
-            share = v.get("share_within")
-            cells.append(f"{figure(v.get('value_ms'))} ({'-' if share is None else f'{100 * share:.1f}%'})"
-                         + ("" if v.get("met") else " MISSED"))
+            v = r.targets.get(t.name) or TargetFigures()
+            share = v.share_within
+            cells.append(f"{figure(v.value_ms)} ({'-' if share is None else f'{100 * share:.1f}%'})"
+                         + ("" if v.met else " MISSED"))
         rows.append([variant.name, str(level.concurrency), str(level.repeat), *cells,
-                     figure(r.get("goodput_tokens_per_s")), figure(level.client.get("output_tokens_per_s")),
-                     "yes" if r.get("met") else "no"])
+                     figure(r.goodput_tokens_per_s), figure(level.client.output_tokens_per_s if level.client else None),
+                     "yes" if r.met else "no"])
     return header, rows
 
 
@@ -332,14 +359,14 @@ def _lag_rows(results: SweepResults) -> tuple[list[str], list[list[str]]]:
               "Locust CPU (cores)"]
     rows = []
     for variant, level in levels(results):
-        lag = level.load_generator or {}
-        send, loop = lag.get("send_lag_ms") or {}, lag.get("loop_lag_ms") or {}
-        loc = level.locust or {}
-        cpu = loc["cpu_s"] / loc["wall_s"] if loc.get("wall_s") else None
+        lag = level.load_generator or GeneratorLag()
+        send, loop = lag.send_lag_ms or NO_VALUES, lag.loop_lag_ms or NO_VALUES
+        loc = level.locust or LocustRun()
+        cpu = loc.cpu_s / loc.wall_s if loc.wall_s and loc.cpu_s is not None else None
         rows.append([variant.name, str(level.concurrency), str(level.repeat),
-                     f"{figure(send.get('p50'), 2)} / {figure(send.get('p99'), 2)}",
-                     f"{figure(loop.get('p50'), 2)} / {figure(loop.get('p99'), 2)} / {figure(loop.get('max'), 1)}",
-                     figure(loop.get("over_50ms"), 0), figure(cpu, 2)])
+                     f"{figure(send.p50, 2)} / {figure(send.p99, 2)}",
+                     f"{figure(loop.p50, 2)} / {figure(loop.p99, 2)} / {figure(loop.max, 1)}",
+                     figure(loop.over_50ms, 0), figure(cpu, 2)])
     return header, rows
 
 
@@ -352,31 +379,32 @@ def _bench_rows(results: SweepResults) -> tuple[list[str], list[list[str]]]:
     for variant, level in levels(results):
         a = level.vllm_bench_agreement
         if not a:
-            error = (level.vllm_bench or {}).get("error")
+            error = level.vllm_bench.error if level.vllm_bench else None
             if error:
                 rows.append([variant.name, str(level.concurrency), str(level.repeat), "-", "-", "-",
                              "-", "-", "-", error, "-", "-"])
             continue
+        figs = (a.output_tokens_per_s, a.ttft_p50_ms, a.per_token_p50_ms)
 
-        def pair(key: str, digits: int = 1) -> str:
-            v = a[key]
-            diff = "" if v["difference"] is None else f" ({100 * v['difference']:+.1f}%)"
-            return f"{figure(v['locust'], digits)} / {figure(v['vllm_bench'], digits)}{diff}"
+        def pair(v: FigureAgreement | None, digits: int = 1) -> str:
+            v = v or FigureAgreement()
+            diff = "" if v.difference is None else f" ({100 * v.difference:+.1f}%)"
+            return f"{figure(v.locust, digits)} / {figure(v.vllm_bench, digits)}{diff}"
 
-        def pct(field: str, keys: tuple[str, ...] = tuple(vllm_bench.AGREEMENT)) -> str:
-            return ", ".join("-" if a[k].get(field) is None else f"{100 * a[k][field]:+.1f}%" for k in keys)
+        def pct(value: Callable[[FigureAgreement], float | None], of: tuple[FigureAgreement | None, ...] = figs) -> str:
+            return ", ".join("-" if (x := value(f) if f else None) is None else f"{100 * x:+.1f}%" for f in of)
 
-        h = (level.server or {}).get("histograms") or {}
-        engine = " / ".join(figure((h.get(k) or {}).get("mean") and 1000 * h[k]["mean"], 2)
-                            for k in ("ttft_s", "per_token_latency_s"))
-        accept = " / ".join(figure((w or {}).get("acceptance_rate"), pct=True)
+        server = level.server or ServerFigures()
+        engine = " / ".join(figure(h.mean and 1000 * h.mean, 2)
+                            for h in (server.histogram("ttft_s"), server.histogram("per_token_latency_s")))
+        accept = " / ".join(figure(w.acceptance_rate if w else None, pct=True)
                             for w in (level.server, level.vllm_bench_server))
-        off = [k for k, v in a.items() if isinstance(v, dict) and v["agrees"] is False]
-        rows.append([variant.name, str(level.concurrency), str(level.repeat), pair("output_tokens_per_s"),
-                     pair("ttft_p50_ms"), pair("per_token_p50_ms", 2),
-                     pct("matched_difference", ("ttft_p50_ms", "per_token_p50_ms")), pct("engine_drift"),
-                     pct("difference_adjusted"),
-                     "yes" if a["agrees"] else ("NO: " + ", ".join(off) if a["agrees"] is False else "-"), engine,
+        off = [k for k, v in a.figures().items() if v.agrees is False]
+        rows.append([variant.name, str(level.concurrency), str(level.repeat), pair(a.output_tokens_per_s),
+                     pair(a.ttft_p50_ms), pair(a.per_token_p50_ms, 2),
+                     pct(lambda v: v.matched_difference, figs[1:]),
+                     pct(lambda v: v.engine_drift), pct(lambda v: v.difference_adjusted),
+                     "yes" if a.agrees else ("NO: " + ", ".join(off) if a.agrees is False else "-"), engine,
                      accept])
     return header, rows
 
@@ -429,7 +457,7 @@ def evidence(results: SweepResults, plots: list[Path], sources: Mapping[str, str
 def _finding_sections(results: SweepResults, out: Path | None) -> list[Section]:
     """Every finding in full, then the run-by-run tables of the closed loop and of the open loop."""
     cmp_rows = compare_rows(results)
-    compare = ([t for _, t in COMPARE_COLUMNS], [[_cell(k, r[k]) for k, _ in COMPARE_COLUMNS] for r in cmp_rows])
+    compare = ([t for _, t in COMPARE_COLUMNS], [_compare_cells(r) for r in cmp_rows])
     lines = headline(results) + rate_headline(results)
     out_sections: list[Section] = []
     if lines:
@@ -471,7 +499,7 @@ def _table_sections(results: SweepResults, out: Path | None) -> list[Section]:
         Section("second-opinion", "Second opinion: Locust against vLLM's serving benchmark",
                 "The same prompts, length, temperature and concurrency through vLLM's own benchmark right after "
                 "each Locust run; differences judged with the engine's drift taken out." + _how("second-opinion", out)
-                + "".join(f"\n\n- {vllm_bench.describe_systematic(e)}" for e in vllm_bench.systematic_by_level(results))
+                + "".join(f"\n\n- {second_opinion.describe_systematic(e)}" for e in second_opinion.systematic_by_level(results))
                 + _table(_bench_rows(results))),
         Section("latency", "Latency", "TTFT, per-token latency, chunk gaps and end-to-end latency per run."
                 + _how("latency-and-chunks", out) + _table(_latency_rows(results))),
@@ -533,22 +561,17 @@ def first_page(results: SweepResults, plots: list[Path], sources: Mapping[str, s
 def _free_lengths(results: SweepResults) -> str:
     """Without a fixed length: how long the outputs came out (each request ended at the model's end
     of text or at max_tokens)."""
-    lengths = [(lv.client.get("output_tokens_per_request") or {}) for _, lv in levels(results)]
-    lengths += [(lv.client or {}).get("output_tokens_per_request") or {} for _, lv in rate_levels(results)]
-    lengths = [d for d in lengths if d.get("n")]
+    lengths = [lv.client.output_tokens_per_request for _, lv in [*levels(results), *rate_levels(results)] if lv.client]
+    lengths = [d for d in lengths if d and d.n]
     if not lengths:
         return " at most (not fixed: each ends at the model's end of text)"
     return (f" at most (not fixed: each ends at the model's end of text; output lengths p50 "
-            f"{statistics.median(d['p50'] for d in lengths):.0f}, from {min(d['min'] for d in lengths):.0f} to "
-            f"{max(d['max'] for d in lengths):.0f})")
+            f"{statistics.median(d.p50 for d in lengths):.0f}, from {min(d.min for d in lengths):.0f} to "
+            f"{max(d.max for d in lengths):.0f})")
 
 
 def _locust_links(results: SweepResults) -> list[tuple[str, str]]:
-    out = []
-    for variant, level in results.levels():
-        if level.locust:
-            out.append((f"{variant.name} {level.label}", level.locust["html"]))
-    return out
+    return [(f"{variant.name} {level.label}", level.locust.html) for variant, level in results.levels() if level.locust]
 
 
 def report_markdown(results: SweepResults, plots: list[Path], sources: Mapping[str, str] | None = None,

@@ -10,14 +10,17 @@ up front that it cannot give an interval.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable, Iterable
 
 from loadtest.measurement import content
 from loadtest.measurement import stats
 from loadtest.traffic import declared as traffic
-from loadtest.traffic import vllm_bench
+from loadtest.measurement import second_opinion
 from loadtest.measurement.derive import (SPEEDUPS, VALID_SPEEDUP, content_warnings, costs, derive_rates, rate_levels,
-                                         slo_lines, summarize_speedups)
+                                         slo_lines, summarize_speedups, verdict_rule)
+from loadtest.measurement.derived import RateRow, SpeedupSummary
+from loadtest.measurement.figures import ContentSummary, FigureAgreement, Interval
+from loadtest.measurement.records import SENT_OUTCOMES
 from loadtest.measurement.results import LevelResult, SweepResults, VariantResult
 from loadtest.reports.markdown import figure
 from loadtest.reports.page import Badge, Line
@@ -53,7 +56,7 @@ def exit_code(results: SweepResults) -> int:
     if any(v.status in ("failed", "skipped") for v in variants) or any(
             lv.status in ("failed", "skipped") for _, lv in results.levels()):
         return INCOMPLETE
-    if any((lv.consistency or {}).get("ok") is False for _, lv in results.levels()):
+    if any(lv.consistency and lv.consistency.ok is False for _, lv in results.levels()):
         return UNTRUSTED
     return OK
 
@@ -91,10 +94,11 @@ def lead(results: SweepResults) -> str:
 
 
 # ---------------------------------------------------------------------------------- every finding
+
 def headline(results: SweepResults) -> list[str]:
     """The report's first lines: output that is no text first (`content_warnings`), then per batch
     size, whether speculation pays and by how much."""
-    entries = sorted(summarize_speedups(results), key=lambda e: (e["concurrency"], e["variant"]))
+    entries = sorted(summarize_speedups(results), key=lambda e: (e.concurrency, e.variant))
     settings = results.settings
     lines = traffic.describe(settings) if settings.get("workload") else []  # which traffic ran, first
     lines += list(dict.fromkeys(w for e in entries for w in content_warnings(e)))
@@ -103,76 +107,90 @@ def headline(results: SweepResults) -> list[str]:
     grouped = ((results.plan or {}).get("order") == "grouped")
     paired = "each paired with the baseline's run of the same repeat" if grouped else "each beside a baseline run"
     for e in entries:
-        parts = []
-        for key, name in SPEEDUPS.items():
-            m = e.get(key) or {}
-            if m.get("mean") is None:
-                continue
-            spread = f" (95% interval {m['low']:.2f}-{m['high']:.2f})" if m.get("low") is not None else ""
-            parts.append(f"{m['mean']:.2f}x {name}{spread}")
-        accept = (e.get("acceptance_rate") or {}).get("mean")
-        order = e.get("speedup_by_order")
-        valid = (e.get("valid_speedup") or {}).get("mean")
-        said = f"speculation {e['verdict']}: " + "; ".join(parts) + "; " if parts else f"{e['verdict']}; "
-        lines.append(f"batch {e['concurrency']}, {e['variant']}: {said}"
+        parts = [_speedup(m, name) for m, name in zip((e.speedup, e.vllm_bench_speedup, e.measured_speedup),
+                                                      SPEEDUPS.values()) if m.mean is not None]
+        accept, order, valid = e.acceptance_rate.mean, e.speedup_by_order, e.valid_speedup.mean
+        said = f"speculation {e.verdict}: " + "; ".join(parts) + "; " if parts else f"{e.verdict}; "
+        lines.append(f"batch {e.concurrency}, {e.variant}: {said}"
                      + (f"acceptance {accept:.0%}" if accept is not None else "")
                      + (f"; {valid:.2f}x {VALID_SPEEDUP}" if valid is not None else "")
-                     + f"{'; ' if accept is not None else ''}{content.describe(e.get('content'))}"
+                     + f"{'; ' if accept is not None else ''}{content.describe(e.content)}"
                      + (f"; Locust {order['first']:.2f}x in runs before the baseline's, {order['second']:.2f}x "
                         "in runs after it" if order else "")
-                     + f" ({e['runs']} run{'s' if e['runs'] != 1 else ''}{', ' + paired if parts else ''})")
-    return lines + [vllm_bench.describe_systematic(e) for e in vllm_bench.systematic_by_level(results)] \
+                     + f" ({_runs(e.runs)}{', ' + paired if parts else ''})")
+    return lines + [second_opinion.describe_systematic(e) for e in second_opinion.systematic_by_level(results)] \
         + slo_lines(results)
+
+
+def _speedup(m: Interval, what: str) -> str:
+    """`1.23x <what> (95% interval 1.10-1.31)`: a mean speedup, with its interval where it has one."""
+    return f"{m.mean:.2f}x {what}" + (f" (95% interval {m.low:.2f}-{m.high:.2f})" if m.low is not None else "")
+
+
+def _runs(n: int) -> str:
+    return f"{n} run{'s' if n != 1 else ''}"
 
 
 def rate_headline(results: SweepResults) -> list[str]:
     """Per speculative variant and rate: the speedups a user sees, averaged over the repeats; and
     each run whose generator fell behind its schedule."""
-    groups: dict[tuple[str, float], list[dict[str, Any]]] = {}
-    lines = []
-    for row in derive_rates(results):
-        if row["behind"]:
-            lines.append(f"rate {row['rate']:g}/s, {row['variant']} run {row['repeat']}: the load generator fell "
-                         f"behind (achieved {figure(row['achieved_rate'], 2)}/s): that run's offered load was lower")
-        if row.get("tpot_p50_speedup") is not None or row.get("e2e_mean_speedup") is not None:
-            groups.setdefault((row["variant"], row["rate"]), []).append(row)
-    for (variant, rate), rows in sorted(groups.items(), key=lambda g: (g[0][1], g[0][0])):
-        parts = []
-        for key, what in (("tpot_p50_speedup", "per token (TPOT p50)"), ("e2e_mean_speedup", "end to end (mean)")):
-            m = stats.mean_interval([r[key] for r in rows if r.get(key) is not None])
-            if m["mean"] is not None:
-                spread = f" (95% interval {m['low']:.2f}-{m['high']:.2f})" if m.get("low") is not None else ""
-                parts.append(f"{m['mean']:.2f}x {what}{spread}")
-        served = sum(r["outcomes"].get("served", 0) for r in rows)
-        total = sum(sum(r["outcomes"].values()) for r in rows)
+    derived = derive_rates(results)
+    lines = [f"rate {row.rate:g}/s, {row.variant} run {row.repeat}: the load generator fell behind (achieved "
+             f"{figure(row.achieved_rate, 2)}/s): that run's offered load was lower" for row in derived if row.behind]
+    for (variant, rate), rows in _by_rate(r for r in derived
+                                          if r.tpot_p50_speedup is not None or r.e2e_mean_speedup is not None):
+        means = ((_mean_of(rows, lambda r: r.tpot_p50_speedup), "per token (TPOT p50)"),
+                 (_mean_of(rows, lambda r: r.e2e_mean_speedup), "end to end (mean)"))
+        parts = [_speedup(m, what) for m, what in means if m.mean is not None]
         lines.append(f"rate {rate:g}/s, {variant}: against the baseline at the same arrivals, " + "; ".join(parts)
-                     + f"; {served}/{total} requests served ({len(rows)} run{'s' if len(rows) != 1 else ''})")
+                     + f"; {_served(rows)} requests served ({_runs(len(rows))})")
     return lines
 
 
+def _by_rate(rows: Iterable[RateRow]) -> list[tuple[tuple[str, float], list[RateRow]]]:
+    """Open-loop rows grouped by (variant, rate), by rate then variant."""
+    groups: dict[tuple[str, float], list[RateRow]] = {}
+    for r in rows:
+        groups.setdefault((r.variant, r.rate), []).append(r)
+    return sorted(groups.items(), key=lambda g: (g[0][1], g[0][0]))
+
+
+def _mean_of(rows: list[RateRow], value: Callable[[RateRow], float | None]) -> Interval:
+    """A speedup's mean over the runs that have one, and its 95% interval."""
+    return stats.mean_interval([v for r in rows if (v := value(r)) is not None])
+
+
+def _served(rows: list[RateRow]) -> str:
+    """`served/total` requests over the runs."""
+    return f"{sum(r.outcomes.get(SERVED, 0) for r in rows)}/{sum(sum(r.outcomes.values()) for r in rows)}"
+
+
 # ---------------------------------------------------------------------------------- verdict lines
-def _interval(m: dict[str, Any]) -> str:
-    if m.get("low") is None:
-        return f"{m['mean']:.2f}x"
-    return f"{m['mean']:.2f}x (95% {m['low']:.2f}-{m['high']:.2f})"
+
+def _interval(m: Interval) -> str:
+    if m.low is None:
+        return f"{m.mean:.2f}x"
+    return f"{m.mean:.2f}x (95% {m.low:.2f}-{m.high:.2f})"
 
 
-def _content_word(summary: dict[str, Any] | None) -> str:
-    if not summary or not summary.get("checked"):
+def _content_word(summary: ContentSummary | None) -> str:
+    if not summary or not summary.checked:
         return "content not checked"
-    if summary.get("degenerate"):
-        return f"content: {summary['degenerate']} of {summary['checked']} degenerate"
-    if summary.get("noise"):
-        return f"content: {summary['noise']} of {summary['noise_checked']} noise"
-    if summary.get("like_reference") is False:
+    if summary.degenerate:
+        return f"content: {summary.degenerate} of {summary.checked} degenerate"
+    if summary.noise:
+        return f"content: {summary.noise} of {summary.noise_checked} noise"
+    if summary.like_reference is False:
         return "content: unlike the reference text"
     return "content: text"
 
 
+SERVED = SENT_OUTCOMES[0]  # "served": how many requests a run served
+
 TONE = {"pays": "good", "does not pay": "bad", "breaks even": "even"}
 
 
-def verdict_word(verdict: str, summary: dict[str, Any] | None = None) -> tuple[str, str]:
+def verdict_word(verdict: str, summary: ContentSummary | None = None) -> tuple[str, str]:
     """(short verdict, tone) of `loadtest.measurement.derive.verdict`'s text, for every first screen (load test, capacity,
     compare). On output that is mostly loops or noise (`content.mostly` of the content `summary`) the
     verdict is uncoloured and says so: a speedup measured on such output is not one for the text people
@@ -185,31 +203,31 @@ def verdict_word(verdict: str, summary: dict[str, Any] | None = None) -> tuple[s
     return word, tone
 
 
-def best_by_batch(results: SweepResults) -> list[tuple[int, list[dict[str, Any]]]]:
+def best_by_batch(results: SweepResults) -> list[tuple[int, list[SpeedupSummary]]]:
     """Where a sweep measured several drafters: per batch size, its speculative variants with a
     speedup, best first (by the client's mean speedup over the baseline)."""
-    entries = [e for e in summarize_speedups(results) if (e.get("speedup") or {}).get("mean") is not None]
-    if len({e["variant"] for e in entries}) < 2:
+    entries = [e for e in summarize_speedups(results) if e.speedup.mean is not None]
+    if len({e.variant for e in entries}) < 2:
         return []
-    by_batch: dict[int, list[dict[str, Any]]] = {}
+    by_batch: dict[int, list[SpeedupSummary]] = {}
     for e in entries:
-        by_batch.setdefault(e["concurrency"], []).append(e)
-    return [(c, sorted(group, key=lambda e: -e["speedup"]["mean"])) for c, group in sorted(by_batch.items())]
+        by_batch.setdefault(e.concurrency, []).append(e)
+    return [(c, sorted(group, key=lambda e: -(e.speedup.mean or 0))) for c, group in sorted(by_batch.items())]
 
 
-def _best_line(c: int, ranked: list[dict[str, Any]]) -> Line:
+def _best_line(c: int, ranked: list[SpeedupSummary]) -> Line:
     """`batch 1: best drafter: ngram` (it pays), `... ngram breaks even`, `... none pays`; the others after it."""
     best = ranked[0]
-    word, tone = verdict_word(best["verdict"], best.get("content"))
-    name = best["variant"]
+    word, tone = verdict_word(best.verdict, best.content)
+    name = best.variant
     said = {"good": name, "even": f"{name} breaks even", "bad": "none pays"}.get(tone, f"{name}, {word}")
     return Line(f"batch {c}: best drafter", said,
-                f"{name} {_interval(best['speedup'])} output tok/s · then {_the_others(ranked)}", tone)
+                f"{name} {_interval(best.speedup)} output tok/s · then {_the_others(ranked)}", tone)
 
 
-def _the_others(ranked: list[dict[str, Any]]) -> str:
+def _the_others(ranked: list[SpeedupSummary]) -> str:
     """`ngram 0.99x, spec-k1 0.85x`: the drafters after the best, with their mean speedups."""
-    return ", ".join(f"{e['variant']} {e['speedup']['mean']:.2f}x" for e in ranked[1:])
+    return ", ".join(f"{e.variant} {e.speedup.mean:.2f}x" for e in ranked[1:])
 
 
 def best_drafter_findings(results: SweepResults) -> list[str]:
@@ -217,8 +235,8 @@ def best_drafter_findings(results: SweepResults) -> list[str]:
     out = []
     for c, ranked in best_by_batch(results):
         best = ranked[0]
-        word = verdict_word(best["verdict"], best.get("content"))[0]
-        out.append(f"batch {c}: best drafter {best['variant']}, {_interval(best['speedup'])} client output tokens/s "
+        word = verdict_word(best.verdict, best.content)[0]
+        out.append(f"batch {c}: best drafter {best.variant}, {_interval(best.speedup)} client output tokens/s "
                    f"over the baseline ({word}); then {_the_others(ranked)}")
     return out
 
@@ -226,73 +244,54 @@ def best_drafter_findings(results: SweepResults) -> list[str]:
 def verdict_lines(results: SweepResults) -> list[Line]:
     """Closed loop: the best drafter per batch size where there are several, then per batch size
     and speculative variant; open loop: per rate and variant."""
-    entries = sorted(summarize_speedups(results), key=lambda e: (e["concurrency"], e["variant"]))
-    several = len({e["variant"] for e in entries}) > 1
+    entries = sorted(summarize_speedups(results), key=lambda e: (e.concurrency, e.variant))
+    several = len({e.variant for e in entries}) > 1
     lines = [_best_line(c, ranked) for c, ranked in best_by_batch(results)]
     for e in entries:
-        level = f"batch {e['concurrency']}" + (f", {e['variant']}" if several else "")
-        accept = (e.get("acceptance_rate") or {}).get("mean")
+        level = f"batch {e.concurrency}" + (f", {e.variant}" if several else "")
+        accept = e.acceptance_rate.mean
         figures = [] if accept is None else [f"acceptance {accept:.0%}"]
-        figures.append(_content_word(e.get("content")))
-        speed = e.get("speedup") or {}
-        if speed.get("mean") is None:
+        figures.append(_content_word(e.content))
+        if e.speedup.mean is None:
             lines.append(Line(level, "no comparison",
-                              " · ".join([f"the baseline was not measured at batch {e['concurrency']}", *figures])))
+                              " · ".join([f"the baseline was not measured at batch {e.concurrency}", *figures])))
             continue
-        word, tone = verdict_word(e["verdict"], e.get("content"))
-        runs = f"{e['runs']} run{'s' if e['runs'] != 1 else ''}"
-        lines.append(Line(level, word, " · ".join([f"{_interval(speed)} output tok/s", *figures, runs]), tone))
+        word, tone = verdict_word(e.verdict, e.content)
+        lines.append(Line(level, word, " · ".join([f"{_interval(e.speedup)} output tok/s", *figures, _runs(e.runs)]),
+                          tone))
     if any(True for _ in rate_levels(results)):
         lines += _rate_lines(results)
     return lines
 
 
 def _rate_lines(results: SweepResults) -> list[Line]:
-    rows = [r for r in derive_rates(results) if r["variant"] != "baseline"]
-    several = len({r["variant"] for r in rows}) > 1
+    rows = [r for r in derive_rates(results) if r.variant != "baseline"]
+    several = len({r.variant for r in rows}) > 1
     contents = rate_contents(results)
-    groups: dict[tuple[str, float], list[dict[str, Any]]] = {}
-    for r in rows:
-        groups.setdefault((r["variant"], r["rate"]), []).append(r)
     lines = []
-    for (variant, rate), group in sorted(groups.items(), key=lambda g: (g[0][1], g[0][0])):
+    for (variant, rate), group in _by_rate(rows):
         level = f"{rate:g} req/s" + (f", {variant}" if several else "")
-        served = sum(r["outcomes"].get("served", 0) for r in group)
-        total = sum(sum(r["outcomes"].values()) for r in group)
-        accepts = [r["acceptance"] for r in group if r.get("acceptance") is not None]
+        accepts = [r.acceptance for r in group if r.acceptance is not None]
         figures = [f"acceptance {sum(accepts) / len(accepts):.0%}"] if accepts else []
         merged = contents.get((variant, rate))
-        figures += [_content_word(merged), f"{served}/{total} served"]
-        per_token = stats.mean_interval([r["tpot_p50_speedup"] for r in group if r.get("tpot_p50_speedup")])
-        if per_token["mean"] is None:
+        figures += [_content_word(merged), f"{_served(group)} served"]
+        per_token = _mean_of(group, lambda r: r.tpot_p50_speedup)
+        if per_token.mean is None:
             lines.append(Line(level, "no comparison", " · ".join(["the baseline was not measured at this rate", *figures])))
             continue
-        e2e = stats.mean_interval([r["e2e_mean_speedup"] for r in group if r.get("e2e_mean_speedup")])
+        e2e = _mean_of(group, lambda r: r.e2e_mean_speedup)
         word, tone = verdict_word(verdict_rule(per_token), merged)
-        speeds = [f"{_interval(per_token)} per token"] + ([f"{e2e['mean']:.2f}x end to end"] if e2e["mean"] else [])
-        runs = f"{len(group)} run{'s' if len(group) != 1 else ''}"
-        lines.append(Line(level, word, " · ".join([*speeds, *figures, runs]), tone))
+        speeds = [f"{_interval(per_token)} per token"] + ([f"{e2e.mean:.2f}x end to end"] if e2e.mean else [])
+        lines.append(Line(level, word, " · ".join([*speeds, *figures, _runs(len(group))]), tone))
     return lines
 
 
-def rate_contents(results: SweepResults) -> dict[tuple[str, float], dict[str, Any] | None]:
+def rate_contents(results: SweepResults) -> dict[tuple[str, float], ContentSummary | None]:
     """Open loop: the content check of each (variant, rate), its runs merged."""
-    contents: dict[tuple[str, float], list[Any]] = {}
+    contents: dict[tuple[str, float], list[ContentSummary | None]] = {}
     for variant, level in rate_levels(results):
-        contents.setdefault((variant.name, level.rate), []).append((level.client or {}).get("content"))
+        contents.setdefault((variant.name, level.at), []).append(level.client.content if level.client else None)
     return {key: content.merge(parts) for key, parts in contents.items()}
-
-
-def verdict_rule(m: dict[str, Any]) -> str:
-    """The verdict rule of `loadtest.measurement.derive.verdict` on one interval (`stats.mean_interval`): pays, does not pay,
-    breaks even."""
-    if m.get("low") is not None and m["low"] > 1:
-        return "pays"
-    if m.get("high") is not None and m["high"] < 1:
-        return "does not pay"
-    if m.get("low") is None:
-        return "pays" if m["mean"] > 1 else "does not pay"
-    return "breaks even"
 
 
 def notes(results: SweepResults) -> list[str]:
@@ -306,9 +305,9 @@ def cost_lines(results: SweepResults) -> list[str]:
     rows = costs(results)
     if not rows:
         return []
-    per = "; ".join(f"{r['variant']} " + ", ".join(f"{v:.2f} at batch {c}" for c, v in r["cost_per_million_tokens"].items())
+    per = "; ".join(f"{r.variant} " + ", ".join(f"{v:.2f} at batch {c}" for c, v in r.cost_per_million_tokens.items())
                     for r in rows)
-    hours = ", ".join(f"{r['variant']} {r['gpu_hours']:.2f}" for r in rows)
+    hours = ", ".join(f"{r.variant} {r.gpu_hours:.2f}" for r in rows)
     return [f"cost per million output tokens: {per} (GPU-hours this sweep: {hours})"]
 
 
@@ -320,9 +319,6 @@ def _short(text: str, width: int = 90) -> str:
 def _where(variant: VariantResult, level: LevelResult) -> str:
     at = f"{level.rate:g} req/s" if level.rate is not None else f"batch {level.concurrency}"
     return f"{at} {variant.name} run {level.repeat}"
-
-
-AGREEMENT_NAMES = dict(vllm_bench.JUDGED_NAMES)
 
 
 def badges(results: SweepResults) -> list[Badge]:
@@ -338,18 +334,18 @@ def badges(results: SweepResults) -> list[Badge]:
         if level.status in ("failed", "skipped"):
             out.append(Badge("FAILED", _short(f"{where}: " + "; ".join(level.problems or [level.status])),
                              "trust"))
-        agreement = level.vllm_bench_agreement or {}
-        for key, name in AGREEMENT_NAMES.items():
-            a = agreement.get(key) or {}
-            if a.get("agrees") is False:
-                diff = a.get("difference_adjusted") if a.get("difference_adjusted") is not None else a.get("difference")
+        figures = level.vllm_bench_agreement.figures() if level.vllm_bench_agreement else {}
+        for key, name in second_opinion.JUDGED_NAMES:
+            a = figures.get(key) or FigureAgreement()
+            if a.agrees is False:
+                diff = a.difference_adjusted if a.difference_adjusted is not None else a.difference
                 out.append(Badge("FLAG", f"{where}: vLLM bench {name} differs "
                                  + (f"{100 * diff:+.1f}%" if diff is not None else ""), "second-opinion"))
-        if level.consistency and level.consistency.get("ok") is False:
-            diff = level.consistency.get("relative_error")
+        if level.consistency and level.consistency.ok is False:
+            diff = level.consistency.relative_error
             out.append(Badge("UNTRUSTED", f"{where}: client tokens vs server counter"
                              + (f" {100 * diff:.1f}% apart" if diff is not None else ""), "trust"))
-        if (level.open_loop or {}).get("behind"):
+        if level.open_loop and level.open_loop.behind:
             add("BEHIND", "load generator fell behind its schedule", "open-loop", where)
         for note in level.notes:
             if "load generator" in note or "event loop" in note or "send lag" in note:
@@ -362,14 +358,14 @@ def badges(results: SweepResults) -> list[Badge]:
             seen.add(line)
             label = "NOISE" if ": NOISE:" in line else "CONTENT"
             out.append(Badge(label, _short(line.replace(f": {label}:", ":")), "content"))
-        if "say the opposite" in entry.get("verdict", ""):
-            said = entry["verdict"].split("; but ", 1)[1].split(" say the opposite")[0]
-            out.append(Badge("DISAGREE", _short(f"batch {entry['concurrency']} {entry['variant']}: Locust's verdict "
+        if "say the opposite" in entry.verdict:
+            said = entry.verdict.split("; but ", 1)[1].split(" say the opposite")[0]
+            out.append(Badge("DISAGREE", _short(f"batch {entry.concurrency} {entry.variant}: Locust's verdict "
                                                 f"contradicted by {said}"), "second-opinion"))
-    for entry in vllm_bench.systematic_by_level(results):
-        runs = max(entry[key]["runs"] for key in vllm_bench.AGREEMENT)
-        if entry["agrees"] is False and runs > 1:  # over one run: the FLAG of that run says it
-            out.append(Badge("DRIFT", f"batch {entry['concurrency']} {entry['variant']}: Locust and vLLM bench "
+    for entry in second_opinion.systematic_by_level(results):
+        runs = max(f.runs for f in entry.figures().values())
+        if entry.agrees is False and runs > 1:  # over one run: the FLAG of that run says it
+            out.append(Badge("DRIFT", f"batch {entry.concurrency} {entry.variant}: Locust and vLLM bench "
                              "differ over all runs", "second-opinion"))
     for (label, text, target), wheres in grouped.items():
         where = wheres[0] if len(wheres) == 1 else f"{len(wheres)} runs"

@@ -6,12 +6,12 @@ terminal (`python -m loadtest compare` on a temperature run's folder).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 
 from loadtest.files import write_atomic, write_json
 from loadtest.measurement.derive import derive, summarize_speedups
+from loadtest.measurement.derived import Comparison
 from loadtest.measurement.results import SweepResults
 from loadtest.reports import markdown
 from loadtest.reports import plots
@@ -27,53 +27,74 @@ class TemperatureRun:
     results: SweepResults
 
 
-SUMMARY_KEYS = ("acceptance_rate", "mean_accepted_length", "speedup", "vllm_bench_speedup", "measured_speedup")
-
-
-def spread(values: list[float]) -> dict[str, float | int | None]:
+@dataclass(frozen=True)
+class Spread:
     """Mean and the lowest and highest run: with a few runs per point, the range says more than
     a Student's t interval (two runs give one 25 times as wide as their difference)."""
-    if not values:
-        return {"n": 0, "mean": None, "min": None, "max": None}
-    return {"n": len(values), "mean": sum(values) / len(values), "min": min(values), "max": max(values)}
+
+    n: int = 0
+    mean: float | None = None
+    min: float | None = None
+    max: float | None = None
 
 
-def summary_rows(runs: list[TemperatureRun]) -> list[dict[str, Any]]:
+def spread(values: list[float]) -> Spread:
+    return Spread(len(values), sum(values) / len(values), min(values), max(values)) if values else Spread()
+
+
+SUMMARY_KEYS = ("acceptance_rate", "mean_accepted_length", "speedup", "vllm_bench_speedup", "measured_speedup")
+"""The figures of a `Comparison` a row spreads over the repeats, in `TemperatureRow`'s order."""
+
+
+@dataclass(frozen=True)
+class TemperatureRow:
+    """A speculative variant at one temperature and batch size, over the repeats (`summary_rows`)."""
+
+    temperature: float
+    variant: str
+    concurrency: int
+    runs: int
+    verdict: str
+    acceptance_rate: Spread
+    mean_accepted_length: Spread
+    speedup: Spread
+    vllm_bench_speedup: Spread
+    measured_speedup: Spread
+
+
+def summary_rows(runs: list[TemperatureRun]) -> list[TemperatureRow]:
     """Per temperature, concurrency and speculative variant: acceptance, tokens per step and the
     speedups over the repeats (each repeat paired with its own baseline run), and the verdict
     each temperature's report gives."""
     rows = []
     for run in runs:
-        verdicts = {(e["variant"], e["concurrency"]): e["verdict"] for e in summarize_speedups(run.results)}
-        groups: dict[tuple[str, int], list[dict[str, Any]]] = {}
+        verdicts = {(e.variant, e.concurrency): e.verdict for e in summarize_speedups(run.results)}
+        groups: dict[tuple[str, int], list[Comparison]] = {}
         for d in derive(run.results):
-            groups.setdefault((d["variant"], d["concurrency"]), []).append(d)
+            groups.setdefault((d.variant, d.concurrency), []).append(d)
         for (variant, concurrency), derived in groups.items():
-            row: dict[str, Any] = {"temperature": run.temperature, "variant": variant, "concurrency": concurrency,
-                                   "runs": len(derived), "verdict": verdicts.get((variant, concurrency), "-")}
-            for key in SUMMARY_KEYS:
-                row[key] = spread([d[key] for d in derived if d.get(key) is not None])
-            rows.append(row)
-    return sorted(rows, key=lambda r: (r["concurrency"], r["variant"], r["temperature"]))
+            rows.append(TemperatureRow(
+                run.temperature, variant, concurrency, len(derived), verdicts.get((variant, concurrency), "-"),
+                *(spread([v for d in derived if (v := getattr(d, key)) is not None]) for key in SUMMARY_KEYS)))
+    return sorted(rows, key=lambda r: (r.concurrency, r.variant, r.temperature))
 
 
-def _spread_cell(m: dict[str, Any] | None, fmt: str) -> str:
-    if not m or m.get("mean") is None:
+def _spread_cell(m: Spread, fmt: str) -> str:
+    if m.mean is None:
         return "-"
-    text = format(m["mean"], fmt)
-    if m["n"] > 1:
-        text += f" [{format(m['min'], fmt)}-{format(m['max'], fmt)}]"
+    text = format(m.mean, fmt)
+    if m.n > 1:
+        text += f" [{format(m.min, fmt)}-{format(m.max, fmt)}]"
     return text
 
 
-def summary_table(rows: list[dict[str, Any]]) -> str:
+def summary_table(rows: list[TemperatureRow]) -> str:
     header = ["batch", "variant", "temperature", "runs", "acceptance", "tokens per step", "speedup (Locust)",
               "speedup (vLLM's benchmark)", "speedup (engine, per token)", "verdict"]
     return markdown.table(header, [
-        [r["concurrency"], r["variant"], f"{r['temperature']:g}", r["runs"],
-         _spread_cell(r.get("acceptance_rate"), ".1%"), _spread_cell(r.get("mean_accepted_length"), ".2f"),
-         _spread_cell(r.get("speedup"), ".2f"), _spread_cell(r.get("vllm_bench_speedup"), ".2f"),
-         _spread_cell(r.get("measured_speedup"), ".2f"), r["verdict"]] for r in rows])
+        [r.concurrency, r.variant, f"{r.temperature:g}", r.runs, _spread_cell(r.acceptance_rate, ".1%"),
+         _spread_cell(r.mean_accepted_length, ".2f"), _spread_cell(r.speedup, ".2f"),
+         _spread_cell(r.vllm_bench_speedup, ".2f"), _spread_cell(r.measured_speedup, ".2f"), r.verdict] for r in rows])
 
 
 def load_runs(out: Path) -> list[TemperatureRun]:
@@ -85,19 +106,19 @@ def load_runs(out: Path) -> list[TemperatureRun]:
     return sorted(runs, key=lambda r: r.temperature)
 
 
-def plot_summary(rows: list[dict[str, Any]], out: Path) -> Path | None:
+def plot_summary(rows: list[TemperatureRow], out: Path) -> Path | None:
     """Acceptance and speedup against temperature, one line per (variant, batch size)."""
     if not rows:
         return None
     plt = plots.pyplot()
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
-    for key in sorted({(r["variant"], r["concurrency"]) for r in rows}, key=lambda k: (k[1], k[0])):
-        series = [r for r in rows if (r["variant"], r["concurrency"]) == key]
-        xs = [r["temperature"] for r in series]
+    for key in sorted({(r.variant, r.concurrency) for r in rows}, key=lambda k: (k[1], k[0])):
+        series = [r for r in rows if (r.variant, r.concurrency) == key]
+        xs = [r.temperature for r in series]
         label = f"{key[0]}, batch {key[1]}"
-        left.plot(xs, [(r.get("acceptance_rate") or {}).get("mean") for r in series], marker="o", label=label)
-        right.plot(xs, [(r.get("speedup") or {}).get("mean") for r in series], marker="o", label=label)
+        left.plot(xs, [r.acceptance_rate.mean for r in series], marker="o", label=label)
+        right.plot(xs, [r.speedup.mean for r in series], marker="o", label=label)
     right.axhline(1.0, color="grey", linestyle="--", linewidth=1)
     left.set_ylim(0, 1.05)  # from zero: a fall from 60% to 5% should look like one
     right.set_ylim(bottom=0)
@@ -138,7 +159,7 @@ def write_summary(runs: list[TemperatureRun], out: Path) -> dict[str, Path]:
                 else "not known (a running server does not say)")
     settings = first.settings
     write_json(out / "temperature.json", {"config": first.config, "draft_sample_method": sampling,
-                                          "settings": settings, "rows": rows,
+                                          "settings": settings, "rows": [asdict(r) for r in rows],
                                           "sweeps": {f"{r.temperature:g}": {"report": r.report,
                                                                             "status": r.results.status,
                                                                             "problems": r.results.problems}

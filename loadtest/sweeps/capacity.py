@@ -40,7 +40,9 @@ from typing import Any, ClassVar, Protocol
 from loadtest import arg_types
 from loadtest.cli_options import CliOption, add_cli_options, cli_values
 from loadtest.measurement import slo
-from loadtest.measurement.capacity_figures import BASELINE, crossover, paired_speedups, revised
+from loadtest.measurement.capacity_figures import (BASELINE, MemoryPeaks, Overload, Scan, SearchSettings,
+                                                   SecondOpinion, VariantCapacity, crossover, paired_speedups, revised)
+from loadtest.measurement.figures import FigureAgreement
 from loadtest.measurement.records import OUTCOMES, SENT_OUTCOMES
 from loadtest.measurement.results import CREATED_FORMAT, CapacityLevel, CapacityResults, LevelResult, Status
 from loadtest.sampling import sampling
@@ -164,25 +166,24 @@ def judge(level: LevelResult) -> tuple[bool, str]:
     was not the load served, whatever the latencies of the rest)."""
     if level.status in ("failed", "skipped"):
         return False, "not measured: " + ("; ".join(level.problems) or level.status)
-    ol = level.open_loop or {}
-    if ol.get("behind"):
-        achieved, reasons = ol.get("achieved_rate"), ol.get("behind_reasons") or []
+    ol = level.open_loop
+    if ol and ol.behind:
+        achieved, reasons = ol.achieved_rate, ol.behind_reasons
         return False, "the load generator fell behind its schedule" + (
             f" ({'; '.join(reasons)})" if reasons else
             f" (achieved {achieved:.3g} of {level.rate or 0:.3g} req/s)" if achieved is not None else "")
-    outcomes = ol.get("outcomes") or {}
+    outcomes = ol.outcomes if ol else {}
     lost = {k: outcomes[k] for k in ("refused", "timed_out", "failed", "unsent") if outcomes.get(k)}
     if lost:
         return False, "requests not served: " + ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in lost.items())
-    client = level.client or {}
-    if client.get("failed"):
-        return False, f"{client['failed']} of {client.get('requests')} requests failed"
-    result = level.slo
-    if not result or not client.get("ok"):
+    client = level.client
+    if client and client.failed:
+        return False, f"{client.failed} of {client.requests} requests failed"
+    if not level.slo or not level.ok_client:
         return False, "no request served"
-    if not result.get("met"):
-        missed = [f"{name} {_ms(t.get('value_ms'))} > {_ms(t.get('bound_ms'))} ms"
-                  for name, t in result.get("targets", {}).items() if not t.get("met")]
+    if not level.slo.met:
+        missed = [f"{name} {_ms(t.value_ms)} > {_ms(t.bound_ms)} ms"
+                  for name, t in level.slo.targets.items() if not t.met]
         return False, "missed " + ", ".join(missed)
     return True, "met every target"
 
@@ -263,7 +264,7 @@ class VariantSearch:
                 return rate, len(self.runs.get(rate, [])) + 1, False
         return None
 
-    def result(self) -> dict[str, Any]:
+    def result(self) -> VariantCapacity:
         """The capacity (highest passing rate), its interval and how the search ended."""
         s = self.settings
         lo, hi = self.bracket()
@@ -275,14 +276,13 @@ class VariantSearch:
             status = "found" if self._narrow(lo, hi) else "budget"
         if self.stopped:
             status = "stopped"
-        return {"variant": self.name, "capacity": lo, "interval": [lo, hi], "status": status,
-                "steps": len(self.asked), "stopped": self.stopped or None,
-                "lowest_tried": min(self.runs) if self.runs else None,
-                "runs": {f"{r:g}": v for r, v in sorted(self.runs.items())}}
+        return VariantCapacity(variant=self.name, capacity=lo, interval=[lo, hi], status=status, steps=len(self.asked),
+                               stopped=self.stopped or None, lowest_tried=min(self.runs) if self.runs else None,
+                               runs={f"{r:g}": v for r, v in sorted(self.runs.items())})
 
 
 def search(measure: Measure, variants: Sequence[str], settings: CapacitySettings,
-           searches: dict[str, VariantSearch] | None = None) -> dict[str, dict[str, Any]]:
+           searches: dict[str, VariantSearch] | None = None) -> dict[str, VariantCapacity]:
     """Every variant's capacity. Whichever variant leads a step (they take turns), every variant
     is measured at its (rate, repeat), so each rate visited pairs them up. `measure` returns the
     level; `judge` reads it. Returns each variant's `VariantSearch.result()`."""
@@ -309,16 +309,8 @@ def search(measure: Measure, variants: Sequence[str], settings: CapacitySettings
 
 # ---------------------------------------------------------------------------------- memory
 @dataclass
-class MemoryWatch:
-    """Peak resident memory of this process and of the Locust processes it runs (sampled)."""
-
-    interval_s: float = 0.5
-    self_peak_mib: float = 0.0
-    locust_peak_mib: float = 0.0
-    """The most the Locust processes held together at one sample."""
-    locust_process_peak_mib: float = 0.0
-    locust_processes: int = 0
-    samples: int = 0
+class MemoryWatch(MemoryPeaks):
+    """Peak resident memory of this process and of the Locust processes it runs, sampled while `watching`."""
 
     def sample(self) -> None:
         import psutil
@@ -345,10 +337,9 @@ class MemoryWatch:
         with sampling(self.interval_s, self.sample, "memory-watch"):
             yield self
 
-    def to_json(self) -> dict[str, Any]:
-        return {"self_peak_mib": round(self.self_peak_mib, 1), "locust_peak_mib": round(self.locust_peak_mib, 1),
-                "locust_process_peak_mib": round(self.locust_process_peak_mib, 1),
-                "locust_processes": self.locust_processes, "samples": self.samples, "interval_s": self.interval_s}
+    def peaks(self) -> MemoryPeaks:
+        """The peaks so far, to 0.1 MiB."""
+        return MemoryPeaks(**{k: round(v, 1) if k.endswith("_mib") else v for k, v in self.to_json().items()})
 
 
 # ---------------------------------------------------------------------------------- the whole command
@@ -357,14 +348,15 @@ class Capacity:
     current after every level (`save`)."""
 
     def __init__(self, levels: Levels, settings: CapacitySettings, out: Path, context: dict[str, Any] | None = None):
-        """`context`: what the search ran on (config, machine, traffic, request: `CapacityResults`' fields)."""
+        """`context`: what the search ran on (config, machine, traffic, request: `CapacityResults`' fields,
+        as types or as capacity.json keeps them)."""
         settings.check()
         self.levels, self.settings, self.out = levels, settings, out
         variants = list(levels.variants)
         self.spec = next((v for v in variants if v != BASELINE), None)
-        self.result = CapacityResults(slo=settings.slo, settings=asdict(settings), variants=variants,
-                                      spec_variant=self.spec, created=time.strftime(CREATED_FORMAT),
-                                      **(context or {}))
+        self.result = CapacityResults.from_json({
+            "slo": settings.slo, "settings": SearchSettings(**asdict(settings)), "variants": variants,
+            "spec_variant": self.spec, "created": time.strftime(CREATED_FORMAT), **(context or {})})
         self.searches = {v: VariantSearch(v, settings) for v in variants}
 
     def save(self) -> Path:
@@ -412,29 +404,26 @@ class Capacity:
         return self.result
 
     def _search(self) -> None:
-        variants = list(self.levels.variants)
-        self.result.capacity = search(lambda v, r, n: self._measure(v, r, n, "search"), variants, self.settings,
-                                      self.searches)
-        self._conclude()
+        search(lambda v, r, n: self._measure(v, r, n, "search"), self.levels.variants, self.settings, self.searches)
+        self._conclude()  # the capacities found
 
     def _conclude(self) -> None:
         self.result.capacity = {v: s.result() for v, s in self.searches.items()}
         if self.spec and BASELINE in self.searches:
-            points = paired_speedups(self.result.levels, self.spec)
-            self.result.speedups = points
-            self.result.crossover = {**crossover(points), "e2e": crossover(points, "e2e_speedup")}
+            points = self.result.speedups = paired_speedups(self.result.levels, self.spec)
+            self.result.crossover = crossover([(p.rate, p.speedup) for p in points])
+            self.result.crossover.e2e = crossover([(p.rate, p.e2e_speedup) for p in points])
         # Capacities a later run at a lower rate contradicts (`revised`): for programs, as the headline says them.
         self.result.revised = {v: r for v in self.result.capacity if (r := revised(self.result, v))}
         if self.result.status in ("running", "ok", "flagged"):
             self.result.status = self._status()
 
     def _status(self) -> Status:
-        caps = self.result.capacity.values()
-        if any(c["status"] == "stopped" for c in caps):
+        if any(c.status == "stopped" for c in self.result.capacity.values()):
             return "failed"
         flagged = self.result.problems or self.result.revised or any(
-            r.get("agrees") is False or r.get("error") for r in self.result.second_opinion) or any(
-            o.get("problems") for o in self.result.overload.values())
+            r.agrees is False or r.error for r in self.result.second_opinion) or any(
+            o.problems for o in self.result.overload.values())
         return "flagged" if flagged else "ok"
 
     def _scan(self) -> None:
@@ -446,50 +435,49 @@ class Capacity:
         variants = list(self.levels.variants)
         if not self.spec or BASELINE not in self.searches or s.scan_steps <= 0:
             return
-        scan: dict[str, Any] = {"rates": [], "ended": "", "saturated_at": None}
-        self.result.scan = scan
+        scan = self.result.scan = Scan()
         while True:
-            points = [p for p in paired_speedups(self.result.levels, self.spec) if p.get("speedup") is not None]
+            points = [p for p in paired_speedups(self.result.levels, self.spec) if p.speedup is not None]
             if not points:
-                scan["ended"] = "no rate measured on both variants"
+                scan.ended = "no rate measured on both variants"
                 break
             top = points[-1]
-            if top["speedup"] < 1:
-                scan["ended"] = f"the speedup is below 1.0 at {top['rate']:g} req/s"
+            if top.speedup < 1:  # type: ignore[operator]
+                scan.ended = f"the speedup is below 1.0 at {top.rate:g} req/s"
                 break
-            if scan["saturated_at"] is not None:
-                scan["ended"] = f"both variants saturated at {scan['saturated_at']:g} req/s"
+            if scan.saturated_at is not None:
+                scan.ended = f"both variants saturated at {scan.saturated_at:g} req/s"
                 break
             if any(self.searches[v].stopped for v in variants):
-                scan["ended"] = "a server stopped answering"
+                scan.ended = "a server stopped answering"
                 break
-            if len(scan["rates"]) >= s.scan_steps:
-                scan["ended"] = f"{s.scan_steps} scan rates measured (--scan-steps)"
+            if len(scan.rates) >= s.scan_steps:
+                scan.ended = f"{s.scan_steps} scan rates measured (--scan-steps)"
                 break
-            rate = canonical(SCAN_STEP * top["rate"])
+            rate = canonical(SCAN_STEP * top.rate)
             if s.max_rate is not None and rate > canonical(s.max_rate):
-                scan["ended"] = f"the next rate, {rate:g} req/s, is above --max-rate"
+                scan.ended = f"the next rate, {rate:g} req/s, is above --max-rate"
                 break
             repeat = max(self._next_repeat(v, rate) for v in variants)
-            scan["rates"].append(rate)
-            before = {v: self._throughput(v, top["rate"]) for v in variants}
+            scan.rates.append(rate)
+            before = {v: self._throughput(v, top.rate) for v in variants}
             for v in (variants if repeat % 2 else list(reversed(variants))):
                 self._measure(v, rate, repeat, "scan")
             after = {v: self._throughput(v, rate) for v in variants}
             if all(before[v] and after[v] and after[v] < SATURATED * before[v] for v in variants):  # type: ignore[operator]
-                scan["saturated_at"] = top["rate"]
+                scan.saturated_at = top.rate
         self._conclude()
         self.save()
 
     def _throughput(self, variant: str, rate: float) -> float | None:
         """Mean output tokens/s of the variant's served runs at `rate` (overload levels aside)."""
-        figures = [c["output_tokens_per_s"] for lv in self.result.levels
+        figures = [c.output_tokens_per_s for lv in self.result.levels
                    if lv.variant == variant and lv.rate == rate and lv.phase != "overload"
-                   and (c := lv.ok_client) and c.get("output_tokens_per_s")]
+                   and (c := lv.ok_client) and c.output_tokens_per_s]
         return sum(figures) / len(figures) if figures else None
 
     def _smaller_capacity(self) -> float | None:
-        found = [c["capacity"] for c in self.result.capacity.values() if c["capacity"] is not None]
+        found = [c.capacity for c in self.result.capacity.values() if c.capacity is not None]
         return min(found) if found else None
 
     def _next_repeat(self, variant: str, rate: float) -> int:
@@ -514,10 +502,10 @@ class Capacity:
     def _overload(self) -> None:
         for v in self.levels.variants:
             # Twice the capacity every run allows: the search's, or the revised one (`revised`).
-            cap = (revised(self.result, v) or self.result.capacity[v])["capacity"]
+            cap = (revised(self.result, v) or self.result.capacity[v]).capacity
             if cap is None or self.searches[v].stopped:
-                self.result.overload[v] = {"skipped": "no capacity found" if cap is None
-                                           else self.searches[v].stopped}
+                why = "no capacity found" if cap is None else self.searches[v].stopped
+                self.result.overload[v] = Overload(skipped=why)
                 continue
             rate = canonical(2 * cap)
             watch = MemoryWatch()
@@ -525,35 +513,29 @@ class Capacity:
                 level = self._measure(v, rate, self._next_repeat(v, rate), "overload",
                                       duration_s=self.settings.overload_s)
             gone = self.levels.alive(v)
-            self.result.overload[v] = overload_summary(level, gone, watch.to_json(), self.settings.overload_s)
+            self.result.overload[v] = overload_summary(level, gone, watch.peaks(), self.settings.overload_s)
             self.save()
 
 
-def second_opinion_row(level: CapacityLevel, share: float) -> dict[str, Any]:
-    """Locust against vLLM's benchmark in one level, figure by figure (`vllm_bench.compare`'s verdicts)."""
-    agreement = level.vllm_bench_agreement or {}
-    figures = {}
-    for key in ("output_tokens_per_s", "ttft_p50_ms", "per_token_p50_ms"):
-        a = agreement.get(key) or {}
-        diff = a.get("difference_adjusted") if a.get("difference_adjusted") is not None else a.get("difference")
-        figures[key] = {"locust": a.get("locust"), "vllm_bench": a.get("vllm_bench"), "difference": diff,
-                        "tolerance": a.get("tolerance"), "agrees": a.get("agrees")}
-    bench = level.vllm_bench or {}
-    return {"variant": level.variant, "rate": level.rate, "share": share, "figures": figures,
-            "agrees": agreement.get("agrees"), "error": bench.get("error"),
-            "achieved_rate": (level.open_loop or {}).get("achieved_rate")}
+def second_opinion_row(level: CapacityLevel, share: float) -> SecondOpinion:
+    """Locust against vLLM's benchmark in one level, figure by figure (`second_opinion.compare`'s verdicts)."""
+    agreement = level.vllm_bench_agreement
+    figures = {k: FigureAgreement(locust=a.locust, vllm_bench=a.vllm_bench, tolerance=a.tolerance, agrees=a.agrees,
+                                  difference=a.difference if a.difference_adjusted is None else a.difference_adjusted)
+               for k, a in (agreement.figures() if agreement else {}).items()}
+    return SecondOpinion(variant=level.variant, rate=level.rate, share=share, figures=figures,
+                         agrees=agreement.agrees if agreement else None,
+                         error=level.vllm_bench.error if level.vllm_bench else None,
+                         achieved_rate=level.open_loop.achieved_rate if level.open_loop else None)
 
 
-def overload_summary(level: LevelResult, gone: str | None, memory: dict[str, Any],
-                     duration_s: float) -> dict[str, Any]:
+def overload_summary(level: LevelResult, gone: str | None, memory: MemoryPeaks, duration_s: float) -> Overload:
     """What an overload level shows: the server up after it, every request accounted for (sent ==
     served + refused + timed out + failed), and the kit's own peak memory."""
-    ol = level.open_loop or {}
-    outcomes = {k: (ol.get("outcomes") or {}).get(k) for k in OUTCOMES}
+    ol = level.open_loop
+    outcomes = {k: (ol.outcomes if ol else {}).get(k) for k in OUTCOMES}
     ended = sum(outcomes[k] or 0 for k in SENT_OUTCOMES)
-    sent = ol.get("sent")
-    if sent is None:
-        sent = (level.client or {}).get("requests")
+    sent = ol.sent if ol else level.client.requests if level.client else None
     problems = []
     if gone:
         problems.append(f"the server did not survive the overload: {gone}")
@@ -563,10 +545,10 @@ def overload_summary(level: LevelResult, gone: str | None, memory: dict[str, Any
         problems.append("the level reports no count of sent requests")
     elif sent != ended:
         problems.append(f"{sent - ended} of {sent} sent requests have no outcome (sent {sent}, ended {ended})")
-    return {"rate": level.rate, "duration_s": duration_s, "achieved_rate": ol.get("achieved_rate"),
-            "behind": ol.get("behind"), "sent": sent, "outcomes": outcomes, "accounted": sent == ended,
-            "server_up_after": gone is None, "server_gone": gone, "memory": memory,
-            "status": level.status, "problems": problems}
+    return Overload(rate=level.rate, duration_s=duration_s, achieved_rate=ol.achieved_rate if ol else None,
+                    behind=ol.behind if ol else None, sent=sent, outcomes=outcomes, accounted=sent == ended,
+                    server_up_after=gone is None, server_gone=gone, memory=memory, status=level.status,
+                    problems=problems)
 
 
 class SweepLevels:

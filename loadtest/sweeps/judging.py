@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 from loadtest.measurement import stats
+from loadtest.measurement.figures import BenchFigures, ClientFigures, Distribution, GeneratorLag, ServerFigures
 from loadtest.measurement.records import RequestRecord, load_records
 from loadtest.measurement.results import LevelResult, SweepResults
+from loadtest.measurement import second_opinion
 from loadtest.traffic import vllm_bench
 from loadtest.traffic.arrivals import poisson_arrivals
 from loadtest.traffic.locust_run import LocustOutcome
@@ -21,24 +22,24 @@ from loadtest.traffic.workloads import Workload, load_workload
 DISAGREE = "Locust and vLLM's benchmark disagree: "
 
 
-def judge_second_opinion(level: LevelResult, bench: dict[str, Any], records: list[RequestRecord],
+def judge_second_opinion(level: LevelResult, bench: BenchFigures, records: list[RequestRecord],
                          workload: Workload, workers: int, schedule: int | None) -> None:
-    """Compare a level's Locust run with the benchmark's (`vllm_bench.compare`, request by request
+    """Compare a level's Locust run with the benchmark's (`second_opinion.compare`, request by request
     where the two match) and keep the verdict, and a problem where they disagree, in the level.
     `schedule`: an open loop's requests (its whole arrival schedule); None for a closed loop."""
     open_loop = schedule is not None
     # Open loop: request i is the workload's i-th prompt in one process's order, whatever the workers.
-    sequence = [item.id for item in workload.sequence(schedule if schedule is not None else level.client["requests"],
+    client = level.client or ClientFigures()
+    sequence = [item.id for item in workload.sequence(schedule if schedule is not None else client.requests,
                                                       0 if open_loop else workers)]
-    matched = vllm_bench.matched_ratios(records, bench, sequence)
-    agreement = vllm_bench.compare(level.client, bench, level.server, level.vllm_bench_server,
-                                   matched, open_loop=open_loop)
+    matched = second_opinion.matched_ratios(records, bench, sequence)
+    agreement = second_opinion.compare(client, bench, level.server, level.vllm_bench_server, matched, open_loop=open_loop)
     level.vllm_bench_agreement = agreement
-    off = [f"{k} {100 * (v['difference_adjusted'] if v['difference_adjusted'] is not None else v['difference']):+.1f}%"
-           f" (tolerance {100 * v['tolerance']:.0f}%"
-           + (f"; the engine itself {100 * v['engine_drift']:+.1f}% between the two windows, taken out)"
-              if v["engine_drift"] is not None else ")")
-           for k, v in agreement.items() if isinstance(v, dict) and v["agrees"] is False]
+    off = [f"{k} {100 * (v.difference_adjusted if v.difference_adjusted is not None else v.difference or 0):+.1f}%"
+           f" (tolerance {100 * v.tolerance:.0f}%"
+           + (f"; the engine itself {100 * v.engine_drift:+.1f}% between the two windows, taken out)"
+              if v.engine_drift is not None else ")")
+           for k, v in agreement.figures().items() if v.agrees is False]
     level.problems = [p for p in level.problems if not p.startswith(DISAGREE)]
     if off:
         level.problems.append(DISAGREE + ", ".join(off))
@@ -52,12 +53,15 @@ def rejudge(results: SweepResults, out: Path) -> SweepResults:
     workload = load_workload(s["workload"])
     for variant in results.variants:
         for level in variant.levels:
-            raw_file = out / "vllm-bench" / Path((level.locust or {}).get("records", "")).name / "result.json"
-            if level.vllm_bench_agreement is None or not raw_file.is_file():
+            kept = level.locust.records if level.locust else None
+            raw_file = out / "vllm-bench" / Path(kept or "").name / "result.json"
+            if level.vllm_bench_agreement is None or not kept or not raw_file.is_file():
                 continue
-            level.vllm_bench = {**(level.vllm_bench or {}),
-                                **vllm_bench.summarize(json.loads(raw_file.read_text()), level.concurrency)}
-            records = load_records(out / level.locust["records"])
+            fresh = vllm_bench.summarize(json.loads(raw_file.read_text()), level.concurrency)
+            if level.vllm_bench:  # what only the first judging had (the content check, other code's keys) stays
+                fresh.content, fresh.extra = level.vllm_bench.content, level.vllm_bench.extra
+            level.vllm_bench = fresh
+            records = load_records(out / kept)
             judge_second_opinion(level, level.vllm_bench, records, workload, s.get("workers", 0),
                                  level.requests if level.rate is not None else None)
             if level.status != "failed":
@@ -65,7 +69,7 @@ def rejudge(results: SweepResults, out: Path) -> SweepResults:
         if variant.status in ("ok", "flagged"):
             variant.status = "flagged" if any(lv.status == "flagged" for lv in variant.levels) else "ok"
     results.problems = [p for p in results.problems if "Locust against vLLM's benchmark" not in p]
-    results.problems += vllm_bench.systematic_problems(results)
+    results.problems += second_opinion.systematic_problems(results)
     if results.status in ("ok", "flagged"):
         results.status = overall_status(results)
     return results
@@ -81,12 +85,11 @@ def schedule_start(records: list[RequestRecord], rate: float, requests: int, see
     return None
 
 
-def delivery_notes(client: dict[str, Any], server: dict[str, Any] | None, outcome: LocustOutcome,
+def delivery_notes(client: ClientFigures, server: ServerFigures | None, outcome: LocustOutcome,
                    workers: int) -> list[str]:
     """Warn when responses reach the client much later than the engine produced them, and say where."""
-    hist = (server or {}).get("histograms") or {}
-    mine = (client.get("ttft_ms") or {}).get("mean")
-    theirs = (hist.get("ttft_s") or {}).get("mean")
+    mine = client.ttft_ms.mean if client.ttft_ms else None
+    theirs = server.histogram("ttft_s").mean if server else None
     if mine is None or theirs is None:
         return []
     theirs *= 1000
@@ -105,7 +108,7 @@ def locust_share(outcome: LocustOutcome, workers: int) -> float:
     return outcome.cpu_s / outcome.wall_s / max(workers, 1) if outcome.wall_s > 0 else 0.0
 
 
-def load_generator_lag(records: list[RequestRecord], folder: Path) -> dict[str, Any]:
+def load_generator_lag(records: list[RequestRecord], folder: Path) -> GeneratorLag:
     """How late the load generator was: requests leaving after their user's previous response
     (closed loop: they should leave at once), and gevent's loop waking later than asked."""
     lags: list[float] = []
@@ -121,11 +124,10 @@ def load_generator_lag(records: list[RequestRecord], folder: Path) -> dict[str, 
     # The wait is read over the whole sleep, so some of it can fall in the asked interval (other
     # greenlets runnable then): only up to the stall itself explains the stall.
     explained = sum(min(wait, lag) for lag, wait in stalls)
-    return {"send_lag_ms": stats.distribution([r.send_lag_s for r in records if r.send_lag_s is not None], 1000),
-            "loop_lag_ms": {**stats.distribution(lags, 1000), "max": 1000 * max(lags) if lags else None,
-                            "over_50ms": sum(x > 0.05 for x in lags)},
-            # How much of the stalled time the OS had Locust runnable but off the CPU (None: not known).
-            "stall_runqueue_share": explained / stalled if stalled else None}
+    loop = stats.distribution(lags, 1000, extremes=True)
+    loop.min, loop.over_50ms = None, sum(x > 0.05 for x in lags)
+    return GeneratorLag(send_lag_ms=stats.distribution([r.send_lag_s for r in records if r.send_lag_s is not None], 1000),
+                        loop_lag_ms=loop, stall_runqueue_share=explained / stalled if stalled else None)
 
 
 # Beyond these the client, not the server, may be what a latency percentile measures.
@@ -133,7 +135,7 @@ SEND_LAG_P99_MS = 20.0
 LOOP_LAG_MAX_MS = 100.0
 
 
-def load_generator_notes(outcome: LocustOutcome, workers: int, lag: dict[str, Any] | None = None,
+def load_generator_notes(outcome: LocustOutcome, workers: int, lag: GeneratorLag | None = None,
                          open_loop: bool = False) -> list[str]:
     """Warn when Locust itself was busy or late enough to limit the numbers (it shares the machine)."""
     notes = []
@@ -141,20 +143,21 @@ def load_generator_notes(outcome: LocustOutcome, workers: int, lag: dict[str, An
     if share > 0.6:
         notes.append(f"the load generator used {100 * share:.0f}% of a core per Locust process: it may limit the "
                      f"measurement; use more Locust workers (--workers N) or another machine")
-    send = ((lag or {}).get("send_lag_ms") or {}).get("p99")
+    lag = lag or GeneratorLag()
+    send = lag.send_lag_ms.p99 if lag.send_lag_ms else None
     if open_loop:
         pass  # an open loop's send lag is judged by `stats.open_loop` (`behind`), against its schedule
     elif send is not None and send > SEND_LAG_P99_MS:
         notes.append(f"the load generator sent requests late (p99 {send:.0f} ms after the previous response "
                      f"ended): the offered load was lower than the concurrency says")
-    loop = (lag or {}).get("loop_lag_ms") or {}
-    if loop.get("max") is not None and loop["max"] > LOOP_LAG_MAX_MS:
-        runq = (lag or {}).get("stall_runqueue_share")
+    loop = lag.loop_lag_ms or Distribution()
+    if loop.max is not None and loop.max > LOOP_LAG_MAX_MS:
+        runq = lag.stall_runqueue_share
         cause = "" if runq is None else (
             f"; for {100 * runq:.0f}% of that time the OS kept it runnable but off the CPU (run-queue wait): "
             f"the machine's cores were taken, not Locust busy" if runq >= 0.5 else
             f"; only {100 * runq:.0f}% of that time was run-queue wait: something in Locust's process held its loop")
-        notes.append(f"the load generator's event loop stalled (longest {loop['max']:.0f} ms, {loop['over_50ms']} "
+        notes.append(f"the load generator's event loop stalled (longest {loop.max:.0f} ms, {loop.over_50ms} "
                      f"stalls over 50 ms{cause}): chunks that arrived meanwhile were timed late, so client latency "
                      f"tails include the client's own delay")
     return notes

@@ -14,6 +14,7 @@ from pathlib import Path
 from deploy import Server
 from plugins import step_profile
 from loadtest.measurement import prom, slo, stats
+from loadtest.measurement.figures import ClientFigures, LocustRun
 from loadtest.measurement.records import RequestRecord
 from loadtest.measurement.results import LevelResult
 from loadtest.progress import Progress
@@ -156,9 +157,9 @@ class LevelRunner:
             if problem:
                 level.problems.append(problem)
         ol = level.open_loop
-        if ol and ol["behind"]:
+        if ol and ol.behind:
             level.problems.append("the load generator fell behind the arrival schedule: "
-                                  + "; ".join(ol["behind_reasons"]) + " (the offered load was not the rate asked)")
+                                  + "; ".join(ol.behind_reasons) + " (the offered load was not the rate asked)")
         # An open loop's unsent requests were never sent: nothing of theirs to judge (they count in its outcomes).
         self._judge(run, level, outcome, [r for r in records if r.outcome != "unsent"], before, after)
         _log_level(run.tag, level)
@@ -209,9 +210,9 @@ class LevelRunner:
         job = self._locust_job(run, "", run.total, measured=True)
         with Progress(run.title, run.total or None, job.records_dir, run.duration_s) as bar:
             outcome = run_locust(job, s.level_timeout_s, run.server_gone, bar.tick)
-        level.locust = {"exit_code": outcome.exit_code, "wall_s": outcome.wall_s, "cpu_s": outcome.cpu_s,
-                        "csv": f"locust/{tag}_stats.csv", "html": f"locust/{tag}.html",
-                        "log": f"logs/locust-{tag}.log", "records": f"records/{tag}"}
+        level.locust = LocustRun(exit_code=outcome.exit_code, wall_s=outcome.wall_s, cpu_s=outcome.cpu_s,
+                                 csv=f"locust/{tag}_stats.csv", html=f"locust/{tag}.html",
+                                 log=f"logs/locust-{tag}.log", records=f"records/{tag}")
         if outcome.aborted:
             level.problems.append(outcome.aborted)
         records = load_records(job.records_dir)
@@ -222,17 +223,17 @@ class LevelRunner:
             level.client = stats.summarize(sent, run.state.embedded,
                                            schedule_start(sent, run.rate, run.total, run.seed))
             level.open_loop = stats.open_loop(records, run.rate, run.total)
-            level.outcomes = level.open_loop["outcomes"]
+            level.outcomes = level.open_loop.outcomes
             level.load_generator = load_generator_lag(sent, job.records_dir)
         else:
             level.client = stats.summarize(records, run.state.embedded)
             level.load_generator = load_generator_lag(records, job.records_dir)
         if self.workload.categories:
-            level.client["by_category"] = stats.by_category(records, {i.id: i.category for i in self.workload.items},
-                                                            (level.client.get("content") or {}).get("reference"))
+            level.client.by_category = stats.by_category(records, {i.id: i.category for i in self.workload.items},
+                                                         level.client.content.reference if level.client.content else None)
         if self.targets and records:
             # Open loop: unsent requests are in `records` too, and meet no target.
-            level.slo = slo.evaluate(records, self.targets, level.client.get("duration_s") or 0.0)
+            level.slo = slo.evaluate(records, self.targets, level.client.duration_s or 0.0)
         return outcome, records
 
     def _judge(self, run: LevelRun, level: LevelResult, outcome: LocustOutcome, records: list[RequestRecord],
@@ -241,29 +242,24 @@ class LevelRunner:
         benchmark as a second opinion, and the level's status."""
         s, client = self.settings, level.client
         if before is not None and after is not None:
-            d = prom.delta(before, after)
-            level.server = d.to_json()
-            level.server["output_tokens_per_s"] = (d.generation_tokens / client["duration_s"]
-                                                   if client.get("duration_s") else None)
-            check = stats.agreement(client.get("output_tokens", 0), d.generation_tokens, s.tolerance)
-            check["client_output_tokens"] = client.get("output_tokens", 0)
-            check["server_generation_tokens"] = d.generation_tokens
-            level.consistency = check
-            if not check["ok"]:
+            d = level.server = prom.delta(before, after)
+            d.output_tokens_per_s = d.generation_tokens / client.duration_s if client.duration_s else None
+            check = level.consistency = stats.agreement(client.output_tokens or 0, d.generation_tokens, s.tolerance)
+            check.client_output_tokens, check.server_generation_tokens = client.output_tokens or 0, d.generation_tokens
+            if not check.ok:
                 level.problems.append(
-                    f"throughput disagrees with the server: client {check['client_output_tokens']} tokens vs "
+                    f"throughput disagrees with the server: client {check.client_output_tokens} tokens vs "
                     f"server counter {d.generation_tokens:.0f} over the same interval")
         level.notes = (delivery_notes(client, level.server, outcome, s.workers)
                        + load_generator_notes(outcome, s.workers, level.load_generator, open_loop=bool(run.rate)))
         if not run.metrics:
             level.notes.append("the server's /metrics could not be read: the engine's histograms, acceptance "
                                "and the token-count check are missing for this run")
-        if client["failed"]:
-            level.problems.append(f"{client['failed']} of {client['requests']} requests failed: "
-                                  f"{client['failure_reasons']}")
-        if run.total and client["requests"] < run.total and not outcome.aborted:
-            level.problems.append(f"only {client['requests']} of {run.total} requests finished")
-        broken = outcome.aborted or not client["ok"] or (run.metrics and after is None)
+        if client.failed:
+            level.problems.append(f"{client.failed} of {client.requests} requests failed: {client.failure_reasons}")
+        if run.total and client.requests < run.total and not outcome.aborted:
+            level.problems.append(f"only {client.requests} of {run.total} requests finished")
+        broken = outcome.aborted or not client.ok or (run.metrics and after is None)
         if run.vllm_bench and not broken:
             self._second_opinion(run, level, after, records)
         level.status = "failed" if broken else ("flagged" if level.problems else "ok")
@@ -279,41 +275,39 @@ class LevelRunner:
             level.notes.append("vLLM's benchmark skipped: no tokenizer for the served model on this machine "
                                "(give --tokenizer or the deployment's YAML)")
             return
-        print(f"{run.title}: vLLM's serving benchmark, {level.client['requests']} requests", file=sys.stderr,
+        print(f"{run.title}: vLLM's serving benchmark, {level.client.requests} requests", file=sys.stderr,
               flush=True)
         job = vllm_bench.BenchJob(
             base_url=server.base_url, model=state.served_name, tokenizer=state.tokenizer,
             workload=self.workload, request=self.request, concurrency=run.users,
             # Open loop: the whole schedule (its length fixes the arrival times), prompts in arrival order.
-            num_prompts=run.total if rate else level.client["requests"],
+            num_prompts=run.total if rate else level.client.requests,
             out_dir=self.out / "vllm-bench" / run.tag, workers=0 if rate else s.workers,
             api_key_env=state.api_key_env, timeout_s=s.level_timeout_s, embedded=state.embedded, rate=rate,
             seed=run.seed)
         bench = vllm_bench.run(job)
         level.vllm_bench = bench
-        if "error" in bench:
-            level.problems.append(bench["error"])
+        if bench.error:
+            level.problems.append(bench.error)
             return
-        if bench.get("open_loop_requests") and not rate:
+        if bench.open_loop_requests and not rate:
             level.problems.append(
-                f"vLLM's benchmark: {bench['open_loop_requests']} requests found a free slot on arrival, so it ran "
+                f"vLLM's benchmark: {bench.open_loop_requests} requests found a free slot on arrival, so it ran "
                 f"below {run.users} users at times; its arrivals ({1 / self.request.arrival_gap_s:.0f}/s) did not "
                 f"outpace the server: lower --arrival-gap")
         if before is not None and server.alive():
             try:  # the benchmark's requests exactly: it runs no warm-ups (see `vllm_bench.bench_args`)
                 after = prom.scrape_settled(server.base_url, headers=run.auth)
-                level.vllm_bench_server = prom.delta(before, after).to_json()
+                level.vllm_bench_server = prom.delta(before, after)
             except Exception as exc:  # noqa: BLE001 - the comparison then stays unadjusted
                 level.notes.append(f"/metrics after vLLM's benchmark: {exc}; its figures are compared unadjusted")
         judge_second_opinion(level, bench, records, self.workload, s.workers, run.total if rate else None)
 
 
 def _log_level(tag: str, level: LevelResult) -> None:
-    c = level.client or {}
-    server = level.server or {}
-    accept = server.get("acceptance_rate")
-    msg = (f"{tag}: {level.status}, {c.get('ok', 0)}/{c.get('requests', 0)} ok, "
-           f"{(c.get('output_tokens_per_s') or 0):.1f} tok/s"
+    c = level.client or ClientFigures()
+    accept = level.server.acceptance_rate if level.server else None
+    msg = (f"{tag}: {level.status}, {c.ok}/{c.requests} ok, {c.output_tokens_per_s or 0:.1f} tok/s"
            + (f", acceptance {accept:.2f}" if accept is not None else ""))
     (log.warning if level.problems else log.info)("%s%s", msg,
                                                   "; " + "; ".join(level.problems) if level.problems else "")

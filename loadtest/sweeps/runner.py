@@ -49,7 +49,7 @@ from deploy.footprint import first_start_lines
 from plugins import step_profile
 from loadtest.measurement import slo
 from loadtest.traffic import declared as traffic
-from loadtest.traffic import vllm_bench
+from loadtest.measurement import second_opinion
 from loadtest.traffic.endpoint import EndpointError
 from loadtest.sweeps.plan import (ServerInfo, SweepPlan, Timings, choose_order, duration_text, gpu_groups, gpu_text,
                                   servers_fit_together)
@@ -191,7 +191,7 @@ class Sweep:
         for state in running.values():
             stop(state)
             finish_variant(state)
-        self.results.problems += vllm_bench.systematic_problems(self.results)
+        self.results.problems += second_opinion.systematic_problems(self.results)
         if self.results.status != "interrupted":
             self.results.status = overall_status(self.results)
         self.save()
@@ -384,15 +384,15 @@ class Sweep:
 
     def _record_run(self, state: Running, variant: Variant, level: LevelResult, wall_s: float) -> None:
         """Keep a measured run's cost (wall seconds per output token it asked for) for later plans."""
-        client = level.client or {}
-        if level.status not in ("ok", "flagged") or not client.get("requests"):
+        requests = level.client.requests if level.client else 0
+        if level.status not in ("ok", "flagged") or not requests:
             return
         self._measured[(variant.name, level.at, level.repeat or 1)] = wall_s
         if state.entry.url or level.concurrency is None:
             return  # another machine's server, or an open loop (its length is the schedule's): no timings
         s = self.settings
-        tokens = (level.concurrency * s.warmup + client["requests"]
-                  + ((level.vllm_bench or {}).get("completed") or 0)) * self.request.max_tokens
+        bench = (level.vllm_bench.completed if level.vllm_bench else None) or 0
+        tokens = (level.concurrency * s.warmup + requests + bench) * self.request.max_tokens
         self.timings.record_run(self._servers[variant.name].key, level.concurrency, wall_s / tokens)
 
     def _start(self, state: Running, variant: Variant, position: str) -> bool:

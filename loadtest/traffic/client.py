@@ -103,16 +103,15 @@ class StreamParser:
             if spec:
                 rec.spec_decode = spec
             return
-        if choices[0].get("prompt_token_ids"):
-            self.prompt_token_ids = list(choices[0]["prompt_token_ids"])
-        if choices[0].get("token_ids"):
-            rec.output_token_ids += choices[0]["token_ids"]
-        self.text.append(_chunk_text(choices[0]))
-        if usage and usage.get("completion_tokens") is not None:
-            new_tokens = int(usage["completion_tokens"]) - rec.tokens_seen
-        else:
-            # A server without per-chunk usage: a chunk with text carries at least one token.
-            new_tokens = 1 if _chunk_text(choices[0]) else 0
+        choice, completion = choices[0], usage.get("completion_tokens") if usage else None
+        prompt_ids = choice.get("prompt_token_ids")
+        if prompt_ids:
+            self.prompt_token_ids = list(prompt_ids)
+        rec.output_token_ids += choice.get("token_ids") or []
+        text = _chunk_text(choice)
+        self.text.append(text)
+        # A server without per-chunk usage: a chunk with text carries at least one token.
+        new_tokens = int(completion) - rec.tokens_seen if completion is not None else 1 if text else 0
         if new_tokens <= 0:
             return  # role-only or empty chunk: no token, not a "first token"
         rec.tokens_seen += new_tokens

@@ -51,7 +51,7 @@ from loadtest.traffic.arrivals import poisson_arrivals, replayed
 from loadtest.measurement.records import UNSENT, RequestRecord
 from loadtest.traffic.client import auth_headers, stream_request
 from loadtest.traffic.request_settings import RequestSettings
-from loadtest.traffic.workloads import Item, load_workload, request_for, share
+from loadtest.traffic.workloads import CHAT_PATH, COMPLETIONS_PATH, Item, load_workload, request_for, share, uses_chat
 
 _request_counter = itertools.count()
 _user_counter = itertools.count()
@@ -238,19 +238,21 @@ class LLMUser(User):
             # the run ends when the last request does, as a closed loop over N requests should.
             _user_finished(self.environment)
             raise StopUser()
-        ticket = next(_request_counter)
-        item = self.workload.item_for(ticket, getattr(self.environment.runner, "worker_index", 0))
-        rs = self.request
-        path, body = request_for(item, opts.model, rs.max_tokens, rs.temperature, rs.fixed_length, rs.api)
-        expected = rs.max_tokens if rs.fixed_length else None
+        item = self.workload.item_for(next(_request_counter), getattr(self.environment.runner, "worker_index", 0))
         lag = time.perf_counter() - self.last_end if self.last_end is not None else None
-        record = stream_request(self.session, self.host.rstrip("/"), path, body, item.id, rs.request_timeout_s,
-                                expected, self.headers)
+        record = self._send(item)
         self.last_end = time.perf_counter()  # reporting the record below counts as the next request's lag
         record.send_lag_s = lag
         record.user, record.planned_start, self.planned_start = self.index, self.planned_start, None
-        self._report(record)
-        _write_record(self.environment, record)
+        self._keep(record)
+
+    def _send(self, item: Item) -> RequestRecord:
+        """One streaming request for `item`, measured."""
+        rs = self.request
+        path, body = request_for(item, self.environment.parsed_options.model, rs.max_tokens, rs.temperature,
+                                 rs.fixed_length, rs.api)
+        return stream_request(self.session, self.host.rstrip("/"), path, body, item.id, rs.request_timeout_s,
+                              rs.max_tokens if rs.fixed_length else None, self.headers)
 
     def _may_send(self, opts: Any) -> bool:
         """Whether this user's next request fits the budget. Every user's first request is kept
@@ -312,18 +314,15 @@ class LLMUser(User):
         return self.workload.item_for(replayed(index, opts.requests, opts.repeat_head))
 
     def _one_arrival(self, index: int, planned: float) -> None:
-        opts = self.environment.parsed_options
-        rs = self.request
         # The i-th arrival sends the i-th prompt of the single-process order, on every worker:
         # vLLM's benchmark gets the same prompts in the same order (`Workload.sequence(n)`).
         item = self._item(index)
-        path, body = request_for(item, opts.model, rs.max_tokens, rs.temperature, rs.fixed_length, rs.api)
         sent = time.time()
         try:
-            record = stream_request(self.session, self.host.rstrip("/"), path, body, item.id, rs.request_timeout_s,
-                                    rs.max_tokens if rs.fixed_length else None, self.headers)
+            record = self._send(item)
         except gevent.GreenletExit:
             # Stopped mid-stream: the response never came within the run.
+            path = CHAT_PATH if uses_chat(item, self.request.api) else COMPLETIONS_PATH  # type: ignore[arg-type]
             record = RequestRecord(item_id=item.id, path=path, start=sent, e2e_s=time.time() - sent,
                                    error="timeout: the run ended before the response did")
             record.planned_start, record.arrival, record.send_lag_s = planned, index, sent - planned

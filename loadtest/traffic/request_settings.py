@@ -12,7 +12,7 @@ import argparse
 from collections.abc import Collection, Mapping
 from dataclasses import Field, asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from deploy.config import overrides_as_text
 from loadtest.arg_types import temperature_list
@@ -21,8 +21,21 @@ from loadtest.traffic.workloads import BUILTIN
 API_CHOICES = ("auto", "completions", "chat")
 
 
-def _option(flag: str, help: str, **argparse_kw: Any) -> dict[str, Any]:
-    return {"flag": flag, "help": help, "argparse": argparse_kw}
+class Option(NamedTuple):
+    """A field's command-line option: its flag, help, and further argparse keywords."""
+
+    flag: str
+    help: str
+    argparse: dict[str, Any]
+
+
+def _option(flag: str, help: str, **argparse_kw: Any) -> dict[str, Option]:
+    return {"option": Option(flag, help, argparse_kw)}
+
+
+def option(f: Field) -> Option:
+    """The option a RequestSettings field declares."""
+    return f.metadata["option"]
 
 
 @dataclass(frozen=True)
@@ -58,9 +71,9 @@ class RequestSettings:
             value = getattr(self, f.name)
             if isinstance(value, bool):
                 if value != f.default:  # a bool's flag turns its default off
-                    args.append(f.metadata["flag"])
+                    args.append(option(f).flag)
             else:
-                args += [f.metadata["flag"], str(value)]
+                args += [option(f).flag, str(value)]
         return args
 
     @classmethod
@@ -85,13 +98,14 @@ class RequestSettings:
         for f in fields(cls):
             if (only is not None and f.name not in only) or f.name in skip:
                 continue
+            text = helps.get(f.name, option(f).help)
             if f.name == "temperature" and several_temperatures:
-                parser.add_argument(f.metadata["flag"], dest=f.name, type=temperature_list, default=None,
-                                    metavar="T,T", help=helps.get(f.name, f.metadata["help"]))
+                parser.add_argument(option(f).flag, dest=f.name, type=temperature_list, default=None,
+                                    metavar="T,T", help=text)
             elif f.name in from_config:
-                _add_from_config(parser, f, helps.get(f.name, f.metadata["help"]))
+                _add_from_config(parser, f, text)
             else:
-                _add_with_default(parser, f, defaults.get(f.name, f.default), helps.get(f.name, f.metadata["help"]))
+                _add_with_default(parser, f, defaults.get(f.name, f.default), text)
 
 
 def _add_from_config(parser: Any, f: Field, text: str) -> None:
@@ -101,20 +115,18 @@ def _add_from_config(parser: Any, f: Field, text: str) -> None:
     if f.name == "fixed_length":
         add_fixed_length_flags(parser)
     else:
-        parser.add_argument(f.metadata["flag"], dest=f.name, type=type(f.default), default=None,
-                            help=f"{text} (default: the config's traffic.{f.name})", **f.metadata["argparse"])
+        parser.add_argument(option(f).flag, dest=f.name, type=type(f.default), default=None,
+                            help=f"{text} (default: the config's traffic.{f.name})", **option(f).argparse)
 
 
 def _add_with_default(parser: Any, f: Field, default: Any, text: str) -> None:
     """A field's option with its own default (a bool's flag turns the default off)."""
-    meta = f.metadata
+    opt = option(f)
     if isinstance(f.default, bool):
-        parser.add_argument(meta["flag"], dest=f.name, action="store_false" if f.default else "store_true",
-                            help=text)
+        parser.add_argument(opt.flag, dest=f.name, action="store_false" if f.default else "store_true", help=text)
     else:
-        parser.add_argument(meta["flag"], dest=f.name, type=type(f.default), default=default,
-                            help=f"{text} (default: %(default)s)", **meta["argparse"])
-
+        parser.add_argument(opt.flag, dest=f.name, type=type(f.default), default=default,
+                            help=f"{text} (default: %(default)s)", **opt.argparse)
 
 
 OVERRIDE_FIELDS = ("overrides", "alternatives")

@@ -251,18 +251,18 @@ def _jsonl(text: str, path: Path, prefix: str | None = None) -> list[Item]:
         if not isinstance(obj, dict) or ("prompt" in obj) == ("messages" in obj):
             raise ValueError(f"{path}:{n}: each line needs exactly one of 'prompt', 'messages' or 'turns' "
                              f"(Spec-Bench)")
-        if "prompt" in obj and not isinstance(obj["prompt"], str):
+        prompt, messages, limit = obj.get("prompt"), obj.get("messages"), obj.get("max_tokens")
+        if "prompt" in obj and not isinstance(prompt, str):
             raise ValueError(f"{path}:{n}: 'prompt' must be a string")
-        if "messages" in obj and not (isinstance(obj["messages"], list) and obj["messages"] and all(
+        if "messages" in obj and not (isinstance(messages, list) and messages and all(
                 isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
-                for m in obj["messages"])):
+                for m in messages)):
             raise ValueError(f"{path}:{n}: 'messages' must be a list of {{'role': str, 'content': str}}")
-        limit = obj.get("max_tokens")
         if limit is not None and not (isinstance(limit, int) and not isinstance(limit, bool) and limit > 0):
             raise ValueError(f"{path}:{n}: 'max_tokens' must be a positive integer")
-        messages = tuple(obj["messages"]) if "messages" in obj else None
-        items.append(Item(str(obj.get("id", f"{path.stem}-{n}")), prompt=obj.get("prompt"), messages=messages,
-                          max_tokens=obj.get("max_tokens"), category=category))
+        items.append(Item(str(obj.get("id", f"{path.stem}-{n}")), prompt=prompt,
+                          messages=tuple(messages) if messages is not None else None, max_tokens=limit,
+                          category=category))
     return items
 
 
@@ -278,14 +278,15 @@ def _sharegpt(data: Any, path: Path) -> list[Item]:
                 for t in turns):
             raise ValueError(f"workload file {path}: entry {n} is not a ShareGPT conversation "
                              f"({{'conversations': [{{'from': 'human', 'value': '...'}}, ...]}})")
-        human = next((t for t in turns if roles.get(t.get("from", "")) == "user"), None)
-        if not human or not str(human.get("value", "")).strip():
+        said = [(roles.get(t.get("from", "")), t.get("value", "")) for t in turns]
+        first = next((i for i, (role, _) in enumerate(said) if role == "user"), None)
+        if first is None or not said[first][1].strip():
             continue
-        reply = next((t for t in turns[turns.index(human) + 1:] if roles.get(t.get("from", "")) == "assistant"), None)
+        reply = next((text for role, text in said[first + 1:] if role == "assistant"), None)
         # ShareGPT keeps no token counts: ~4 characters a token is the usual estimate for the reply length.
-        reply_tokens = max(1, len(reply["value"]) // 4) if reply else None
+        reply_tokens = max(1, len(reply) // 4) if reply is not None else None
         items.append(Item(str(conv.get("id", f"{path.stem}-{n}")),
-                          messages=({"role": "user", "content": human["value"]},), max_tokens=reply_tokens))
+                          messages=({"role": "user", "content": said[first][1]},), max_tokens=reply_tokens))
     return items
 
 
@@ -308,9 +309,8 @@ def request_for(item: Item, model: str, max_tokens: int, temperature: float, fix
         "stream_options": {"include_usage": True, "continuous_usage_stats": True},
         # The tokens themselves, for the content check (loadtest.measurement.content): a loop predicted is no speedup.
         "return_token_ids": True,
+        **({"ignore_eos": True} if fixed_length else {}),  # vLLM extension: always generate exactly max_tokens
     }
-    if fixed_length:
-        body["ignore_eos"] = True  # vLLM extension: always generate exactly max_tokens
     if uses_chat(item, api):
         messages = list(item.messages) if item.messages else [{"role": "user", "content": item.prompt or ""}]
         return CHAT_PATH, {**body, "messages": messages}
