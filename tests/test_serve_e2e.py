@@ -75,6 +75,18 @@ def _gone(processes: list[psutil.Process], within_s: float) -> list[int]:
         time.sleep(0.5)
 
 
+def _await_ready(proc: subprocess.Popen[str], within_s: float = 600) -> None:
+    """Read `make serve`'s output until it says it is ready; an exit before that fails the tests."""
+    assert proc.stdout is not None
+    deadline = time.monotonic() + within_s
+    for line in proc.stdout:
+        if line.startswith("ready after"):
+            return
+        if time.monotonic() > deadline:
+            pytest.fail("server did not become ready")
+    pytest.fail(f"serve exited before ready with code {proc.wait()}")
+
+
 STOPS = ["SIGHUP", "two SIGINTs", "SIGKILL"]
 SERVED = "embedded-code"
 """What the stop tests serve: the code pair starts in a fraction of the default's time, and how a
@@ -94,6 +106,11 @@ def serving() -> Iterator[dict[str, tuple[subprocess.Popen[str], int]]]:
                                       stderr=subprocess.STDOUT, text=True, start_new_session=True), port)
                for how, port in zip(STOPS, ports)}
     try:
+        # All three ready before any test sends a request: an engine still starting beside a serving
+        # one takes the cores its first forward pass waits for (seen: a request of 8 tokens unanswered
+        # for two minutes on 2 cores).
+        for proc, _ in started.values():
+            _await_ready(proc)
         yield started
     finally:
         for proc, _ in started.values():
@@ -115,14 +132,7 @@ def test_serve_leaves_nothing_running_however_it_is_stopped(how: str, serving) -
     serves, a second server on the same port is one line and exit 2, not a traceback."""
     proc, port = serving[how]
     try:
-        assert proc.stdout is not None
-        deadline = time.monotonic() + 600
-        for line in proc.stdout:
-            if line.startswith("ready after"):
-                break
-            assert time.monotonic() < deadline, "server did not become ready"
-        else:
-            pytest.fail(f"serve exited before ready with code {proc.wait()}")
+        assert proc.poll() is None, f"serve exited with code {proc.returncode}"
         model = requests.get(f"http://127.0.0.1:{port}/v1/models", timeout=60).json()["data"][0]["id"]
         reply = requests.post(f"http://127.0.0.1:{port}/v1/completions", timeout=120, json={
             "model": model, "prompt": "def f(", "max_tokens": 8, "temperature": 0})
