@@ -13,7 +13,7 @@ from loadtest.measurement import slo
 from loadtest.measurement import stats
 from loadtest.measurement.derived import Comparison, CategoryRow, CostRow, RateBench, RateRow, SpeedupSummary
 from loadtest.measurement.figures import (BenchFigures, CategoryFigures, ClientFigures, Distribution, Interval,
-                                          OpenLoopFigures, ServerFigures)
+                                          OpenLoopFigures, ServerFigures, p50)
 from loadtest.measurement.results import LevelResult, SweepResults, VariantResult
 
 
@@ -36,9 +36,6 @@ def _ratio(base: float | None, mine: float | None) -> float | None:
     return base / mine if base and mine else None
 
 
-def _p50(d: Distribution | None) -> float | None:
-    return d.p50 if d else None
-
 
 def derive_rates(results: SweepResults) -> list[RateRow]:
     """One row per open-loop level: asked and achieved rate, in-flight, outcomes, latencies,
@@ -57,13 +54,13 @@ def derive_rates(results: SweepResults) -> list[RateRow]:
                       output_tokens_per_s=c.output_tokens_per_s,
                       acceptance=level.server.acceptance_rate if level.server else None)
         if bench:
-            row.bench = RateBench(output_tokens_per_s=bench.output_tokens_per_s, ttft_p50_ms=_p50(bench.ttft_ms),
-                                  tpot_p50_ms=_p50(bench.per_token_latency_ms), error=bench.error,
+            row.bench = RateBench(output_tokens_per_s=bench.output_tokens_per_s, ttft_p50_ms=p50(bench.ttft_ms),
+                                  tpot_p50_ms=p50(bench.per_token_latency_ms), error=bench.error,
                                   agrees=level.vllm_bench_agreement.agrees if level.vllm_bench_agreement else None)
         base_level = base.get((level.rate, level.repeat))
         b = base_level.client if base_level else None
         if variant.name != "baseline" and b:
-            row.tpot_p50_speedup = _ratio(_p50(b.per_token_latency_ms), row.tpot_ms.p50)
+            row.tpot_p50_speedup = _ratio(p50(b.per_token_latency_ms), row.tpot_ms.p50)
             row.e2e_mean_speedup = _ratio(b.e2e_ms.mean if b.e2e_ms else None, row.e2e_ms.mean)
         rows.append(row)
     return sorted(rows, key=lambda r: (r.rate, r.repeat, r.variant == "baseline", r.variant))

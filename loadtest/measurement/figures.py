@@ -8,6 +8,7 @@ written into results.json as the JSON object it always was (`Serial`), so older 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from loadtest.measurement.serial import Serial
 
@@ -35,6 +36,11 @@ class Distribution(Serial):
 
 
 PERCENTILE_NAMES = ("mean", "p50", "p90", "p95", "p99")
+
+
+def p50(d: Distribution | None) -> float | None:
+    """A distribution's median, None where there is no distribution."""
+    return d.p50 if d else None
 
 NO_VALUES = Distribution(n=0)
 
@@ -246,6 +252,14 @@ class FigureAgreement(Serial):
         return None
 
 
+COMPARED = ("output_tokens_per_s", "ttft_p50_ms", "per_token_p50_ms")
+"""The figures Locust and vLLM's benchmark are compared on: fields of `Agreement` and `Systematic`."""
+
+
+def _compared(holder: Agreement | Systematic) -> dict[str, Any]:
+    return {k: v for k in COMPARED if (v := getattr(holder, k)) is not None}
+
+
 @dataclass
 class Agreement(Serial):
     """Locust against vLLM's benchmark over one run, figure by figure (`second_opinion.compare`)."""
@@ -256,10 +270,8 @@ class Agreement(Serial):
     agrees: bool | None = None
 
     def figures(self) -> dict[str, FigureAgreement]:
-        """The compared figures by name (`second_opinion.AGREEMENT`'s), those that were compared."""
-        return {k: v for k, v in (("output_tokens_per_s", self.output_tokens_per_s),
-                                  ("ttft_p50_ms", self.ttft_p50_ms),
-                                  ("per_token_p50_ms", self.per_token_p50_ms)) if v is not None}
+        """The compared figures by name (`COMPARED`), those that were compared."""
+        return _compared(self)
 
 
 @dataclass
@@ -286,10 +298,8 @@ class Systematic(Serial):
     agrees: bool | None = None
 
     def figures(self) -> dict[str, FigureSystematic]:
-        """The judged figures by name, those that were judged."""
-        return {k: v for k, v in (("output_tokens_per_s", self.output_tokens_per_s),
-                                  ("ttft_p50_ms", self.ttft_p50_ms),
-                                  ("per_token_p50_ms", self.per_token_p50_ms)) if v is not None}
+        """The judged figures by name (`COMPARED`), those that were judged."""
+        return _compared(self)
 
 
 @dataclass

@@ -14,8 +14,8 @@ import statistics
 from typing import Any
 
 from loadtest.measurement import stats
-from loadtest.measurement.figures import (Agreement, BenchFigures, ClientFigures, Distribution, FigureAgreement,
-                                          FigureSystematic, PerRequest, ServerFigures, Systematic)
+from loadtest.measurement.figures import (Agreement, BenchFigures, ClientFigures, FigureAgreement,
+                                          FigureSystematic, PerRequest, ServerFigures, Systematic, p50)
 from loadtest.measurement.results import SweepResults
 
 # How far Locust's figures may be from vLLM's benchmark before the report flags the level.
@@ -83,8 +83,8 @@ def compare(client: ClientFigures, bench: BenchFigures, locust_window: ServerFig
     the engine's speed and is compared as measured (no drift taken out); the tolerances
     (`AGREEMENT`) are the same."""
     pairs = {"output_tokens_per_s": (client.output_tokens_per_s, bench.output_tokens_per_s),
-             "ttft_p50_ms": (_p50(client.ttft_ms), _p50(bench.ttft_ms)),
-             "per_token_p50_ms": (_p50(client.per_token_latency_ms), _p50(bench.per_token_latency_ms))}
+             "ttft_p50_ms": (p50(client.ttft_ms), p50(bench.ttft_ms)),
+             "per_token_p50_ms": (p50(client.per_token_latency_ms), p50(bench.per_token_latency_ms))}
     drift = engine_drift(locust_window, bench_window)
     out = Agreement()
     for key, (mine, theirs) in pairs.items():
@@ -109,9 +109,6 @@ def compare(client: ClientFigures, bench: BenchFigures, locust_window: ServerFig
     out.agrees = all(checked) if checked else None
     return out
 
-
-def _p50(d: Distribution | None) -> float | None:
-    return d.p50 if d else None
 
 
 def systematic(agreements: list[Agreement]) -> Systematic:

@@ -124,8 +124,8 @@ def load_generator_lag(records: list[RequestRecord], folder: Path) -> GeneratorL
     # The wait is read over the whole sleep, so some of it can fall in the asked interval (other
     # greenlets runnable then): only up to the stall itself explains the stall.
     explained = sum(min(wait, lag) for lag, wait in stalls)
-    loop = stats.distribution(lags, 1000, extremes=True)
-    loop.min, loop.over_50ms = None, sum(x > 0.05 for x in lags)
+    loop = stats.distribution(lags, 1000)
+    loop.max, loop.over_50ms = 1000 * max(lags) if lags else None, sum(x > 0.05 for x in lags)
     return GeneratorLag(send_lag_ms=stats.distribution([r.send_lag_s for r in records if r.send_lag_s is not None], 1000),
                         loop_lag_ms=loop, stall_runqueue_share=explained / stalled if stalled else None)
 
