@@ -178,7 +178,7 @@ def test_dry_run_with_rates_plans_rates(tmp_path: Path):
     text = plan.describe(dry_run=True)
     assert "rates 0.5, 2 requests/s (open loop" in text and "concurrency" not in text
     assert "32 requests at 0.5/s, 120 requests at 2/s" in text
-    assert [(r, rate) for r, rate, _ in plan.steps][:4] == [(1, 0.5), (1, 0.5), (2, 0.5), (2, 0.5)]
+    assert [(r, load.at) for r, load, _ in plan.steps][:4] == [(1, 0.5), (1, 0.5), (2, 0.5), (2, 0.5)]
     assert plan.total_s() > 0
 
 

@@ -15,7 +15,7 @@ from deploy.config import load_config
 from deploy.preflight import Machine
 from loadtest.measurement import prom
 from loadtest.measurement.figures import ClientFigures, ServerFigures
-from loadtest.measurement.results import LevelResult, SweepResults, VariantResult
+from loadtest.measurement.results import Closed, LevelResult, SweepResults, VariantResult
 from loadtest.sweeps.plan import SweepPlan, Timings, run_order, starts_needed
 from loadtest.reports.report import compare_rows, compare_table
 from loadtest.sweeps.settings import SweepSettings
@@ -38,7 +38,7 @@ def test_the_70b_preset_on_gpus_starts_each_server_once(tmp_path: Path) -> None:
     assert plan.order_name == "grouped" and not plan.together
     assert [s.name for s in plan.starts()] == ["spec-schedule", "baseline"]
     # Each variant's three repeats at both levels in a row.
-    assert [(r, c, s.name) for r, c, s in plan.steps][:6] == [(1, 1, "spec-schedule"), (1, 32, "spec-schedule"), (2, 1, "spec-schedule"),
+    assert [(r, c.at, s.name) for r, c, s in plan.steps][:6] == [(1, 1, "spec-schedule"), (1, 32, "spec-schedule"), (2, 1, "spec-schedule"),
                                                                (2, 32, "spec-schedule"), (3, 1, "spec-schedule"), (3, 32, "spec-schedule")]
     text = plan.describe(dry_run=True)
     assert "server starts: 2 (spec-schedule 1, baseline 1); --order alternate would take 4" in text
@@ -66,7 +66,7 @@ def test_the_cpu_default_keeps_alternating(tmp_path: Path, monkeypatch, host_gib
     assert [s.name for s in plan.servers] == ["spec-k4", "baseline"] and {s.device for s in plan.servers} == {"cpu"}
     assert plan.order_name == "alternate" and plan.together is together and len(plan.starts()) == starts
     if together:  # every run, both variants, who goes first flipping
-        assert [(r, c, s.name) for r, c, s in plan.steps][:4] == [(1, 1, "spec-k4"), (1, 1, "baseline"),
+        assert [(r, c.at, s.name) for r, c, s in plan.steps][:4] == [(1, 1, "spec-k4"), (1, 1, "baseline"),
                                                                    (2, 1, "baseline"), (2, 1, "spec-k4")]
     text = plan.describe()
     assert f"server starts: {starts} (spec-k4 {starts // 2}, baseline {starts // 2})" in text
@@ -101,7 +101,7 @@ def test_measured_timings_replace_the_assumptions(tmp_path: Path) -> None:
     # Time left: what the sweep measured replaces the estimates of the steps still to come, and
     # scales those of runs it has not measured yet alike.
     first = plan.servers[0]
-    run_1 = 0.01 * plan.run_tokens(first, 1)
+    run_1 = 0.01 * plan.run_tokens(first, Closed(1))
     assert plan.left_s(0, {}) == pytest.approx(plan.total_s())
     assert plan.left_s(0, {}, skip_start=True) == pytest.approx(plan.total_s() - 300)
     left = plan.left_s(1, {(first.name, 1, 1): run_1 / 2})  # after the first step, its run twice as fast

@@ -14,22 +14,17 @@ from loadtest.measurement import stats
 from loadtest.measurement.derived import Comparison, CategoryRow, CostRow, RateBench, RateRow, SpeedupSummary
 from loadtest.measurement.figures import (BenchFigures, CategoryFigures, ClientFigures, Distribution, Interval,
                                           OpenLoopFigures, ServerFigures, p50)
-from loadtest.measurement.results import LevelResult, SweepResults, VariantResult
+from loadtest.measurement.results import Closed, LevelResult, Open, SweepResults, VariantResult
 
 
 def levels(results: SweepResults) -> Iterator[tuple[VariantResult, LevelResult]]:
-    """(variant, level) pairs of closed-loop levels that have client numbers (open-loop levels:
-    `rate_levels`)."""
-    for variant, level in results.levels():
-        if level.ok_client and level.rate is None:
-            yield variant, level
+    """(variant, level) pairs of closed-loop levels that have client numbers."""
+    return ((v, lv) for v, lv in results.levels(Closed) if lv.ok_client)
 
 
 def rate_levels(results: SweepResults) -> Iterator[tuple[VariantResult, LevelResult]]:
-    """(variant, level) pairs of open-loop levels (a `rate`), measured or not."""
-    for variant, level in results.levels():
-        if level.rate is not None:
-            yield variant, level
+    """(variant, level) pairs of open-loop levels, measured or not."""
+    return iter(results.levels(Open))
 
 
 def _ratio(base: float | None, mine: float | None) -> float | None:
@@ -181,9 +176,9 @@ def costs(results: SweepResults) -> list[CostRow]:
         seconds = sum(variant.startup_s) + sum((lv.client.duration_s if lv.client else None) or 0
                                                for lv in variant.levels)
         by_batch: dict[int, list[float]] = {}
-        for level in variant.levels:
-            tps = level.ok_client.output_tokens_per_s if level.ok_client else None
-            if tps and level.rate is None:
+        for v, level in levels(results):
+            tps = level.client.output_tokens_per_s if level.client else None
+            if v is variant and tps:
                 by_batch.setdefault(level.concurrency or 0, []).append(tps)
         per_million = {c: price * gpus / 3600 / statistics.fmean(v) * 1e6 for c, v in sorted(by_batch.items())}
         rows.append(CostRow(variant=variant.name, gpus=gpus, price_per_gpu_hour=price,
@@ -240,12 +235,12 @@ def slo_lines(results: SweepResults) -> list[str]:
     described = ", ".join(t.describe() for t in slo.parse_targets(targets))
     lines = []
     for variant in results.variants:
-        at_rates = [lv for lv in variant.levels if lv.slo and lv.rate is not None]
+        at_rates = [lv for v, lv in results.levels(Open) if v is variant and lv.slo]
         if at_rates:
             met = [lv.rate for lv in at_rates if all(x.slo.met for x in at_rates if x.rate == lv.rate and x.slo)]
             lines.append(f"service targets ({described}), {variant.name}: "
                          + (f"met up to {max(met):g} requests/s (open loop)" if met else "not met at any measured rate"))
-        measured = [lv for lv in variant.levels if lv.slo and lv.rate is None]
+        measured = [lv for v, lv in results.levels(Closed) if v is variant and lv.slo]
         if not measured:
             continue
         best = slo.highest_concurrency(measured)

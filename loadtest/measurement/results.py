@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from loadtest.measurement.derived import Comparison, RateRow
 from loadtest.measurement.capacity_figures import (Crossover, Overload, RateSpeedup, Scan, SearchRequest,
@@ -43,6 +43,8 @@ class Closed:
     """A closed loop: `users` users, each sending its next request when its last one ends."""
 
     users: int
+    scheduled: ClassVar[bool] = False
+    """Requests follow an arrival schedule (open loop), not the users' turns."""
 
     @property
     def at(self) -> float:
@@ -58,12 +60,27 @@ class Closed:
         """How lines and titles name it: `c=32`."""
         return f"c={self.users}"
 
+    @property
+    def where(self) -> str:
+        """How a warning places it: `batch 32`."""
+        return f"batch {self.users}"
+
+    def level(self, repeat: int = 1) -> LevelResult:
+        """An empty level at this load."""
+        return LevelResult(concurrency=self.users, repeat=repeat)
+
+    def prompt_order(self, level: LevelResult, workers: int) -> tuple[int, int]:
+        """How `level`'s prompts went out, for vLLM's benchmark to send the same (`Workload.sequence`):
+        (requests, Locust workers that split them)."""
+        return (level.client.requests if level.client else 0), workers
+
 
 @dataclass(frozen=True)
 class Open:
     """An open loop: requests arriving at `rate` per second (Poisson), whether or not earlier ones ended."""
 
     rate: float
+    scheduled: ClassVar[bool] = True
 
     @property
     def at(self) -> float:
@@ -76,6 +93,17 @@ class Open:
     @property
     def label(self) -> str:
         return f"{self.rate:g}/s"
+
+    @property
+    def where(self) -> str:
+        return f"{self.rate:g} req/s"
+
+    def level(self, repeat: int = 1) -> LevelResult:
+        return LevelResult(rate=self.rate, repeat=repeat)
+
+    def prompt_order(self, level: LevelResult, workers: int) -> tuple[int, int]:
+        # The whole schedule (its length fixes the arrival times), in arrival order whatever the workers.
+        return level.requests or 0, 0
 
 
 Load = Closed | Open
@@ -211,9 +239,10 @@ class SweepResults(Serial):
     """Open-loop speedups at each rate, derived by the report likewise."""
 
 
-    def levels(self) -> list[tuple[VariantResult, LevelResult]]:
-        """Every level with its variant, in the order of the variants."""
-        return [(v, lv) for v in self.variants for lv in v.levels]
+    def levels(self, kind: type[Closed] | type[Open] | None = None) -> list[tuple[VariantResult, LevelResult]]:
+        """Every level with its variant (those of one `kind` of load: `Closed` or `Open`), in the order
+        of the variants."""
+        return [(v, lv) for v in self.variants for lv in v.levels if kind is None or isinstance(lv.load, kind)]
 
     @classmethod
     def load(cls, path: Path) -> SweepResults:

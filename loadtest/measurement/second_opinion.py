@@ -16,7 +16,7 @@ from typing import Any
 from loadtest.measurement import stats
 from loadtest.measurement.figures import (Agreement, BenchFigures, ClientFigures, FigureAgreement,
                                           FigureSystematic, PerRequest, ServerFigures, Systematic, p50)
-from loadtest.measurement.results import SweepResults
+from loadtest.measurement.results import Closed, SweepResults
 
 # How far Locust's figures may be from vLLM's benchmark before the report flags the level.
 AGREEMENT = {"output_tokens_per_s": 0.05, "ttft_p50_ms": 0.10, "per_token_p50_ms": 0.10}
@@ -145,9 +145,9 @@ def systematic(agreements: list[Agreement]) -> Systematic:
 def systematic_by_level(results: SweepResults) -> list[Systematic]:
     """`systematic` for every (variant, concurrency) of a sweep's results that has comparisons."""
     groups: dict[tuple[str, int], list[Agreement]] = {}
-    for variant, level in results.levels():
-        if level.vllm_bench_agreement and level.concurrency is not None:  # closed-loop levels
-            groups.setdefault((variant.name, level.concurrency), []).append(level.vllm_bench_agreement)
+    for variant, level in results.levels(Closed):
+        if level.vllm_bench_agreement:
+            groups.setdefault((variant.name, level.concurrency or 0), []).append(level.vllm_bench_agreement)
     out = []
     for (name, c), agreements in groups.items():
         entry = systematic(agreements)

@@ -114,7 +114,7 @@ def highest_concurrency(levels: Sequence[LevelResult]) -> int | None:
     `slo` result; None when none did."""
     by_c: dict[int, list[bool]] = {}
     for level in levels:
-        if level.slo is not None and level.concurrency is not None:
-            by_c.setdefault(level.concurrency, []).append(level.slo.met)
+        if level.slo is not None:
+            by_c.setdefault(level.concurrency or 0, []).append(level.slo.met)
     meeting = [c for c, runs in by_c.items() if runs and all(runs)]
     return max(meeting) if meeting else None

@@ -31,7 +31,7 @@ from loadtest.measurement.derived import CategoryRow, Comparison, CostRow
 from loadtest.measurement.figures import (NO_VALUES, ClientFigures, Consistency, Distribution, FigureAgreement,
                                           GeneratorLag, Interval, LocustRun, ServerFigures, TargetFigures)
 from loadtest.measurement.records import OUTCOMES
-from loadtest.measurement.results import CREATED_FORMAT, LevelResult, SweepResults, VariantResult
+from loadtest.measurement.results import CREATED_FORMAT, Closed, LevelResult, SweepResults, VariantResult
 from loadtest.measurement.serial import Serial
 
 
@@ -171,8 +171,8 @@ def compare_table(results: SweepResults, concurrencies: list[int] | None = None)
     lines = [*top, *([""] if top else []), *text_table([title for _, title in COMPARE_COLUMNS],
                                                        [_compare_cells(r) for r in rows],
                                                        [r.concurrency for r in rows], right_from=2)]
-    notes = [f"{v.name} {lv.label} run {lv.repeat}: {n}" for v, lv in results.levels()
-             if lv.concurrency is not None and (not concurrencies or lv.concurrency in concurrencies)
+    notes = [f"{v.name} {lv.label} run {lv.repeat}: {n}" for v, lv in results.levels(Closed)
+             if not concurrencies or lv.concurrency in concurrencies
              for n in lv.problems + lv.notes]
     if notes:
         lines += ["", *[f"note: {n}" for n in notes]]
@@ -413,7 +413,7 @@ def _bench_rows(results: SweepResults) -> tuple[list[str], list[list[str]]]:
 def _setup_details(results: SweepResults) -> str:
     """The run's settings in full (the first screen's setup paragraph is the short form)."""
     s = results.settings
-    per_level = {lv.concurrency: lv.requests for _, lv in results.levels() if lv.requests and lv.concurrency is not None}
+    per_level = {lv.concurrency: lv.requests for _, lv in results.levels(Closed) if lv.requests}
     per_rate = {lv.rate: lv.requests for _, lv in rate_levels(results) if lv.requests}
     load = ("measured requests per run: " + ", ".join(f"{n} at {r:g}/s" for r, n in sorted(per_rate.items()))
             if per_rate else f"{s.get('duration_s')} s a run" if s.get("duration_s") else
@@ -476,11 +476,12 @@ def _finding_sections(results: SweepResults, out: Path | None) -> list[Section]:
                                     "over the category's requests (the server's per-request figures), mean "
                                     "per-request output tokens/s, and its ratio to the baseline's same category in "
                                     "the same repeat." + _how("by-category", out) + _table(_category_rows(categories))))
-    if any(True for _ in rate_levels(results)):
+    rate_rows = rate_table_rows(results)
+    if rate_rows:
         out_sections.append(Section("open-loop", "Open loop: each variant at each arrival rate",
                                     "Per run: the rate asked and achieved, how requests ended, latencies, "
                                     "speedups at the same arrivals, vLLM's benchmark beside."
-                                    + _how("open-loop-table", out) + _table((RATE_COLUMNS, rate_table_rows(results)))))
+                                    + _how("open-loop-table", out) + _table((RATE_COLUMNS, rate_rows))))
     return out_sections
 
 
@@ -607,8 +608,7 @@ def write_report(results: SweepResults, out: Path) -> dict[str, Path]:
     out.mkdir(parents=True, exist_ok=True)
     # A copy: the sweep's own results (what Sweep.save keeps) stay as measured.
     results = dataclasses.replace(results, comparisons=derive(results))
-    if any(True for _ in rate_levels(results)):
-        results.rate_comparisons = derive_rates(results)
+    results.rate_comparisons = derive_rates(results) or results.rate_comparisons
     write_json(out / "results.json", results.to_json())
     plots = plot(results, out)
     return {"json": out / "results.json", "markdown": write_markdown(results, out, plots),

@@ -259,9 +259,7 @@ def verdict_lines(results: SweepResults) -> list[Line]:
         word, tone = verdict_word(e.verdict, e.content)
         lines.append(Line(level, word, " · ".join([f"{_interval(e.speedup)} output tok/s", *figures, _runs(e.runs)]),
                           tone))
-    if any(True for _ in rate_levels(results)):
-        lines += _rate_lines(results)
-    return lines
+    return lines + _rate_lines(results)
 
 
 def _rate_lines(results: SweepResults) -> list[Line]:
@@ -317,8 +315,7 @@ def _short(text: str, width: int = 90) -> str:
 
 
 def _where(variant: VariantResult, level: LevelResult) -> str:
-    at = f"{level.rate:g} req/s" if level.rate is not None else f"batch {level.concurrency}"
-    return f"{at} {variant.name} run {level.repeat}"
+    return f"{level.load.where} {variant.name} run {level.repeat}"
 
 
 def badges(results: SweepResults) -> list[Badge]:

@@ -23,17 +23,14 @@ DISAGREE = "Locust and vLLM's benchmark disagree: "
 
 
 def judge_second_opinion(level: LevelResult, bench: BenchFigures, records: list[RequestRecord],
-                         workload: Workload, workers: int, schedule: int | None) -> None:
+                         workload: Workload, workers: int) -> None:
     """Compare a level's Locust run with the benchmark's (`second_opinion.compare`, request by request
-    where the two match) and keep the verdict, and a problem where they disagree, in the level.
-    `schedule`: an open loop's requests (its whole arrival schedule); None for a closed loop."""
-    open_loop = schedule is not None
-    # Open loop: request i is the workload's i-th prompt in one process's order, whatever the workers.
-    client = level.client or ClientFigures()
-    sequence = [item.id for item in workload.sequence(schedule if schedule is not None else client.requests,
-                                                      0 if open_loop else workers)]
+    where the two match, in the order its load sent them) and keep the verdict, and a problem where
+    they disagree, in the level."""
+    sequence = [item.id for item in workload.sequence(*level.load.prompt_order(level, workers))]
     matched = second_opinion.matched_ratios(records, bench, sequence)
-    agreement = second_opinion.compare(client, bench, level.server, level.vllm_bench_server, matched, open_loop=open_loop)
+    agreement = second_opinion.compare(level.client or ClientFigures(), bench, level.server, level.vllm_bench_server,
+                                       matched, open_loop=level.load.scheduled)
     level.vllm_bench_agreement = agreement
     off = [f"{k} {100 * (v.difference_adjusted if v.difference_adjusted is not None else v.difference or 0):+.1f}%"
            f" (tolerance {100 * v.tolerance:.0f}%"
@@ -62,8 +59,7 @@ def rejudge(results: SweepResults, out: Path) -> SweepResults:
                 fresh.content, fresh.extra = level.vllm_bench.content, level.vllm_bench.extra
             level.vllm_bench = fresh
             records = load_records(out / kept)
-            judge_second_opinion(level, level.vllm_bench, records, workload, s.get("workers", 0),
-                                 level.requests if level.rate is not None else None)
+            judge_second_opinion(level, level.vllm_bench, records, workload, s.get("workers", 0))
             if level.status != "failed":
                 level.status = "flagged" if level.problems else "ok"
         if variant.status in ("ok", "flagged"):

@@ -16,7 +16,7 @@ from plugins import step_profile
 from loadtest.measurement import prom, slo, stats
 from loadtest.measurement.figures import ClientFigures, LocustRun
 from loadtest.measurement.records import RequestRecord
-from loadtest.measurement.results import LevelResult
+from loadtest.measurement.results import Closed, LevelResult, Load, Open
 from loadtest.progress import Progress
 from loadtest.sweeps.judging import (delivery_notes, judge_second_opinion, load_generator_lag, load_generator_notes,
                                      load_records, schedule_start)
@@ -54,10 +54,12 @@ class Measured:
 
 @dataclass
 class LevelRun:
-    """One level's context: the variant's server, the concurrency, names and the request count."""
+    """One closed-loop level's context: the variant's server, the users, names and the request count.
+    What differs in an open loop is `ScheduledRun`'s."""
 
     state: Running
     users: int
+    """Locust's users: those of the measured run (closed loop), or of the warm-up (open loop)."""
     tag: str
     """Names its files: `<variant>-c<users>[-r<repeat>]`."""
     title: str
@@ -68,9 +70,19 @@ class LevelRun:
     loop: its requests are those arriving in it); shown by the progress bar."""
     vllm_bench: bool
     """vLLM's benchmark follows the Locust run."""
-    rate: float = 0.0
-    """Open loop: the arrival rate of the measured run (requests/s); 0: closed loop at `users`."""
-    seed: int = 0
+    rate = 0.0
+    """The measured run's arrival rate (requests/s); 0: users in turn, no schedule."""
+    seed = 0
+
+    def pacing(self) -> dict[str, float | None]:
+        """How Locust paces the measured run: users for `duration_s` (or until `total` requests)."""
+        return {"duration_s": self.duration_s}
+
+    def client_figures(self, level: LevelResult, records: list[RequestRecord], folder: Path) -> list[RequestRecord]:
+        """The client's figures of the measured run into `level`; the records sent (all of them here)."""
+        level.client = stats.summarize(records, self.state.embedded)
+        level.load_generator = load_generator_lag(records, folder)
+        return records
 
     @property
     def server(self) -> Server | RemoteServer:
@@ -90,6 +102,28 @@ class LevelRun:
         return None if self.server.alive() else self.server.exit_reason()
 
 
+@dataclass
+class ScheduledRun(LevelRun):
+    """An open-loop level: requests arriving at `rate` a second by a Poisson process seeded with `seed`,
+    whatever is in flight (`users` are the warm-up's)."""
+
+    rate: float = 0.0
+    seed: int = 0
+
+    def pacing(self) -> dict[str, float | None]:
+        return {"rate": self.rate, "seed": self.seed, "duration_s": None}
+
+    def client_figures(self, level: LevelResult, records: list[RequestRecord], folder: Path) -> list[RequestRecord]:
+        # Every request of the schedule ends as one outcome; the client's figures are over those
+        # sent, timed from the schedule's start as vLLM's benchmark times its run.
+        sent = [r for r in records if r.outcome != "unsent"]
+        level.client = stats.summarize(sent, self.state.embedded, schedule_start(sent, self.rate, self.total, self.seed))
+        level.open_loop = stats.open_loop(records, self.rate, self.total)
+        level.outcomes = level.open_loop.outcomes
+        level.load_generator = load_generator_lag(sent, folder)
+        return sent
+
+
 class LevelRunner:
     """Runs the levels of one sweep: `closed` (a concurrency) and `open` (an arrival rate), each
     warm-up -> settled /metrics snapshot -> measured Locust run -> snapshot -> judge, into a
@@ -106,16 +140,21 @@ class LevelRunner:
         self.targets = targets
         """Service targets each level is held to (`loadtest.measurement.slo`); empty: none."""
 
+    def at(self, load: Load, state: Running, variant: Variant, repeat: int, title: str) -> LevelResult:
+        """One level at `load`: `closed` at its users or `open` at its rate."""
+        run = {Closed: self.closed, Open: self.open}[type(load)]
+        return run(state, variant, load.at, repeat, title)  # type: ignore[operator]
+
     def closed(self, state: Running, variant: Variant, users: int, repeat: int, title: str) -> LevelResult:
         """warm-up -> settled /metrics snapshot -> measured Locust run -> snapshot -> judge."""
         s = self.settings
         run = LevelRun(state, users, f"{variant.name}-c{users}" + (f"-r{repeat}" if s.repeat > 1 else ""),
                        title, 0 if s.duration_s else requests_for(users, s.requests, s.requests_per_user, s.requests_min),
                        s.duration_s, s.vllm_bench and (repeat == 1 or s.vllm_bench_every_repeat))
-        level = self.run(run)
-        level.concurrency, level.repeat, level.requests = users, repeat, run.total or None
-        level.duration_target_s, level.configured_k = s.duration_s, configured_k(state.resolved, variant, users)
-        return level
+        level = Closed(users).level(repeat)
+        level.requests, level.duration_target_s = run.total or None, s.duration_s
+        level.configured_k = configured_k(state.resolved, variant, users)
+        return self.run(run, level)
 
     def open(self, state: Running, variant: Variant, rate: float, repeat: int, title: str, tag_suffix: str = "",
              measured: Measured | None = None) -> LevelResult:
@@ -127,18 +166,17 @@ class LevelRunner:
         total = requests_for_rate(rate, m.requests, m.duration_s)
         tag = f"{variant.name}-rate{rate:g}" + (f"-r{repeat}" if s.repeat > 1 else "") + tag_suffix
         bench = m.vllm_bench and (measured is not None or repeat == 1 or s.vllm_bench_every_repeat)
-        run = LevelRun(state, RATE_WARMUP_USERS, tag, title, total, m.duration_s, bench, rate=rate,
-                       seed=seed_for(repeat))
-        level = self.run(run)
-        level.rate, level.repeat, level.seed, level.requests = rate, repeat, run.seed, total
+        run = ScheduledRun(state, RATE_WARMUP_USERS, tag, title, total, m.duration_s, bench, rate=rate,
+                           seed=seed_for(repeat))
+        level = Open(rate).level(repeat)
+        level.seed, level.requests = run.seed, total
         level.configured_k = None if variant.no_speculation else variant.k
-        return level
+        return self.run(run, level)
 
-    def run(self, run: LevelRun) -> LevelResult:
+    def run(self, run: LevelRun, level: LevelResult) -> LevelResult:
         """What every level does: warm-up -> settled /metrics snapshot -> the measured Locust run
-        (closed or open loop) -> snapshot -> judge. What was measured (its concurrency or rate,
-        repeat, K) the caller adds: the stages need only the run's context."""
-        level = LevelResult()
+        (closed or open loop) -> snapshot -> judge, into `level` (which says what is measured: its
+        load, repeat, K)."""
         failed = self._warm_up(run)
         before = None
         if not failed and run.metrics:
@@ -170,9 +208,8 @@ class LevelRunner:
         return LocustJob(
             host=run.server.base_url, users=run.users, records_dir=self.out / "records" / f"{tag}{phase}",
             model=run.state.served_name, request=self.request, requests=requests,
-            # Open loop: the measured run only (the warm-up is a closed loop), a request count, no duration.
-            rate=run.rate if measured else 0.0, seed=run.seed,
-            duration_s=run.duration_s if measured and not run.rate else None, workers=s.workers,
+            # The measured run only is paced by its kind of load (an open loop's warm-up is a closed loop).
+            **(run.pacing() if measured else {}), workers=s.workers,
             log_path=self.out / "logs" / f"locust-{tag}{phase}.log", api_key_env=run.state.api_key_env,
             csv_prefix=self.out / "locust" / tag if measured else None,
             html=self.out / "locust" / f"{tag}.html" if measured else None)
@@ -216,18 +253,7 @@ class LevelRunner:
         if outcome.aborted:
             level.problems.append(outcome.aborted)
         records = load_records(job.records_dir)
-        if run.rate:
-            # Every request of the schedule ends as one outcome; the client's figures are over those
-            # sent, timed from the schedule's start as vLLM's benchmark times its run.
-            sent = [r for r in records if r.outcome != "unsent"]
-            level.client = stats.summarize(sent, run.state.embedded,
-                                           schedule_start(sent, run.rate, run.total, run.seed))
-            level.open_loop = stats.open_loop(records, run.rate, run.total)
-            level.outcomes = level.open_loop.outcomes
-            level.load_generator = load_generator_lag(sent, job.records_dir)
-        else:
-            level.client = stats.summarize(records, run.state.embedded)
-            level.load_generator = load_generator_lag(records, job.records_dir)
+        run.client_figures(level, records, job.records_dir)
         if self.workload.categories:
             level.client.by_category = stats.by_category(records, {i.id: i.category for i in self.workload.items},
                                                          level.client.content.reference if level.client.content else None)
@@ -251,7 +277,7 @@ class LevelRunner:
                     f"throughput disagrees with the server: client {check.client_output_tokens} tokens vs "
                     f"server counter {d.generation_tokens:.0f} over the same interval")
         level.notes = (delivery_notes(client, level.server, outcome, s.workers)
-                       + load_generator_notes(outcome, s.workers, level.load_generator, open_loop=bool(run.rate)))
+                       + load_generator_notes(outcome, s.workers, level.load_generator, open_loop=level.load.scheduled))
         if not run.metrics:
             level.notes.append("the server's /metrics could not be read: the engine's histograms, acceptance "
                                "and the token-count check are missing for this run")
@@ -270,27 +296,26 @@ class LevelRunner:
         the same rate and seed, so the same arrival times); compared, with the engine's counters
         over its window (from `before`, the snapshot that closed Locust's run) telling how far the
         server itself drifted between the two clients."""
-        s, state, server, rate = self.settings, run.state, run.server, run.rate
+        s, state, server = self.settings, run.state, run.server
         if not state.tokenizer:
             level.notes.append("vLLM's benchmark skipped: no tokenizer for the served model on this machine "
                                "(give --tokenizer or the deployment's YAML)")
             return
         print(f"{run.title}: vLLM's serving benchmark, {level.client.requests} requests", file=sys.stderr,
               flush=True)
+        prompts, workers = level.load.prompt_order(level, s.workers)
         job = vllm_bench.BenchJob(
             base_url=server.base_url, model=state.served_name, tokenizer=state.tokenizer,
             workload=self.workload, request=self.request, concurrency=run.users,
-            # Open loop: the whole schedule (its length fixes the arrival times), prompts in arrival order.
-            num_prompts=run.total if rate else level.client.requests,
-            out_dir=self.out / "vllm-bench" / run.tag, workers=0 if rate else s.workers,
-            api_key_env=state.api_key_env, timeout_s=s.level_timeout_s, embedded=state.embedded, rate=rate,
+            num_prompts=prompts, out_dir=self.out / "vllm-bench" / run.tag, workers=workers,
+            api_key_env=state.api_key_env, timeout_s=s.level_timeout_s, embedded=state.embedded, rate=run.rate,
             seed=run.seed)
         bench = vllm_bench.run(job)
         level.vllm_bench = bench
         if bench.error:
             level.problems.append(bench.error)
             return
-        if bench.open_loop_requests and not rate:
+        if bench.open_loop_requests and not level.load.scheduled:
             level.problems.append(
                 f"vLLM's benchmark: {bench.open_loop_requests} requests found a free slot on arrival, so it ran "
                 f"below {run.users} users at times; its arrivals ({1 / self.request.arrival_gap_s:.0f}/s) did not "
@@ -301,7 +326,7 @@ class LevelRunner:
                 level.vllm_bench_server = prom.delta(before, after)
             except Exception as exc:  # noqa: BLE001 - the comparison then stays unadjusted
                 level.notes.append(f"/metrics after vLLM's benchmark: {exc}; its figures are compared unadjusted")
-        judge_second_opinion(level, bench, records, self.workload, s.workers, run.total if rate else None)
+        judge_second_opinion(level, bench, records, self.workload, s.workers)
 
 
 def _log_level(tag: str, level: LevelResult) -> None:

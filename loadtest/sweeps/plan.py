@@ -31,6 +31,7 @@ from typing import Any, Literal
 
 from deploy.config import Override
 from loadtest.files import write_json
+from loadtest.measurement.results import Closed, Load, Open
 
 
 LoopKind = Literal["closed", "open"]
@@ -272,10 +273,11 @@ class SweepPlan:
     order_name: str
     why: str
     together: bool
-    users: list[int]
+    loop: ClosedLoop | OpenLoop
+    """The levels each variant runs at: numbers of users (closed loop) or arrival rates (open loop)."""
     repeat: int
-    requests: dict[int, int]
-    """Measured requests per run at each concurrency (empty with `duration_s`)."""
+    requests: dict[float, int]
+    """Measured requests per run at each level (its users or rate; empty with a closed loop's `duration_s`)."""
     duration_s: float | None
     warmup: int
     max_tokens: int
@@ -287,11 +289,6 @@ class SweepPlan:
     skipped: list[str] = field(default_factory=list)
     """Checks this machine fails, not applied to a dry run's plan (it is made for the config's machine)."""
     notes: list[str] = field(default_factory=list)
-    rates: list[float] = field(default_factory=list)
-    """Open loop: the levels are these arrival rates (requests/s) instead of `users`; `requests`
-    is keyed by rate."""
-    loop: LoopKind = "closed"
-    """The sweep's `SweepSettings.loop`: `open`, the levels are `rates`; `closed`, `users`."""
     traffic: list[str] = field(default_factory=list)
     """What every request looks like and where that came from (`loadtest.traffic.declared.describe`)."""
     groups: list[list[ServerInfo]] = field(default_factory=list)
@@ -308,9 +305,8 @@ class SweepPlan:
         return {s.name: i for i, group in enumerate(self.groups) for s in group}
 
     @property
-    def levels(self) -> list[Any]:
-        """The levels each variant runs at: the rates (open loop), else the concurrencies."""
-        return list(self.rates) if self.loop == "open" else list(self.users)
+    def levels(self) -> list[Load]:
+        return self.loop.loads
 
     # ------------------------------------------------------------------ the steps
     @property
@@ -318,8 +314,8 @@ class SweepPlan:
         return not self.together or self.order_name == "grouped"
 
     @property
-    def steps(self) -> list[tuple[int, int, ServerInfo]]:
-        """(repeat, concurrency, server) in the order one sweep runs them."""
+    def steps(self) -> list[tuple[int, Load, ServerInfo]]:
+        """(repeat, load, server) in the order one sweep runs them."""
         return run_order(self.servers, self.levels, self.repeat, self.together, self.order_name == "grouped",
                          self.groups)
 
@@ -343,37 +339,15 @@ class SweepPlan:
         """1 where vLLM's benchmark follows repeat `repeat`'s run, else 0."""
         return int(self.vllm_bench and (repeat == 1 or self.vllm_bench_every_repeat))
 
-    def run_tokens(self, server: ServerInfo, users: int, repeat: int = 1) -> float:
+    def run_tokens(self, server: ServerInfo, load: Load, repeat: int = 1) -> float:
         """Output tokens a run generates: warm-up, the measured requests, and vLLM's benchmark's."""
-        clients = 1 + self.bench_runs(repeat)
-        if self.loop == "open":  # `users` is a rate
-            return (RATE_WARMUP_USERS * self.warmup + self.requests[users] * clients) * self.max_tokens
-        if self.duration_s:
-            measured = self.duration_s * self.assumed_tps(server, users) / self.max_tokens
-        else:
-            measured = self.requests[users]
-        return (users * self.warmup + measured * clients) * self.max_tokens
+        return self.loop.run_tokens(self, server, load.at, repeat)
 
     def assumed_tps(self, server: ServerInfo, users: int) -> float:
         return assumed_tokens_per_s(server.device, users, server.weight_gib)
 
-    def run_estimate(self, server: ServerInfo, users: int, repeat: int = 1) -> Estimate:
-        if self.loop == "open":
-            return Estimate(self.rate_run_s(server, users, repeat), False)
-        tokens = self.run_tokens(server, users, repeat)
-        per_token = self.timings.seconds_per_token(server.key, users)
-        if per_token is not None:
-            return Estimate(tokens * per_token, True)
-        return Estimate(tokens / self.assumed_tps(server, users) + RUN_OVERHEAD_S, False)
-
-    def rate_run_s(self, server: ServerInfo, rate: float, repeat: int = 1) -> float:
-        """An open-loop run's seconds (always assumed): the schedule's length, or the time the
-        server takes for its tokens where it cannot keep up, plus the last request's own time,
-        for Locust and again for vLLM's benchmark; the warm-up; the run's overhead."""
-        n, one = self.requests[rate], self.max_tokens / self.assumed_tps(server, 1)
-        client = max(n / rate, n * self.max_tokens / self.assumed_tps(server, 32)) + one
-        warm = RATE_WARMUP_USERS * self.warmup * self.max_tokens / self.assumed_tps(server, RATE_WARMUP_USERS)
-        return client * (1 + self.bench_runs(repeat)) + warm + RUN_OVERHEAD_S
+    def run_estimate(self, server: ServerInfo, load: Load, repeat: int = 1) -> Estimate:
+        return self.loop.run_estimate(self, server, load.at, repeat)
 
     def step_seconds(self, measured: dict[Any, float] | None = None) -> list[tuple[float, float]]:
         """(server start, run) seconds of each step of one sweep, the start 0 where its server is up;
@@ -385,8 +359,9 @@ class SweepPlan:
                   else starts_needed(steps, self.one_at_a_time, self.groups))
         # Runs not measured yet: their estimates scaled by how far off the measured ones were.
         by_name = {s.name: s for s in self.servers}
-        pairs = [(seconds, self.run_estimate(by_name[key[0]], key[1], key[2]).seconds) for key, seconds in measured.items()
-                 if key[0] != "start" and key[0] in by_name]
+        loads = {load.at: load for load in self.levels}
+        pairs = [(seconds, self.run_estimate(by_name[key[0]], loads[key[1]], key[2]).seconds)
+                 for key, seconds in measured.items() if key[0] != "start" and key[0] in by_name]
         scale = sum(m for m, _ in pairs) / sum(e for _, e in pairs) if pairs else 1.0
         starts = [measured.get(("start", server.name), self.start_estimate(server).seconds) if start else 0.0
                   for (_, _, server), start in zip(steps, needed)]
@@ -397,8 +372,8 @@ class SweepPlan:
                     j = first.setdefault(where[server.name], i)
                     if j != i:
                         starts[j], starts[i] = max(starts[j], starts[i]), 0.0
-        return [(start, measured.get((server.name, users, repeat), scale * self.run_estimate(server, users, repeat).seconds))
-                for (repeat, users, server), start in zip(steps, starts)]
+        return [(start, measured.get((server.name, load.at, repeat), scale * self.run_estimate(server, load, repeat).seconds))
+                for (repeat, load, server), start in zip(steps, starts)]
 
     def total_s(self) -> float:
         return sum(a + b for a, b in self.step_seconds()) * max(1, len(self.temperatures))
@@ -446,19 +421,14 @@ class SweepPlan:
     def _describe_levels(self, sweeps: int) -> list[str]:
         """The plan's levels, temperatures and runs, and what each run sends."""
         temps = ", ".join(f"{t:g}" for t in self.temperatures)
-        open_loop = self.loop == "open"
-        levels = (f"rates {', '.join(f'{r:g}' for r in self.rates)} requests/s (open loop: Poisson arrivals, "
-                  f"nothing caps the requests in flight)" if open_loop else
-                  f"concurrency {', '.join(map(str, self.users))}")
-        lines = [f"  levels: {levels}; temperature {temps}"
+        lines = [f"  levels: {self.loop.levels_text()}; temperature {temps}"
                  + (" (one sweep each, servers started anew)" if sweeps > 1 else "")
                  + f"; {self.repeat} repeat(s); {len(self.steps) * sweeps} runs"]
-        return lines + [self._each_run()]
+        return lines + [f"  each run: {self.loop.each_run(self)}" + self._bench_text(self.loop.bench_sends)]
 
     def _describe_duration(self, starts: list[ServerInfo], sweeps: int) -> list[str]:
         """How long each run and the whole plan take, and which of it is assumed."""
-        name = (lambda x: f"{x:g}/s") if self.loop == "open" else (lambda x: f"c={x}")
-        runs = {s.name: ", ".join(f"{name(c)} {duration_text(e.seconds)}{'' if e.measured else '*'}"
+        runs = {s.name: ", ".join(f"{c.label} {duration_text(e.seconds)}{'' if e.measured else '*'}"
                                   for c in self.levels for e in [self.run_estimate(s, c)]) for s in self.servers}
         lines = self._per_server("    a run takes about {} (each variant)", "    a run of {} takes about {}", runs)
         guessed = any(not self.run_estimate(s, c).measured for s in self.servers for c in self.levels)
@@ -473,20 +443,6 @@ class SweepPlan:
                      + ("" if not guessed and all(self.start_estimate(s).measured for s in self.servers)
                         else "; partly assumed, see above"))
         return lines
-
-    def _each_run(self) -> str:
-        """The plan's line on what one run does: warm-up, the measured requests, vLLM's benchmark."""
-        if self.loop == "open":
-            per_run = ", ".join(f"{self.requests[r]} requests at {r:g}/s" for r in self.rates)
-            return (f"  each run: {self.warmup * RATE_WARMUP_USERS} warm-up request(s) (closed loop, "
-                    f"{RATE_WARMUP_USERS} users), then {per_run} (the same arrival times for every variant of "
-                    f"a repeat), {self.max_tokens} output tokens each"
-                    + self._bench_text(" and arrivals"))
-        per_run = (f"{self.duration_s:g} s measured" if self.duration_s else
-                   ", ".join(f"{self.requests[c]} requests at c={c}" for c in self.users))
-        return (f"  each run: {self.warmup} warm-up request(s) per user, then {per_run}, {self.max_tokens} "
-                f"output tokens each"
-                + self._bench_text(""))
 
     def _bench_text(self, arrivals: str) -> str:
         if not self.vllm_bench:
@@ -525,6 +481,78 @@ class SweepPlan:
         weights = (f" x {server.weight_gib:.{0 if server.weight_gib >= 10 else 1}f} GiB of weights"
                    if server.weight_gib is not None else " of weights (size unknown)")
         return f"{fixed:g} s + {per_gib:g} s per GiB{weights} on {'GPUs' if server.device == 'cuda' else 'a CPU'}"
+
+
+@dataclass(frozen=True)
+class ClosedLoop:
+    """Levels of users, each sending its next request when its last one ended (`--users`)."""
+
+    users: list[int]
+    bench_sends = ""
+    """What vLLM's benchmark repeats besides the requests."""
+
+    @property
+    def loads(self) -> list[Load]:
+        return [Closed(u) for u in self.users]
+
+    def levels_text(self) -> str:
+        return f"concurrency {', '.join(map(str, self.users))}"
+
+    def each_run(self, plan: SweepPlan) -> str:
+        per_run = (f"{plan.duration_s:g} s measured" if plan.duration_s else
+                   ", ".join(f"{plan.requests[c]} requests at c={c}" for c in self.users))
+        return f"{plan.warmup} warm-up request(s) per user, then {per_run}, {plan.max_tokens} output tokens each"
+
+    def run_tokens(self, plan: SweepPlan, server: ServerInfo, users: float, repeat: int) -> float:
+        clients = 1 + plan.bench_runs(repeat)
+        users = int(users)
+        if plan.duration_s:
+            measured = plan.duration_s * plan.assumed_tps(server, users) / plan.max_tokens
+        else:
+            measured = plan.requests[users]
+        return (users * plan.warmup + measured * clients) * plan.max_tokens
+
+    def run_estimate(self, plan: SweepPlan, server: ServerInfo, users: float, repeat: int) -> Estimate:
+        tokens = self.run_tokens(plan, server, users, repeat)
+        per_token = plan.timings.seconds_per_token(server.key, int(users))
+        if per_token is not None:
+            return Estimate(tokens * per_token, True)
+        return Estimate(tokens / plan.assumed_tps(server, int(users)) + RUN_OVERHEAD_S, False)
+
+
+@dataclass(frozen=True)
+class OpenLoop:
+    """Levels of arrival rates: requests arriving by a Poisson process, whatever is in flight (`--rates`)."""
+
+    rates: list[float]
+    bench_sends = " and arrivals"
+
+    @property
+    def loads(self) -> list[Load]:
+        return [Open(r) for r in self.rates]
+
+    def levels_text(self) -> str:
+        return (f"rates {', '.join(f'{r:g}' for r in self.rates)} requests/s (open loop: Poisson arrivals, "
+                f"nothing caps the requests in flight)")
+
+    def each_run(self, plan: SweepPlan) -> str:
+        per_run = ", ".join(f"{plan.requests[r]} requests at {r:g}/s" for r in self.rates)
+        return (f"{plan.warmup * RATE_WARMUP_USERS} warm-up request(s) (closed loop, {RATE_WARMUP_USERS} users), "
+                f"then {per_run} (the same arrival times for every variant of a repeat), {plan.max_tokens} output "
+                f"tokens each")
+
+    def run_tokens(self, plan: SweepPlan, server: ServerInfo, rate: float, repeat: int) -> float:
+        clients = 1 + plan.bench_runs(repeat)
+        return (RATE_WARMUP_USERS * plan.warmup + plan.requests[rate] * clients) * plan.max_tokens
+
+    def run_estimate(self, plan: SweepPlan, server: ServerInfo, rate: float, repeat: int) -> Estimate:
+        """Always assumed: the schedule's length, or the time the server takes for its tokens where it
+        cannot keep up, plus the last request's own time, for Locust and again for vLLM's benchmark;
+        the warm-up; the run's overhead."""
+        n, one = plan.requests[rate], plan.max_tokens / plan.assumed_tps(server, 1)
+        client = max(n / rate, n * plan.max_tokens / plan.assumed_tps(server, 32)) + one
+        warm = RATE_WARMUP_USERS * plan.warmup * plan.max_tokens / plan.assumed_tps(server, RATE_WARMUP_USERS)
+        return Estimate(client * (1 + plan.bench_runs(repeat)) + warm + RUN_OVERHEAD_S, False)
 
 
 def duration_text(seconds: float) -> str:

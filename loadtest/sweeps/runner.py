@@ -51,8 +51,8 @@ from loadtest.measurement import slo
 from loadtest.traffic import declared as traffic
 from loadtest.measurement import second_opinion
 from loadtest.traffic.endpoint import EndpointError
-from loadtest.sweeps.plan import (ServerInfo, SweepPlan, Timings, choose_order, duration_text, gpu_groups, gpu_text,
-                                  servers_fit_together)
+from loadtest.sweeps.plan import (ClosedLoop, OpenLoop, ServerInfo, SweepPlan, Timings, choose_order, duration_text,
+                                  gpu_groups, gpu_text, servers_fit_together)
 from loadtest.measurement.results import CREATED_FORMAT, LevelResult, SweepResults
 from loadtest.traffic.workloads import Workload, load_workload
 from loadtest.sweeps.judging import overall_status
@@ -156,12 +156,16 @@ class Sweep:
             servers = [server for group in groups for server in group]
             self._servers.update({server.name: server for server in servers})
         order, why = choose_order(s.order, together, {x.device for x in servers}, len(groups))
+        # The sweep's kind of load becomes a type here, once.
+        loop: ClosedLoop | OpenLoop
+        if s.loop == "open":
+            loop, requests = OpenLoop(list(s.rates)), {r: requests_for_rate(r, s.requests, s.duration_s) for r in s.rates}
+        else:
+            loop, requests = ClosedLoop(list(s.users)), ({} if s.duration_s else {
+                c: requests_for(c, s.requests, s.requests_per_user, s.requests_min) for c in s.users})
         self.sweep_plan = SweepPlan(
-            config=s.config or s.url, servers=servers, order_name=order, why=why, together=together, users=s.users,
-            repeat=s.repeat, rates=list(s.rates), loop=s.loop,
-            requests=({r: requests_for_rate(r, s.requests, s.duration_s) for r in s.rates} if s.loop == "open" else
-                      {} if s.duration_s else {c: requests_for(c, s.requests, s.requests_per_user, s.requests_min)
-                                               for c in s.users}),
+            config=s.config or s.url, servers=servers, order_name=order, why=why, together=together, loop=loop,
+            repeat=s.repeat, requests=requests,
             duration_s=s.duration_s, warmup=s.warmup, max_tokens=self.request.max_tokens,
             temperatures=[self.request.temperature], vllm_bench=s.vllm_bench, timings=self.timings,
             vllm_bench_every_repeat=s.vllm_bench_every_repeat,
@@ -215,10 +219,8 @@ class Sweep:
         began, levels = time.monotonic(), self._levels
         assert levels is not None  # set by `_setup`
         try:
-            for n, (repeat, at, variant) in enumerate(order, 1):
-                rate = self.settings.loop == "open"
-                which = (LevelResult(rate=float(at), repeat=repeat) if rate
-                         else LevelResult(concurrency=int(at), repeat=repeat))
+            for n, (repeat, load, variant) in enumerate(order, 1):
+                which = load.level(repeat)
                 state = self._ready(running, plan, variant, which,
                                     lambda started: f"{n}/{len(order)}, {self._clock(began, n, started)}")
                 if not isinstance(state, Running):
@@ -226,8 +228,7 @@ class Sweep:
                 title = (f"[{n}/{len(order)}] {variant.name} {which.label} run {repeat}/{self.settings.repeat} "
                          f"({self._clock(began, n, started=True)})")
                 run_began = time.monotonic()
-                level = (levels.open(state, variant, float(at), repeat, title) if rate
-                         else levels.closed(state, variant, int(at), repeat, title))
+                level = levels.at(load, state, variant, repeat, title)
                 self._keep(state, variant, level, n, run_began)
         except KeyboardInterrupt:
             self.results.problems.append("interrupted")
