@@ -48,9 +48,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def add_run_parser(sub: Any) -> None:
-    """`run`: the sweep's options (declared by `SweepSettings`), several temperatures allowed."""
+    """`run`: the sweep's options (declared by `SweepSettings`)."""
     run = sub.add_parser("run", help="start each variant's server, load it at each concurrency, write a report")
-    SweepSettings.add_cli_args(run, several_temperatures=True)
+    SweepSettings.add_cli_args(run)
     run.add_argument("--dry-run", action="store_true",
                      help="print the plan (servers, starts, levels, estimated duration) and exit; starts nothing")
 
@@ -72,7 +72,7 @@ def cmd_run(opts: argparse.Namespace) -> int:
     if opts.baseline_url and not opts.url:
         print("--baseline-url needs --url (the speculative server)", file=sys.stderr)
         return 2
-    if opts.url and (opts.overrides or opts.k or opts.no_spec):
+    if opts.url and (opts.overrides or opts.extra_k or opts.no_spec):
         print("--set, --k and --no-spec change the servers the sweep starts; with --url they run already",
               file=sys.stderr)
         return 2

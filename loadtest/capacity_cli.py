@@ -17,29 +17,14 @@ from deploy.config import DEFAULT_CONFIG
 from loadtest.traffic import declared as traffic
 from loadtest.measurement.capacity_figures import SearchRequest, headline
 from loadtest.sweeps.capacity import Capacity, CapacitySettings
-from loadtest.sweeps.settings import SweepSettings
+from loadtest.sweeps.settings import (SweepSettings, add_level_args, add_remote_args, add_servers_args,
+                                      slo_targets)
+from loadtest.traffic.request_settings import add_timing_args, add_traffic_args
 from loadtest.traffic.endpoint import EndpointError
 
 
-CAPACITY_HELPS = {
-    "config": f"config file or preset name (default: {DEFAULT_CONFIG}; with --url: read only when given)",
-    "slo": "service targets every run must meet, e.g. ttft_p95=500ms,tpot_p95=50ms (metrics ttft, tpot, e2e)",
-    "no_spec": "the baseline (speculation off) only: its capacity, no speedup",
-    "requests": "measured requests per level (default: max(32, 60 s x rate))",
-    "duration": "instead: the requests arriving in S seconds at the level's rate",
-    "warmup": "warm-up requests per warm-up user (default: 1)",
-    "url": "the running server with speculation",
-    "baseline_url": "a running server without speculation",
-    "tokenizer": "tokenizer for vLLM's benchmark",
-    "api_key_env": "variable holding the servers' API key",
-    "out": "report folder (default: reports/<config>-capacity-<time>)",
-}
-"""How `capacity` words the sweep's options it takes (`SWEEP_OPTIONS`): its levels are a search's."""
-EACH_LEVEL = ("requests", "duration", "warmup", "request", "workers", "level_timeout", "startup_timeout", "tolerance")
-"""The sweep's options for each level, in their own group of `--help`."""
-
-
 def add_parser(sub: Any) -> None:
+    """`capacity`: the sweep's groups it shares, worded for levels a search chooses, and the search's."""
     p = sub.add_parser("capacity", help="the highest request rate each variant sustains within service targets, "
                                         "and where speculation stops paying",
                        description="Open-loop Poisson arrivals at rates chosen by a search: for speculation and "
@@ -47,13 +32,25 @@ def add_parser(sub: Any) -> None:
                                    "the rate where speculation stops paying; vLLM's benchmark as a second opinion "
                                    "below capacity; each variant at twice its capacity (overload). Writes "
                                    "capacity.json, capacity.md and report.html (docs/load-tests.md).")
-    SweepSettings.add_cli_args(p, only=("slo",), helps=CAPACITY_HELPS, required=("slo",))
-    SweepSettings.add_cli_args(p, only=("config", "overrides", "no_spec"), helps=CAPACITY_HELPS)
+    p.add_argument("--slo", type=slo_targets, required=True, metavar="TARGETS",
+                   help="service targets every run must meet, e.g. ttft_p95=500ms,tpot_p95=50ms (metrics ttft, tpot, "
+                        "e2e)")
+    add_servers_args(p, f"config file or preset name (default: {DEFAULT_CONFIG}; with --url: read only when given)",
+                     no_spec_help="the baseline (speculation off) only: its capacity, no speedup")
     CapacitySettings.add_cli_args(p)
-    SweepSettings.add_cli_args(p.add_argument_group("each level"), only=EACH_LEVEL, helps=CAPACITY_HELPS,
-                               request_skip=("arrival_gap_s",))
-    SweepSettings.add_cli_args(p, only=("url", "baseline_url", "model", "tokenizer", "api_key_env", "out"),
-                               helps=CAPACITY_HELPS)
+    level = p.add_argument_group("each level")
+    level.add_argument("--requests", type=int, default=None,
+                       help="measured requests per level (default: max(32, 60 s x rate))")
+    level.add_argument("--duration", dest="duration_s", type=float, default=None, metavar="S",
+                       help="instead: the requests arriving in S seconds at the level's rate")
+    level.add_argument("--warmup", type=int, default=SweepSettings.warmup,
+                       help="warm-up requests per warm-up user (default: %(default)s)")
+    add_traffic_args(level)
+    add_timing_args(level, arrival_gap=False)  # open loop only: no users to start apart
+    add_level_args(level, vllm_bench=False)
+    add_remote_args(p, url="the running server with speculation", baseline_url="a running server without speculation",
+                    tokenizer="tokenizer for vLLM's benchmark", api_key_env="variable holding the servers' API key")
+    p.add_argument("--out", type=Path, default=None, help="report folder (default: reports/<config>-capacity-<time>)")
     p.add_argument("--dry-run", action="store_true",
                    help="print the plan (traffic, servers, starts, the search's levels at most, estimated duration) "
                         "and exit; starts nothing")

@@ -20,9 +20,7 @@ from deploy import ConfigError
 from deploy.config import DEFAULT_CONFIG, as_overrides
 from loadtest.traffic import declared as traffic
 from loadtest.arg_types import int_list, positive_int, temperature_list
-from loadtest.sweeps.settings import SweepSettings
-from loadtest.traffic.request_settings import RequestSettings
-from loadtest.traffic.declared import TRAFFIC_FIELDS
+from loadtest.traffic.request_settings import RequestSettings, add_prompt_args, add_traffic_args
 from loadtest.traffic.workloads import load_workload
 from tuning import soak
 
@@ -31,23 +29,6 @@ TUNE_TRAFFIC = ("workload", "api", "fixed_length")
 TUNE_MAX_TOKENS = 64
 """Proof requests' length unless --max-tokens says otherwise (not the config's traffic.max_tokens):
 the proof runs every K beside the tuned config and the baseline, so its requests are kept short."""
-
-
-CONFIG_HELPS = {"config": "config with a drafter (default: %(default)s)",
-                "overrides": "override a config field (repeatable)"}
-"""How tuning's commands word the config options (`SweepSettings`'s): one config, no variants."""
-ADVISE_HELPS = {**CONFIG_HELPS,
-                "requests": "measured requests per batch size (default: max(32, 8 x batch))",
-                "repeat": "load-test runs per batch size; the measured speedup is their mean (default: 1)"}
-"""How `advise` words the sweep's options it takes (`SweepSettings`): its load tests are sweeps."""
-TUNE_HELPS = {"config": "config to tune: vLLM's drafters take the schedule, the plugin drafters read it themselves "
-                        "(default: %(default)s)",
-              "overrides": "override a config field (repeatable)",
-              "requests": "measured requests per proof run (default: max(32, 8 x batch))",
-              "max_tokens": "output tokens per proof request (short: the proof runs every K)",
-              "temperature": "temperatures acceptance is averaged over (default: the config's "
-                             "speculation.temperatures)"}
-"""How `tune` words the sweep's and the request's options it takes."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -65,19 +46,28 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def add_config_args(parser: Any, help: str = "config with a drafter (default: %(default)s)",
+                    overrides: bool = True) -> None:
+    """The config and (`overrides`) --set, as tuning's commands take them: one config, no variants."""
+    parser.add_argument("config", nargs="?", default=DEFAULT_CONFIG, help=help)
+    if overrides:
+        parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
+                            help="override a config field (repeatable)")
+
+
 def add_advise_parser(sub: Any) -> None:
-    """`advise`: the config and load-test options are the sweep's, the traffic the request's."""
+    """`advise`: the config, the batch sizes, the traffic (the config's unless given), the load tests."""
     adv = sub.add_parser("advise", help="is this draft worth deploying, at which batch sizes: step costs, acceptance "
                                         "and speedup on your workload, measured on the engine, and a verdict")
-    SweepSettings.add_cli_args(adv, only=("config", "overrides"), helps=ADVISE_HELPS,
-                               defaults={"config": DEFAULT_CONFIG})
+    add_config_args(adv)
     adv.add_argument("--batches", type=int_list, default=[1, 32], metavar="B,B",
                      help="batch sizes (closed-loop users) to advise on (default: 1,32)")
-    RequestSettings.add_cli_args(adv, only=TRAFFIC_FIELDS, helps={"temperature": "the temperature your users send"},
-                                 from_config=TRAFFIC_FIELDS)
-    SweepSettings.add_cli_args(adv, only=("requests",), helps=ADVISE_HELPS)
+    add_traffic_args(adv, temperature="the temperature your users send")
+    adv.add_argument("--requests", type=int, default=None,
+                     help="measured requests per batch size (default: max(32, 8 x batch))")
     adv.add_argument("--cost-repeats", type=positive_int, default=3, help="measurements per step cost (default: 3)")
-    SweepSettings.add_cli_args(adv, only=("repeat",), helps=ADVISE_HELPS, defaults={"repeat": 1})
+    adv.add_argument("--repeat", type=positive_int, default=1,
+                     help="load-test runs per batch size; the measured speedup is their mean (default: 1)")
     adv.add_argument("--vllm-bench", action="store_true", help="also run vLLM's serving benchmark after each run")
     adv.add_argument("--out", type=Path, default=None, help="folder for advice.md (default: reports/advise-<config>-<time>)")
     adv.add_argument("--dry-run", action="store_true",
@@ -85,15 +75,20 @@ def add_advise_parser(sub: Any) -> None:
 
 
 def add_tune_parser(sub: Any) -> None:
-    """`tune`: the config and proof options are the sweep's, the traffic the request's (several temperatures)."""
+    """`tune`: the config, the batch sizes, the traffic (the config's prompts and lengths unless given), the proof."""
     tun = sub.add_parser("tune", help="choose K for each batch size on the engine, write <config>-tuned.yaml with "
                                       "speculation.schedule, and prove it with load tests")
-    SweepSettings.add_cli_args(tun, only=("config", "overrides"), helps=TUNE_HELPS, defaults={"config": DEFAULT_CONFIG})
+    add_config_args(tun, help="config to tune: vLLM's drafters take the schedule, the plugin drafters read it "
+                              "themselves (default: %(default)s)")
     tun.add_argument("--batches", type=int_list, default=[1, 4, 16, 32], metavar="B,B",
                      help="batch sizes to choose K for (default: 1,4,16,32)")
+    add_prompt_args(tun)
+    tun.add_argument("--max-tokens", type=int, default=TUNE_MAX_TOKENS,
+                     help="output tokens per proof request (short: the proof runs every K) (default: %(default)s)")
+    traffic.add_fixed_length_flags(tun)
     # tune's --temperature is the list acceptance is averaged over, not a request's temperature.
-    RequestSettings.add_cli_args(tun, only=(*TUNE_TRAFFIC, "max_tokens", "temperature"), from_config=TUNE_TRAFFIC,
-                                 defaults={"max_tokens": TUNE_MAX_TOKENS}, helps=TUNE_HELPS, several_temperatures=True)
+    tun.add_argument("--temperature", type=temperature_list, default=None, metavar="T,T",
+                     help="temperatures acceptance is averaged over (default: the config's speculation.temperatures)")
     tun.add_argument("--cost-repeats", type=positive_int, default=3, help="measurements per step time (default: 3)")
     tun.add_argument("--no-prove", action="store_true", help="write the tuned config without the proving load tests")
     tun.add_argument("--proof-temperature", type=temperature_list, default=[0.0, 1.0], metavar="T,T",
@@ -101,7 +96,8 @@ def add_tune_parser(sub: Any) -> None:
     tun.add_argument("--proof-repeats", type=positive_int, default=2,
                      help="runs of each proof level, each beside a baseline run; their mean is judged (default: 2, "
                           "one in each order)")
-    SweepSettings.add_cli_args(tun, only=("requests",), helps=TUNE_HELPS)
+    tun.add_argument("--requests", type=int, default=None,
+                     help="measured requests per proof run (default: max(32, 8 x batch))")
     tun.add_argument("--output", type=Path, default=None, help="the tuned YAML (default: <config>-tuned.yaml beside it)")
     tun.add_argument("--out", type=Path, default=None, help="folder for tune.md (default: reports/tune-<config>-<time>)")
     tun.add_argument("--dry-run", action="store_true",
@@ -111,8 +107,7 @@ def add_tune_parser(sub: Any) -> None:
 def add_paymap_parser(sub: Any) -> None:
     pay = sub.add_parser("paymap", help="where speculation pays: speedup over batch size and acceptance, measured on "
                                         "the engine with synthetic acceptance, the break-even acceptance per batch size")
-    SweepSettings.add_cli_args(pay, only=("config", "overrides"), helps=CONFIG_HELPS,
-                               defaults={"config": DEFAULT_CONFIG})
+    add_config_args(pay)
     pay.add_argument("--batches", type=int_list, default=[1, 4, 16, 32], metavar="B,B",
                      help="batch sizes (closed-loop running requests) of the map (default: 1,4,16,32)")
     pay.add_argument("--grid", type=acceptance_grid, default=None, metavar="A,A",
@@ -140,7 +135,7 @@ def add_paymap_parser(sub: Any) -> None:
 def add_costs_parser(sub: Any) -> None:
     costs = sub.add_parser("costs", help="measure engine step costs: plain decode, verification of K tokens, "
                                           "the config's drafter, at each batch size")
-    SweepSettings.add_cli_args(costs, only=("config",), helps=CONFIG_HELPS, defaults={"config": DEFAULT_CONFIG})
+    add_config_args(costs, overrides=False)
     costs.add_argument("--k", type=int, default=None, help="K (default: the config's num_speculative_tokens)")
     costs.add_argument("--batches", type=int_list, default=[1, 32], metavar="B,B", help="batch sizes (default: 1,32)")
     costs.add_argument("--repeat", type=positive_int, default=5, help="measurements per point; the median is kept")
@@ -191,7 +186,7 @@ def cmd_tune(opts: argparse.Namespace) -> int:
         return 2
     values = traffic.chosen(opts, declared, TUNE_TRAFFIC)
     settings = TuneSettings(opts.config, overrides, sorted(set(opts.batches)),
-                            RequestSettings.from_cli_args(opts, only=(*TUNE_TRAFFIC, "max_tokens"), **values),
+                            RequestSettings(max_tokens=opts.max_tokens, **values),
                             opts.temperature, opts.cost_repeats, not opts.no_prove, opts.proof_temperature,
                             opts.requests, opts.output, opts.out, proof_repeats=opts.proof_repeats,
                             traffic_source=traffic.origin(source, traffic.given_options(opts, TUNE_TRAFFIC)))

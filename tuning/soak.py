@@ -37,7 +37,8 @@ from loadtest.measurement import stats
 from loadtest.arg_types import positive_int
 from loadtest.traffic.client import auth_headers
 from loadtest.traffic.locust_run import LocustJob, run_locust
-from loadtest.traffic.request_settings import RequestSettings
+from loadtest.traffic.request_settings import (MAX_TOKENS_HELP, TEMPERATURE_HELP, WORKLOAD_HELP, RequestSettings,
+                                               add_timing_args)
 from loadtest.progress import Progress
 from loadtest.measurement.records import load_records
 from loadtest.sampling import sampling
@@ -172,8 +173,7 @@ class _Run:
         # Checked here, so that a config this machine cannot serve fails this drafter only.
         self.resolved, self.plan = plan_from_config(CONFIG, [*DRAFTERS[name], Override("server.port", free_port())])
         self.server = Server(self.plan, opts.out / "logs" / f"server-{self.slug}.log")
-        self.request = RequestSettings.from_cli_args(opts, only=("workload", "max_tokens", "temperature",
-                                                                 "request_timeout_s"))
+        self.request = RequestSettings.from_cli_args(opts)
 
     def job(self, phase: str, requests: int, users: int = 1, rate: float = 0.0, repeat_head: int = 0) -> LocustJob:
         """A Locust job on this server: closed loop at `users`, or open loop at `rate` requests/s
@@ -273,8 +273,12 @@ def add_options(parser: argparse.ArgumentParser) -> None:
                              "latency: not judged, they say whose a drift is) (%(default)s)")
     parser.add_argument("--warmup", type=positive_int, default=8, help="warm-up requests, not judged (%(default)s)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the Poisson arrivals (%(default)s)")
-    RequestSettings.add_cli_args(parser, only=("workload", "max_tokens", "temperature", "request_timeout_s"),
-                                 defaults={"max_tokens": 32, "workload": "chat"})
+    # Each request, with the soak's own defaults (chat prompts, short answers); the rest are RequestSettings'.
+    parser.add_argument("--workload", default="chat", help=f"{WORKLOAD_HELP} (default: %(default)s)")
+    parser.add_argument("--max-tokens", type=int, default=32, help=f"{MAX_TOKENS_HELP} (default: %(default)s)")
+    parser.add_argument("--temperature", type=float, default=RequestSettings.temperature,
+                        help=f"{TEMPERATURE_HELP} (default: %(default)s)")
+    add_timing_args(parser, arrival_gap=False)
     parser.add_argument("--out", type=Path, default=OUT_DIR, help="report folder (%(default)s)")
     parser.add_argument("--dry-run", action="store_true", help="print the plan (servers, requests, estimate) and exit")
 

@@ -27,18 +27,17 @@ levels say (pairs, speedups, the crossover, revised capacities, the headline) is
 
 from __future__ import annotations
 
+import argparse
 import logging
 import math
-import operator
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Protocol
+from typing import Any, Protocol
 
 from loadtest import arg_types
-from loadtest.cli_options import CliOption, add_cli_options, cli_values
 from loadtest.measurement import slo
 from loadtest.measurement.capacity_figures import (BASELINE, MemoryPeaks, Overload, Scan, SearchSettings,
                                                    SecondOpinion, VariantCapacity, crossover, paired_speedups, revised)
@@ -46,6 +45,7 @@ from loadtest.measurement.figures import FigureAgreement
 from loadtest.measurement.records import OUTCOMES, SENT_OUTCOMES
 from loadtest.measurement.results import CREATED_FORMAT, CapacityLevel, CapacityResults, LevelResult, Status
 from loadtest.sampling import sampling
+from loadtest.traffic.request_settings import given_fields
 
 log = logging.getLogger("specdeploy.loadtest")
 SCAN_STEP = math.sqrt(2)
@@ -103,42 +103,36 @@ class CapacitySettings:
     second_opinion: bool = True
     """vLLM's benchmark beside Locust at 50% and 80% of the smaller capacity."""
 
-    OPTIONS: ClassVar[dict[str, CliOption]] = {
-        "start_rate": CliOption(("--start-rate",), "first rate tried, requests/s; doubled until a rate fails, halved "
-                                                   "while it fails (default: 0.5)",
-                                {"type": arg_types.positive_float, "default": 0.5, "metavar": "R"}),
-        "max_rate": CliOption(("--max-rate",), "never ask more than this; a variant passing here has a capacity of "
-                                               "at least it",
-                              {"type": arg_types.positive_float, "default": None, "metavar": "R"}),
-        "repeat": CliOption(("--repeat",), "runs of the boundary rates (highest passing, lowest failing); a rate "
-                                           "passes when every run meets every target (default: 2)",
-                            {"type": arg_types.positive_int, "default": 2}),
-        "precision": CliOption(("--precision",), "stop bisecting when lowest failing <= (1 + P) x highest passing "
-                                                 "(default: 15%%)",
-                               {"type": arg_types.share, "default": 0.15, "metavar": "P"}),
-        "max_steps": CliOption(("--max-steps",), "distinct rates a variant's search may ask for, repeats not counted "
-                                                 "(default: 8)", {"type": arg_types.positive_int, "default": 8}),
-        "scan_steps": CliOption(("--scan-steps",), "rates above the search's, sqrt(2) apart, measured on both variants "
-                                                   "while speculation still pays, to locate the crossover (default: 3; "
-                                                   "0: none)", {"type": int, "default": 3, "metavar": "N"}),
-        "overload_s": CliOption(("--overload-s",), "seconds of each variant at twice its capacity after the search (0: "
-                                                   "none; default: 180)",
-                                {"type": float, "default": 180, "metavar": "S"}),
-        "no_second_opinion": CliOption(("--no-second-opinion",), "skip vLLM's benchmark beside Locust at 50%% and 80%% "
-                                                                 "of the smaller capacity", {"action": "store_true"},
-                                       field="second_opinion", value=operator.not_),
-    }
-    """The search's options (`loadtest capacity`), by dest; --slo is the sweep's (`SWEEP_OPTIONS`)."""
-
     @classmethod
     def add_cli_args(cls, parser: Any) -> None:
-        """The search's options, in their own group of `--help`."""
-        add_cli_options(parser.add_argument_group("the search"), cls.OPTIONS)
+        """The search's options, in their own group of `--help` (--slo is the command's)."""
+        search = parser.add_argument_group("the search")
+        search.add_argument("--start-rate", type=arg_types.positive_float, default=cls.start_rate, metavar="R",
+                            help="first rate tried, requests/s; doubled until a rate fails, halved while it fails "
+                                 "(default: %(default)s)")
+        search.add_argument("--max-rate", type=arg_types.positive_float, default=None, metavar="R",
+                            help="never ask more than this; a variant passing here has a capacity of at least it")
+        search.add_argument("--repeat", type=arg_types.positive_int, default=cls.repeat,
+                            help="runs of the boundary rates (highest passing, lowest failing); a rate passes when "
+                                 "every run meets every target (default: %(default)s)")
+        search.add_argument("--precision", type=arg_types.share, default=cls.precision, metavar="P",
+                            help="stop bisecting when lowest failing <= (1 + P) x highest passing (default: 15%%)")
+        search.add_argument("--max-steps", type=arg_types.positive_int, default=cls.max_steps,
+                            help="distinct rates a variant's search may ask for, repeats not counted (default: "
+                                 "%(default)s)")
+        search.add_argument("--scan-steps", type=int, default=cls.scan_steps, metavar="N",
+                            help="rates above the search's, sqrt(2) apart, measured on both variants while "
+                                 "speculation still pays, to locate the crossover (default: %(default)s; 0: none)")
+        search.add_argument("--overload-s", type=float, default=cls.overload_s, metavar="S",
+                            help="seconds of each variant at twice its capacity after the search (0: none; default: "
+                                 "%(default)s)")
+        search.add_argument("--no-second-opinion", dest="second_opinion", action="store_false",
+                            help="skip vLLM's benchmark beside Locust at 50%% and 80%% of the smaller capacity")
 
     @classmethod
-    def from_cli_args(cls, opts: Any) -> CapacitySettings:
+    def from_cli_args(cls, opts: argparse.Namespace) -> CapacitySettings:
         """The search `opts` asks for: its --slo and the options of `add_cli_args`."""
-        return cls(opts.slo, **cli_values(cls.OPTIONS, opts))
+        return cls(**given_fields(cls, opts))
 
     def check(self) -> None:
         slo.parse_targets(self.slo)

@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import argparse
 import math
-import operator
 import re
 import time
-from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,13 +15,12 @@ from deploy import load_config
 from deploy.config import DEFAULT_CONFIG, ConfigError, Override, as_overrides
 from models.embedded_pair import is_pair_folder, pair_kind
 from deploy.preflight import ResolvedDeployment
-from loadtest.arg_types import int_list, name_list, positive_int, rate_list
-from loadtest.cli_options import CliOption, add_cli_options, cli_values
+from loadtest.arg_types import int_list, name_list, positive_int, rate_list, temperature_list
 from loadtest.measurement.slo import parse_targets
 from loadtest.sweeps.plan import ORDERS, LoopKind
 from loadtest.traffic import declared as traffic
-from loadtest.traffic.declared import TRAFFIC_FIELDS
-from loadtest.traffic.request_settings import RequestSettings, settings_record
+from loadtest.traffic.request_settings import (RequestSettings, add_length_args, add_prompt_args, add_timing_args,
+                                               given_fields, settings_record)
 
 
 
@@ -114,36 +111,49 @@ class SweepSettings:
         return {k: v for k, v in settings_record(self).items() if k != "loop"}
 
     @classmethod
-    def add_cli_args(cls, parser: Any, only: Collection[str] | None = None, skip: Collection[str] = (),
-                     helps: Mapping[str, str] | None = None, defaults: Mapping[str, Any] | None = None,
-                     required: Collection[str] = (), request_skip: Collection[str] = (),
-                     several_temperatures: bool = False) -> None:
-        """Register the sweep's options (`SWEEP_OPTIONS`: those in `only`, less `skip`) on an argparse
-        parser or group; `helps`/`defaults`/`required` as a command words them. "request" stands for
-        the request's options (`RequestSettings`, less `request_skip`, their defaults the config's
-        traffic section); `several_temperatures`: --temperature takes several, one sweep each."""
-        expand = {"request": lambda where: RequestSettings.add_cli_args(
-            where, skip=request_skip, from_config=TRAFFIC_FIELDS, several_temperatures=several_temperatures,
-            helps={"temperature": TEMPERATURES_HELP} if several_temperatures else None)}
-        add_cli_options(parser, SWEEP_OPTIONS, only, skip, helps, defaults, required, expand)
+    def add_cli_args(cls, parser: Any) -> None:
+        """Every option of a sweep (`loadtest run`), in the order `--help` lists them; `loadtest capacity`
+        takes the groups it shares (`add_servers_args`, the traffic's, `add_level_args`, `add_remote_args`)."""
+        add_servers_args(parser, f"config file or preset name (default: {DEFAULT_CONFIG}; with --url: read only when "
+                                 f"given, for the model name, API key variable and tokenizer)",
+                         no_spec_help="run the baseline (speculation off) only")
+        add_variant_args(parser)
+        add_levels_args(parser)
+        add_prompt_args(parser)
+        add_length_args(parser)
+        parser.add_argument("--temperature", type=temperature_list, default=None, metavar="T,T",
+                            help="sampling temperatures (default: the config's traffic.temperature; 0: greedy); "
+                                 "several, e.g. 0,0.7,1 (the config's speculation.temperatures), run one sweep each "
+                                 "and add a summary of acceptance and speedup against temperature (temperature.md)")
+        add_timing_args(parser)
+        add_level_args(parser)
+        parser.add_argument("--slo", type=slo_targets, default=None, metavar="TARGETS",
+                            help="service targets, e.g. ttft_p95=500ms,tpot_p95=50ms (metrics ttft, tpot, e2e): per "
+                                 "run the share of requests meeting each, the goodput, and the highest concurrency "
+                                 "meeting all")
+        add_remote_args(parser)
+        parser.add_argument("--out", type=Path, default=None, help="report folder (default: reports/<config>-<time>)")
 
     @classmethod
     def from_cli_args(cls, opts: argparse.Namespace, **changes: Any) -> SweepSettings:
-        """The settings the options of `add_cli_args` ask for (those `opts` lacks keep their defaults;
-        `changes` replace any). The config: the one given, else without --url the default config;
-        its traffic section gives each request option not given (several temperatures: the request
-        is the first's). Raises ConfigError (or OSError) for a config that cannot be read."""
+        """The settings the options `opts` has ask for (each option's dest is its field's; a field
+        without one keeps its default; `changes` replace any). The config: the one given, else without
+        --url the default config; its traffic section gives each request option not given (several
+        temperatures: the request is the first's). Raises ConfigError (or OSError) for a config that
+        cannot be read."""
         config = opts.config or ("" if opts.url else DEFAULT_CONFIG)
         overrides = as_overrides(opts.overrides)  # --set's texts parsed once, here
         declared, source = traffic.declared(config, overrides)
-        given = traffic.given_options(opts)
         values = traffic.chosen(opts, declared)
         if isinstance(values["temperature"], list):
             values["temperature"] = values["temperature"][0]
-        asked = cli_values(SWEEP_OPTIONS, opts)
+        asked = given_fields(cls, opts)
+        for levels in ("users", "rates"):
+            if levels in asked:
+                asked[levels] = sorted(dict.fromkeys(asked[levels]))
         asked.update(config=config, overrides=overrides, request=RequestSettings.from_cli_args(opts, **values),
-                     traffic_source=traffic.origin(source, given), requests_per_user=declared.requests_per_user,
-                     requests_min=declared.requests_min)
+                     traffic_source=traffic.origin(source, traffic.given_options(opts)),
+                     requests_per_user=declared.requests_per_user, requests_min=declared.requests_min)
         return cls(**{**asked, **changes})
 
 
@@ -156,87 +166,89 @@ def slo_targets(text: str) -> str:
     return text
 
 
-TEMPERATURES_HELP = ("sampling temperatures (default: the config's traffic.temperature; 0: greedy); several, e.g. "
-                     "0,0.7,1 (the config's speculation.temperatures), run one sweep each and add a summary of "
-                     "acceptance and speedup against temperature (temperature.md)")
-"""--temperature where a sweep takes several (`loadtest run`)."""
+def add_servers_args(parser: Any, config_help: str, no_spec_help: str) -> None:
+    """The config, --set and --no-spec: what the servers a command starts serve (with --url they run
+    already); the config's and --no-spec's helps as the command words them."""
+    parser.add_argument("config", nargs="?", default=None, help=config_help)
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
+                        help="override a config field for every variant (repeatable)")
+    parser.add_argument("--no-spec", action="store_true", help=no_spec_help)
 
-REMOTE = "servers already running (instead of starting them)"
 
-SWEEP_OPTIONS: dict[str, CliOption] = {
-    "config": CliOption(("config",), f"config file or preset name (default: {DEFAULT_CONFIG}; with --url: read only "
-                                     f"when given, for the model name, API key variable and tokenizer)",
-                        {"nargs": "?", "default": None}),
-    "overrides": CliOption(("--set",), "override a config field for every variant (repeatable)",
-                           {"dest": "overrides", "action": "append", "default": [], "metavar": "FIELD=VALUE"}),
-    "no_spec": CliOption(("--no-spec",), "run the baseline (speculation off) only", {"action": "store_true"}),
-    "no_baseline": CliOption(("--no-baseline",), "skip the baseline variant", {"action": "store_true"},
-                             field="baseline", value=operator.not_),
-    "k": CliOption(("--k",), "extra speculative variants with these K",
-                   {"type": int_list, "default": [], "metavar": "K,K"}, field="extra_k"),
-    "drafters": CliOption(("--drafters",), "also measure the config's alternative drafters (its `alternatives` "
-                                           "section) against the same baseline: all, or names", {
-                              "type": name_list, "default": [], "metavar": "all|NAME,NAME"}),
-    "users": CliOption(("--users",), "concurrency levels (closed-loop users) (default: 1,32)",
-                       {"type": int_list, "default": None, "metavar": "C,C"}, exclusive="levels",
-                       value=lambda users: sorted(dict.fromkeys(users or [1, 32]))),
-    "rates": CliOption(("--rates",), "open loop instead: arrival rates in requests/s; requests arrive by a Poisson "
-                                     "process whether or not earlier ones finished, nothing caps those in flight (so "
-                                     "queueing shows); speculation and baseline get the same arrivals "
-                                     "(docs/load-tests.md)",
-                       {"type": rate_list, "default": None, "metavar": "R,R"}, exclusive="levels",
-                       value=lambda rates: sorted(dict.fromkeys(rates or []))),
-    "repeat": CliOption(("--repeat",), "runs of every variant at every concurrency; speedups get a 95%% interval "
-                                       "(default: 3)", {"type": positive_int, "default": 3}),
-    "order": CliOption(("--order",), "alternate: the variants take turns every repeat (who goes first flips); "
-                                     "grouped: each variant's server starts once and runs all its levels and "
-                                     "repeats; auto: grouped where servers cannot be up together on GPUs, else "
-                                     "alternate (default: auto)", {"choices": ORDERS, "default": "auto"}),
-    "node_gpus": CliOption(("--node-gpus",), "GPUs of the node the variants' servers share (default: this "
-                                             "machine's); where two or more fit side by side they run on disjoint "
-                                             "GPUs and take turns; a dry run elsewhere plans for this many",
-                           {"type": positive_int, "default": None, "metavar": "N"}),
-    "requests": CliOption(("--requests",), "measured requests per run (default: the config's traffic.requests_min "
-                                           "and requests_per_user, max(32, 8 x concurrency) unless it sets them; with "
-                                           "--rates: max(32, 60 s x rate))", {"type": int, "default": None}),
-    "duration": CliOption(("--duration",), "measure each level for S seconds instead of a request count (with "
-                                           "--rates: the requests arriving in S seconds)",
-                          {"type": float, "default": None, "metavar": "S"}, field="duration_s"),
-    "warmup": CliOption(("--warmup",), "warm-up requests per user before each level (default: 1)",
-                        {"type": int, "default": 1}),
-    "request": CliOption((), "the request's options (RequestSettings)"),
-    "workers": CliOption(("--workers",), "Locust worker processes (0: one local process)", {"type": int, "default": 0}),
-    "no_vllm_bench": CliOption(("--no-vllm-bench",), "skip vLLM's serving benchmark after each Locust run (the "
-                                                     "independent check)", {"action": "store_true"},
-                               field="vllm_bench", value=operator.not_),
-    "vllm_bench_every_repeat": CliOption(("--vllm-bench-every-repeat",), "run vLLM's serving benchmark after every "
-                                         "repeat's Locust run (default: after the first repeat's only)",
-                                         {"action": "store_true"}),
-    "level_timeout": CliOption(("--level-timeout",), "seconds before a level is abandoned",
-                               {"type": float, "default": 1800}, field="level_timeout_s"),
-    "startup_timeout": CliOption(("--startup-timeout",), "seconds to wait for each server",
-                                 {"type": float, "default": None}, field="startup_timeout_s"),
-    "tolerance": CliOption(("--tolerance",), "allowed difference between our token counts and the server's "
-                                             "(default: 0.05)", {"type": float, "default": 0.05}),
-    "slo": CliOption(("--slo",), "service targets, e.g. ttft_p95=500ms,tpot_p95=50ms (metrics ttft, tpot, e2e): per "
-                                 "run the share of requests meeting each, the goodput, and the highest concurrency "
-                                 "meeting all", {"type": slo_targets, "default": None, "metavar": "TARGETS"},
-                     value=lambda slo: slo or ""),
-    "url": CliOption(("--url",), "load this running server, e.g. one started by `make serve`", {"default": ""},
-                     group=REMOTE),
-    "baseline_url": CliOption(("--baseline-url",), "a running server without speculation to compare with",
-                              {"default": ""}, group=REMOTE),
-    "model": CliOption(("--model",), "served model name (default: the config's, else the server's only one)",
-                       {"default": ""}, group=REMOTE),
-    "tokenizer": CliOption(("--tokenizer",), "tokenizer for vLLM's benchmark (default: the served model's folder "
-                                             "when it is on this machine)", {"default": ""}, group=REMOTE),
-    "api_key_env": CliOption(("--api-key-env",), "variable holding the servers' API key (default: the config's "
-                                                 "server.api_key_env)", {"default": None, "metavar": "VAR"},
-                             group=REMOTE),
-    "out": CliOption(("--out",), "report folder (default: reports/<config>-<time>)", {"type": Path, "default": None}),
-}
-"""Every option of a sweep, by its dest, in the order `loadtest run --help` lists them: declared here
-once, taken by `loadtest run`, `loadtest capacity` and where `tuning` starts sweeps."""
+def add_variant_args(parser: Any) -> None:
+    """The variants besides the config's speculation: the baseline, other K, the config's alternatives."""
+    parser.add_argument("--no-baseline", dest="baseline", action="store_false", help="skip the baseline variant")
+    parser.add_argument("--k", dest="extra_k", type=int_list, default=[], metavar="K,K",
+                        help="extra speculative variants with these K")
+    parser.add_argument("--drafters", type=name_list, default=[], metavar="all|NAME,NAME",
+                        help="also measure the config's alternative drafters (its `alternatives` section) against the "
+                             "same baseline: all, or names")
+
+
+def add_levels_args(parser: Any) -> None:
+    """The levels (users or rates), their repeats and order, and each level's requests."""
+    levels = parser.add_mutually_exclusive_group()
+    levels.add_argument("--users", type=int_list, default=None, metavar="C,C",
+                        help="concurrency levels (closed-loop users) (default: 1,32)")
+    levels.add_argument("--rates", type=rate_list, default=None, metavar="R,R",
+                        help="open loop instead: arrival rates in requests/s; requests arrive by a Poisson process "
+                             "whether or not earlier ones finished, nothing caps those in flight (so queueing shows); "
+                             "speculation and baseline get the same arrivals (docs/load-tests.md)")
+    parser.add_argument("--repeat", type=positive_int, default=SweepSettings.repeat,
+                        help="runs of every variant at every concurrency; speedups get a 95%% interval (default: "
+                             "%(default)s)")
+    parser.add_argument("--order", choices=ORDERS, default=SweepSettings.order,
+                        help="alternate: the variants take turns every repeat (who goes first flips); grouped: each "
+                             "variant's server starts once and runs all its levels and repeats; auto: grouped where "
+                             "servers cannot be up together on GPUs, else alternate (default: %(default)s)")
+    parser.add_argument("--node-gpus", type=positive_int, default=None, metavar="N",
+                        help="GPUs of the node the variants' servers share (default: this machine's); where two or "
+                             "more fit side by side they run on disjoint GPUs and take turns; a dry run elsewhere "
+                             "plans for this many")
+    parser.add_argument("--requests", type=int, default=None,
+                        help="measured requests per run (default: the config's traffic.requests_min and "
+                             "requests_per_user, max(32, 8 x concurrency) unless it sets them; with --rates: max(32, "
+                             "60 s x rate))")
+    parser.add_argument("--duration", dest="duration_s", type=float, default=None, metavar="S",
+                        help="measure each level for S seconds instead of a request count (with --rates: the "
+                             "requests arriving in S seconds)")
+    parser.add_argument("--warmup", type=int, default=SweepSettings.warmup,
+                        help="warm-up requests per user before each level (default: %(default)s)")
+
+
+def add_level_args(parser: Any, vllm_bench: bool = True) -> None:
+    """How each level runs and when it is abandoned; `vllm_bench`: with the options of vLLM's benchmark
+    after it (capacity runs the benchmark at levels of its own choosing)."""
+    parser.add_argument("--workers", type=int, default=SweepSettings.workers,
+                        help="Locust worker processes (0: one local process)")
+    if vllm_bench:
+        parser.add_argument("--no-vllm-bench", dest="vllm_bench", action="store_false",
+                            help="skip vLLM's serving benchmark after each Locust run (the independent check)")
+        parser.add_argument("--vllm-bench-every-repeat", action="store_true",
+                            help="run vLLM's serving benchmark after every repeat's Locust run (default: after the "
+                                 "first repeat's only)")
+    parser.add_argument("--level-timeout", dest="level_timeout_s", type=float, default=SweepSettings.level_timeout_s,
+                        metavar="LEVEL_TIMEOUT", help="seconds before a level is abandoned")
+    parser.add_argument("--startup-timeout", dest="startup_timeout_s", type=float, default=None,
+                        metavar="STARTUP_TIMEOUT", help="seconds to wait for each server")
+    parser.add_argument("--tolerance", type=float, default=SweepSettings.tolerance,
+                        help="allowed difference between our token counts and the server's (default: %(default)s)")
+
+
+def add_remote_args(parser: Any, url: str = "load this running server, e.g. one started by `make serve`",
+                    baseline_url: str = "a running server without speculation to compare with",
+                    tokenizer: str = "tokenizer for vLLM's benchmark (default: the served model's folder when it is "
+                                     "on this machine)",
+                    api_key_env: str = "variable holding the servers' API key (default: the config's "
+                                       "server.api_key_env)") -> None:
+    """The servers already running, in a group of their own; the helps as a command words them."""
+    remote = parser.add_argument_group("servers already running (instead of starting them)")
+    remote.add_argument("--url", default="", help=url)
+    remote.add_argument("--baseline-url", default="", help=baseline_url)
+    remote.add_argument("--model", default="", help="served model name (default: the config's, else the server's "
+                                                    "only one)")
+    remote.add_argument("--tokenizer", default="", help=tokenizer)
+    remote.add_argument("--api-key-env", default=None, metavar="VAR", help=api_key_env)
 
 
 def is_embedded(config: Any = None, folder: str = "") -> bool:
