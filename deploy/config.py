@@ -111,7 +111,7 @@ class SpeculationConfig(Section):
     distribution either way, only acceptance differs. `greedy`: the draft's argmax, which at
     temperature > 0 survives only with the target's probability of that one token. `probabilistic`:
     sampled from the drafter's distribution at the request's temperature, top-k and top-p, and
-    verified against it, far more often accepted at T > 0 (docs/results.md measures both), at the cost
+    verified against it, far more often accepted at T > 0 (docs/results.md, R12), at the cost
     of keeping the draft's probabilities (K x vocabulary floats per request). vLLM's
     `draft_sample_method` for its draft-model drafters (small_model native, eagle, eagle3, mtp);
     specdeploy's plugins (small_model plugin, bigram) sample themselves and hand vLLM their
@@ -123,7 +123,7 @@ class SpeculationConfig(Section):
     """Plugin drafters only (bigram, small_model with implementation: plugin): draft just for
     requests whose temperature is at most this; the others decode as on a plain server and cost the
     drafter nothing. For temperatures where a drafter does not pay: with greedy drafts any T > 0
-    (rarely accepted there, docs/results.md), with sampled drafts the temperatures above those
+    (rarely accepted there, docs/results.md, R12), with sampled drafts the temperatures above those
     measured (docs/drafters.md). `make tune` writes the largest of `temperatures` here, so a
     tuned plugin config speculates only at the temperatures it was tuned for. None: every request
     drafts."""
@@ -343,8 +343,7 @@ class ResourcesConfig(Section):
     """Fraction of each GPU's memory vLLM may use (weights + KV cache)."""
     cpu_kvcache_space_gib: float = Field(default=2, gt=0)
     """KV cache size on CPU in GiB, passed as vLLM's `--kv-cache-memory-bytes` (exact; vLLM's older
-    `VLLM_CPU_KVCACHE_SPACE` sets the same field in whole GiB only); fractions allowed: 0.25 holds
-    20,000 tokens of the embedded pair."""
+    `VLLM_CPU_KVCACHE_SPACE` sets the same field in whole GiB only); fractions allowed."""
     max_num_seqs: int | None = Field(default=None, ge=1)
     """Most requests decoded together (the largest batch)."""
     price_per_gpu_hour: float | None = Field(default=None, gt=0)

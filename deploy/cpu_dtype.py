@@ -1,7 +1,7 @@
 """The dtype a server runs on a CPU: `dtype: auto` is bf16 only where the CPU has bf16 arithmetic.
 
 Whether it has is `models.cpu_dtype.native_bf16` (the pair's training and build ask it too): on a
-CPU without it, vLLM's bf16 matmuls fall back to torch's, about 45x slower than float32.
+CPU without it, vLLM's bf16 matmuls fall back to torch's, far slower than float32 (docs/results.md, R16).
 """
 
 from __future__ import annotations

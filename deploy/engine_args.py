@@ -182,7 +182,7 @@ def engine_arguments(resolved: ResolvedDeployment, node_rank: int = 0) -> dict[s
         "host": c.server.host,
         "port": c.server.port,
         # On a CPU, `auto` is the type this CPU computes fast (vLLM's own `auto` takes the
-        # checkpoint's bf16 even where bf16 is emulated, ~45x slower).
+        # checkpoint's bf16 even where bf16 is emulated, far slower: docs/results.md, R16).
         "dtype": served_dtype(c.target.dtype, resolved.device),
     }
     optional = {
@@ -213,8 +213,9 @@ def engine_arguments(resolved: ResolvedDeployment, node_rank: int = 0) -> dict[s
         # give acceptance over the outputs that are text apart from those that loop.
         args["per_request_spec_decode_metrics"] = "summary"
     options = plugin_options(resolved)
-    # Tests of behaviour: no torch.compile (40-80 s a new configuration), no warm-up. Not with
-    # pipeline stages: vLLM 0.32's CPU runner allocates their hand-over tensors in the warm-up.
+    # Tests of behaviour: no torch.compile (most of a start, for each new configuration), no
+    # warm-up. Not with pipeline stages: vLLM 0.32's CPU runner allocates their hand-over
+    # tensors in the warm-up.
     if resolved.plumbing and c.parallelism.pipeline_parallel_size == 1:
         args["enforce_eager"] = True
     extra = dict(c.engine_args)

@@ -118,7 +118,7 @@ class ResolvedDeployment:
     """Target + draft weights as served (`check_fit`'s estimate); None when the size is unknown."""
     plumbing: bool = False
     """The target is the embedded pair's plumbing target (`SPECDEPLOY_PAIR=plumbing`, the test suite's):
-    served eager, as its costs mean nothing and compiling each configuration took 40-80 s a start."""
+    served eager, as its costs mean nothing and compiling each configuration took most of a start."""
 
 
 def resolve_model_ref(ref: str, config_dir: Path | None = None) -> str:

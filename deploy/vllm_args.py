@@ -2,7 +2,7 @@
 
 Configs may pass extra engine arguments through to vLLM; they are checked against this
 list before anything starts. The list is a snapshot of the pinned vLLM version so that
-validation (and `DRY_RUN=1`) works in a second, without importing vLLM (which takes ~10 s)
+validation (and `DRY_RUN=1`) works at once, without importing vLLM (which takes a while)
 and on machines where vLLM is not installed. `tests/test_vllm_args.py` checks the snapshot
 against the installed vLLM; refresh it with `python -m deploy.vllm_args --refresh`.
 """

@@ -1,8 +1,8 @@
 """Which floating-point type a CPU computes fast: bf16 only where the CPU has bf16 instructions.
 
 x86 CPUs without AVX-512 BF16 or AMX (AVX2-only machines, many AMD EPYCs before Zen 4) have no
-bf16 arithmetic: oneDNN refuses a bf16 matmul there, so vLLM falls back to torch's, which
-measured 45x slower than float32 on such a machine (a 1024x1024 matmul, 2.9 s against 65 ms).
+bf16 arithmetic: oneDNN refuses a bf16 matmul there, so vLLM falls back to torch's, far slower
+than float32 on such a machine (docs/results.md, R16).
 On them the kit trains in float32 and serves `dtype: auto` as float32 (`deploy.cpu_dtype`).
 """
 

@@ -64,7 +64,7 @@ class DraftRecipe:
     temperatures: tuple[float, ...] = (0.7, 1.0)  # each prompt is answered once, at one of these in turn
     top_logprobs: int = 20  # the target's top log-probabilities kept per answer position (vLLM's maximum)
     max_new_tokens: int = 192  # longest answer; many answers end earlier at <|im_end|>
-    collect_seconds: int = 2100  # the collection's length: answers in this long (983 on 2 cores)
+    collect_seconds: int = 2100  # the collection's length: answers in this long (docs/results.md, R53)
     heldout_every: int = 20  # every 20th answer is held out for the evaluation
     candidates: tuple[Candidate, ...] = (Candidate("w256-l2", 2, 256, 768), Candidate("w128-l2", 2, 128, 384))
     # ordered cheapest last: a tie goes to the later (cheaper) one
@@ -185,7 +185,7 @@ def make_draft(candidate: Candidate, target: Any) -> Any:
         projected *= emb.norm(dim=1).mean() / projected.norm(dim=1).mean()
         draft.get_input_embeddings().weight.copy_(projected)
         # Final hidden states have RMS 1 times this norm's weight: with rows of this length the
-        # logits' spread starts near 2 (not tens, which begins training at a KL of 30+ nats).
+        # logits' spread starts near 2 (not tens, which begins training at a huge KL).
         draft.model.norm.weight.fill_(2.0 / float(projected.norm(dim=1).mean()))
     draft.tie_weights()
     return draft

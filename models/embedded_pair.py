@@ -2,14 +2,14 @@
 
 Two steps, so that a first `make serve` takes minutes, not the hours training takes:
 
-1. **Training** (`make models REBUILD=1`, about 80 min on 2 cores, resumable: `models.pair_training`):
+1. **Training** (`make models REBUILD=1`, resumable: `models.pair_training`; docs/results.md, R39):
    a byte-level BPE tokenizer of 4,096 tokens, a 4.5M-parameter target trained on Python code (the
    standard library's training split and the sources of the packages installed beside the engine),
    and a draft of half its depth that starts from the target's first and last layers and is
    distilled to it. The result is small (about 12 MB in bf16) and is shipped in the repository
    (`models/embedded_weights/`, with `training.json`: the recipe, the loss curve and the held-out
    figures it reached); a full-tier test retraces the start of the shipped curve.
-2. **Building the served pair** (every machine, on first use, well under a minute): the shipped
+2. **Building the served pair** (every machine, on first use, in minutes at most): the shipped
    target is widened without changing its function (`models.widen`) into what is served, saved in
    the serving dtype, and evaluated on held-out code. Cached under `$SPECDEPLOY_CACHE` (default
    `$XDG_CACHE_HOME/specdeploy` or `~/.cache/specdeploy`) in a folder keyed by the shipped weights
@@ -78,8 +78,8 @@ CHAT_TEMPLATE = "{% for m in messages %}{{ m['content'] }}\n{% endfor %}"
 SERVED_WIDTH = {"bfloat16": 1536, "float32": 768}
 """The served target's hidden size per serving dtype, whatever the trained width. Chosen on an earlier
 target of width 192: 1,536 in bf16 (102M parameters; 1,152 broke even at batch 32), 768 in float32
-on an AVX2 CPU (1,536 there made a plain step 37 ms at batch 1 and 213 ms at batch 32 and missed the
-batch-1 goal; 768, 28M parameters, met every cost goal)."""
+on an AVX2 CPU (1,536 there missed the batch-1 goal, docs/results.md, R17; 768, 28M parameters, met
+every cost goal)."""
 
 
 def _trained_width() -> int:
@@ -104,7 +104,7 @@ class Serving:
     serve_dtype: str = field(default_factory=lambda: "bfloat16" if native_bf16() else "float32")
     """Saved weights: bf16 halves the bytes a decode step reads where the CPU computes bf16; float32
     elsewhere, which is what such a CPU computes in (`dtype: auto`, deploy.cpu_dtype)."""
-    eval_windows: int = 64  # held-out windows for the served models: the widened target is 30x slower
+    eval_windows: int = 64  # held-out windows for the served models: the widened target is far slower
 
 
 COSTS_FILE = "engine_costs.json"

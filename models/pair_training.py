@@ -1,9 +1,10 @@
 """The embedded pair's training recipe (`make models REBUILD=1`): corpus, tokenizer, target, draft.
 
-Hours on 2 cores, so it is built to be left running: a progress bar with an ETA, a checkpoint
-every few minutes under `$SPECDEPLOY_CACHE/training/<recipe hash>/` from which an interrupted run
-resumes (same batches, same schedule: the result is the one an uninterrupted run gives), and a
-loss curve (train loss, held-out bits per byte) kept in `training.json` and drawn beside it.
+Hours on a small CPU (docs/results.md, R39), so it is built to be left running: a progress bar
+with an ETA, a checkpoint every few minutes under `$SPECDEPLOY_CACHE/training/<recipe hash>/` from
+which an interrupted run resumes (same batches, same schedule: the result is the one an
+uninterrupted run gives), and a loss curve (train loss, held-out bits per byte) kept in
+`training.json` and drawn beside it.
 
 The recipe's knobs are `models.recipe`'s, its corpus and tokenizer `models.corpus`'s, and its
 AdamW loop `models.training`'s. Windows are drawn from the standard library with probability

@@ -43,8 +43,8 @@ class Recipe:
     target_width: int = 256  # 4 heads of 64: widened 6x (bf16) or 3x (float32) for serving
     target_ffn: int = 768  # SwiGLU inner size
     target_steps: int = 1600  # fixed (not a time budget) so that builds are reproducible: 13M tokens
-    # (2,800 steps reached 0.99 bits/byte against 1.1 here, in 75% more time)
-    draft_layers: int = 2  # half the target's depth: a 2x128 draft trained from scratch agreed only 44%
+    # (more steps reached a lower loss in far more time: docs/results.md, R39's note)
+    draft_layers: int = 2  # half the target's depth: one trained from scratch agreed far less (docs/results.md, R39)
     draft_width: int = 256  # the target's width, so that the draft starts from the target's own layers
     draft_ffn: int = 768
     draft_init_layers: tuple[int, ...] = (0, 3)  # target layers copied into the draft (with embeddings,

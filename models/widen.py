@@ -1,11 +1,10 @@
 """Widen a trained Llama model without changing what it computes (Net2Net-style replication).
 
-Why: a model that 2 CPU cores can train in minutes has ~2M parameters, and serving it costs
-framework overhead, not weights or arithmetic, so speculative decoding behaves nothing like it
-does on a real deployment. Widening the trained model `copies` times gives a dense model whose
-forward pass really reads and multiplies `copies`^2 times the weights (bandwidth-bound at
-batch 1, compute-bound at batch 32, as real targets are) while it predicts exactly what the
-trained model predicts (up to rounding).
+Why: serving a model small enough for a CPU to train costs framework overhead, not weights or
+arithmetic, so speculative decoding behaves nothing like it does on a real deployment. Widening
+the trained model `copies` times gives a dense model whose forward pass really reads and
+multiplies `copies`^2 times the weights (bandwidth-bound at batch 1, compute-bound at batch 32,
+as real targets are) while it predicts exactly what the trained model predicts (up to rounding).
 
 How, for a residual stream of width d widened to n*d (every vector tiled n times):
   - embeddings and RMSNorm weights are tiled: the RMS of a tiled vector is the original RMS;

@@ -1,12 +1,12 @@
 """On a CPU, let vLLM start its engine-core and worker processes by fork (`resources.cpu_start: fork`).
 
 vLLM 0.32's CPU platform always starts them by spawn (`VLLM_WORKER_MULTIPROC_METHOD=spawn`, set
-while it builds its config): each process then imports vLLM and torch anew, about 18 s apiece on a
-2-core AVX2 machine, 37 s of a server's start. Forked, they begin as copies of the API server
-(vLLM's default on GPUs, where it forks unless CUDA is up) and run the same engine code from
-there. The kit asks for it by setting `SPECDEPLOY_CPU_START=fork` in the server's environment;
-`register()`, a vLLM general plugin that runs in the API server before vLLM builds its config,
-then sets the start method back to fork after the platform's own choice.
+while it builds its config): each process then imports vLLM and torch anew, which dominated a
+server's start on a small CPU. Forked, they begin as copies of the API server (vLLM's default on
+GPUs, where it forks unless CUDA is up) and run the same engine code from there. The kit asks for
+it by setting `SPECDEPLOY_CPU_START=fork` in the server's environment; `register()`, a vLLM
+general plugin that runs in the API server before vLLM builds its config, then sets the start
+method back to fork after the platform's own choice.
 """
 
 from __future__ import annotations

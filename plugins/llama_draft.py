@@ -1,8 +1,8 @@
 """A Llama-architecture draft's forward pass, run straight from its weights.
 
 The small-model plugin feeds its draft one token at a time for one request at a time. Through
-transformers each such forward pass of the embedded 2-layer draft costs about 2.7 ms on a CPU core,
-nearly all of it the generic machinery around a few small matrix products (mask building, cache
+transformers each such forward pass of a small draft costs far more than its arithmetic: nearly
+all of it is the generic machinery around a few small matrix products (mask building, cache
 objects, module dispatch); vLLM's native draft-model path does the same work in its own kernels.
 This module is the arithmetic of transformers' `LlamaForCausalLM` (RMSNorm, rotary positions,
 grouped-query attention, SiLU MLP, the LM head) in a few tensor operations per layer, with a

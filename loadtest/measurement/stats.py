@@ -229,9 +229,9 @@ def agreement(client_tokens: float, server_tokens: float, tolerance: float = 0.0
 
 # An open-loop generator is behind when it sent under this share of the asked rate, or when its
 # send lag's p99 (actual send minus scheduled arrival) passed OPEN_LOOP_LAG_P99_S: then the
-# offered load was not the Poisson process asked for. 100 ms: on a shared 2-core machine the
-# event loop stalls for tens of ms now and then (`LOOP_LAG_MAX_MS` in `loadtest.sweeps.judging`), which moves a
-# few sends without changing the load; a p99 beyond it means sends queued in the generator.
+# offered load was not the Poisson process asked for. 100 ms: on a shared machine the event
+# loop stalls for a fraction of that now and then (`LOOP_LAG_MAX_MS` in `loadtest.sweeps.judging`),
+# which moves a few sends without changing the load; a p99 beyond it means sends queued in the generator.
 OPEN_LOOP_MIN_RATE_SHARE = 0.95
 OPEN_LOOP_LAG_P99_S = 0.1
 

@@ -42,20 +42,19 @@ log = logging.getLogger("specdeploy.loadtest")
 
 ORDERS = ("auto", "alternate", "grouped")
 SERVER_PROCESSES_GIB = 2.0
-"""Memory of one CPU server besides its KV cache and weights, measured (PSS of the embedded
-default's API server 0.54 GiB, engine core 0.52, worker 0.90 beyond its KV cache)."""
+"""Memory of one CPU server besides its KV cache and weights: the measured PSS of the embedded
+default's API server, engine core and worker (beyond its KV cache) together, rounded up."""
 UNKNOWN_WEIGHTS_GIB = 1.0
 """Weights assumed for a server whose model size preflight could not estimate."""
 
 # Assumptions for a machine that has not measured a server yet. Start: fixed seconds (engine
-# start, compilation, CUDA graphs) plus seconds per GiB of weights loaded; the embedded default
-# started in 29-37 s on a 2-core CPU. Speed: tokens/s per user at batch 1 and at batch 32
+# start, compilation, CUDA graphs) plus seconds per GiB of weights loaded, near the embedded
+# default's starts on a 2-core CPU. Speed: tokens/s per user at batch 1 and at batch 32
 # (interpolated on a log scale between, flat beyond): on a CPU, between the embedded default's
-# baseline and speculation on a 2-core AVX2 machine (38 and 75 tok/s at batch 1, 12.5 and 15 per
-# user at batch 32, docs/results.md); on GPUs a guess for a 70B-class target on 8 GPUs.
+# baseline and speculation on a 2-core AVX2 machine; on GPUs a guess for a 70B-class target on 8 GPUs.
 ASSUMED_START = {"cuda": (120.0, 1.0), "cpu": (40.0, 170.0)}
 """Seconds a server takes to start: fixed + per GiB of weights (on a CPU warm-up compiles grow with the
-model: SmolLM2-135M, 0.6 GiB with its draft, took 142 s on 2 cores)."""
+model)."""
 ASSUMED_USER_TPS = {"cuda": (30.0, 15.0), "cpu": (50.0, 13.0)}
 ASSUMED_CPU_TPS_GIB = (8.0, 40.0)
 """On a CPU with the weights' size known: output tokens/s x GiB of weights at batch 1 (reading the

@@ -410,8 +410,8 @@ class Sweep:
             state.plan = on_gpus(state.plan, gpus)
         par = state.resolved.config.parallelism if state.resolved else None
         if par is not None and par.world_size == 1:
-            # Where each step's time goes (schedule, forward, verify, draft): timers of about a
-            # microsecond a call, read around each measured run. One engine process only: the
+            # Where each step's time goes (schedule, forward, verify, draft): timers that cost little
+            # beside a step, read around each measured run. One engine process only: the
             # workers of tensor or pipeline parallelism would each add their own forward.
             state.step_profile = self.out / "logs" / f"steps-{variant.name}"
             state.plan = replace(state.plan, env={**state.plan.env, step_profile.ENV: str(state.step_profile)})

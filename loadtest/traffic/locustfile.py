@@ -111,8 +111,8 @@ def _on_init(environment: Any, **_: Any) -> None:
 def _set_start_clock(environment: Any, **_: Any) -> None:
     # One clock for all processes: the master fixes user 0's start as it starts the test, and
     # Locust forwards custom options to the workers with its spawn messages. Each worker timing
-    # its own users from when its spawn message arrived put two users 0.095 s apart for a 0.15 s
-    # gap on 2 busy cores. (Workers on other hosts rely on synchronised clocks, as NTP gives.)
+    # its own users from when its spawn message arrived put users closer than the gap asked on
+    # busy cores. (Workers on other hosts rely on synchronised clocks, as NTP gives.)
     if not isinstance(environment.runner, WorkerRunner):
         opts = environment.parsed_options
         opts.start_at = time.time() + opts.start_delay
@@ -136,7 +136,7 @@ def _runqueue_wait_s() -> float | None:
 def _probe_loop() -> None:
     """Sleep LOOP_PROBE_S at a time and keep how much later than asked the loop woke us: the
     time some other greenlet held the process, or the OS kept it off the CPU. For each stall
-    the kernel's run-queue wait tells which: on 2 shared cores it was the OS, for up to seconds."""
+    the kernel's run-queue wait tells which: on a shared machine it was the OS."""
     while True:
         asked, waited = time.perf_counter(), _runqueue_wait_s()
         gevent.sleep(LOOP_PROBE_S)
