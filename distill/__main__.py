@@ -9,13 +9,13 @@ import logging
 import signal
 import sys
 from pathlib import Path
-from types import FrameType
 
 from deploy import ConfigError
 from deploy.config import DEFAULT_CONFIG, as_overrides, load_config
 from distill.run import STDLIB_TESTS, DistillSettings, distill
 from distill.train import TrainSettings
 from loadtest.arg_types import int_list, positive_int, temperature_list
+from loadtest.interrupts import interrupt_on
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -109,10 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     if opts.dry_run:
         return dry_run(settings)
 
-    def on_term(signum: int, _frame: FrameType | None) -> None:
-        raise KeyboardInterrupt  # the same clean-up as Ctrl-C: servers stopped
-
-    signal.signal(signal.SIGTERM, on_term)
+    interrupt_on(signal.SIGTERM)
     try:
         result = distill(settings)
     except (ConfigError, ValueError, OSError) as exc:

@@ -16,6 +16,7 @@ import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 
+from loadtest.files import write_atomic
 from loadtest.traffic.workloads import Item, load_workload
 
 HELD_OUT_EVERY = 5
@@ -62,9 +63,7 @@ def load_data(path: str | Path, held_out: str | Path | None = None) -> DistillDa
 
 def write_prompts(prompts: tuple[str, ...] | list[str], path: Path) -> Path:
     """Prompts as a workload file (what the load test reads)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in prompts), encoding="utf-8")
-    return path
+    return write_atomic(path, "".join(json.dumps({"prompt": p}) + "\n" for p in prompts))
 
 
 def stdlib_test_prompts(path: Path, count: int = 300, chars: int = 400, seed: int = 0) -> Path:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -35,7 +34,7 @@ from loadtest.measurement.serial import Serial
 from loadtest.reports.report import write_report
 from loadtest.traffic.request_settings import RequestSettings, settings_record
 from loadtest.measurement.results import CREATED_FORMAT
-from loadtest.sweeps.settings import SweepSettings
+from loadtest.sweeps.settings import SweepSettings, default_out_dir
 from loadtest.sweeps.runner import Sweep
 
 log = logging.getLogger("specdeploy.distill")
@@ -179,8 +178,7 @@ def check(settings: DistillSettings) -> Checked:
                          f"(hf download {resolved.draft.ref}) and point speculation.model at it")
     if not 1 <= settings.top_logprobs <= 20:
         raise ValueError(f"--top-logprobs {settings.top_logprobs}: vLLM returns 1 to 20 by default")
-    stem = re.sub(r"[^A-Za-z0-9._-]", "_", config_path.stem)
-    out = settings.out or Path("reports") / f"distill-{stem}-{time.strftime('%Y%m%d-%H%M%S')}"
+    out = settings.out or default_out_dir(f"distill-{config_path.name}")  # whose stem is the config's
     data_file = (stdlib_test_prompts(out / "data.jsonl") if settings.data == STDLIB_TESTS else settings.data)
     data = load_data(data_file, settings.held_out)
     chars = sum(map(len, data.train)) / len(data.train)
@@ -317,10 +315,6 @@ def _pct(x: float | None) -> str:
     return "-" if x is None else f"{100 * x:.1f}%"
 
 
-def _x(x: float | None) -> str:
-    return "-" if x is None else f"{x:.2f}x"
-
-
 def describe(result: DistillResult) -> str:
     """distill.md: what was made, from what, and what it changed."""
     data, collected, training, off = result.data, result.collected, result.training, result.offline
@@ -349,7 +343,7 @@ def measured_lines(measured: Measured) -> list[str]:
     for t, b in sorted({(r.temperature, r.batch) for r in measured.rows}):
         o, d = (by.get((t, b, draft), MeasuredRow(t, b, draft)) for draft in ("original", "distilled"))
         tps = [f"{v:.2f}" if v is not None else "-" for v in (o.tokens_per_step, d.tokens_per_step)]
-        rows.append([f"{t:g}", str(b), _pct(o.acceptance), _pct(d.acceptance), *tps, _x(o.speedup), _x(d.speedup)])
+        rows.append([f"{t:g}", str(b), _pct(o.acceptance), _pct(d.acceptance), *tps, markdown.speedup(o.speedup), markdown.speedup(d.speedup)])
     return ["", "Measured on the engine on the held-out prompts (one load test per temperature; the original draft, "
             "the distilled one and no speculation taking turns); speedup = output tokens/s over no speculation's:", "",
             markdown.table(["T", "batch", "acceptance before", "after", "tokens/step before", "after",

@@ -21,12 +21,12 @@ import logging
 import signal
 import sys
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 from deploy import ConfigError, load_config
 from loadtest import capacity_cli
 from loadtest.arg_types import int_list
+from loadtest.interrupts import interrupt_on
 from loadtest.measurement.results import SweepResults
 from loadtest.reports.report import compare_table, newest_report, write_report
 from loadtest.sweeps.settings import SweepSettings
@@ -86,11 +86,7 @@ def cmd_run(opts: argparse.Namespace) -> int:
     if opts.dry_run:
         return dry_run(settings, temperatures)
 
-    def on_term(signum: int, _frame: FrameType | None) -> None:
-        raise KeyboardInterrupt  # same clean-up path as Ctrl-C: servers and Locust stopped
-
-    signal.signal(signal.SIGTERM, on_term)
-    signal.signal(signal.SIGHUP, on_term)  # a closed terminal: stop the servers, keep the report
+    interrupt_on(signal.SIGTERM, signal.SIGHUP)  # a kill or a closed terminal: servers stopped, report kept
     if len(temperatures) > 1:
         return run_temperatures_cli(settings, temperatures)
     sweep = Sweep(settings)

@@ -9,12 +9,12 @@ import signal
 import sys
 import time
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 from deploy import ConfigError
 from deploy.config import DEFAULT_CONFIG
 from loadtest.traffic import declared as traffic
+from loadtest.interrupts import interrupt_on
 from loadtest.measurement.capacity_figures import SearchRequest, headline
 from loadtest.sweeps.capacity import Capacity, CapacitySettings
 from loadtest.sweeps.settings import (SweepSettings, add_level_args, add_remote_args, add_servers_args,
@@ -88,11 +88,7 @@ def cmd_capacity(opts: argparse.Namespace) -> int:
     if opts.dry_run:
         return dry_run(opts, settings)
 
-    def on_term(signum: int, _frame: FrameType | None) -> None:
-        raise KeyboardInterrupt  # the same clean-up as Ctrl-C: servers stopped, what was measured kept
-
-    signal.signal(signal.SIGTERM, on_term)
-    signal.signal(signal.SIGHUP, on_term)
+    interrupt_on(signal.SIGTERM, signal.SIGHUP)
     try:
         sweep = Sweep(sweep_settings(opts))
     except (ConfigError, OSError) as exc:

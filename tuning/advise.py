@@ -1,21 +1,13 @@
 """`make advise CONFIG=...`: is this draft worth deploying, and at which batch sizes?
 
-Measured on the real engine, for the user's workload and temperature, in four steps:
-
-1. compatibility (preflight): a draft model must speak the target's tokenizer, the same tokens
-   with the same ids; a draft that does not is the verdict, before any engine starts;
-2. step costs (`step_costs.measure_costs`): a plain target step, a verification of K + 1
-   tokens and a speculative step with this drafter, at each batch size, so a draft step is
-   known as a fraction of a target step and a speculative step as r target steps;
-3. acceptance and speedup (`runner.Sweep`, one run per batch size): the speculative server and
-   the baseline loaded with the workload at the temperature; the engine's per-position
-   acceptance, tokens per step, and the speedup Locust and the engine's own clock see;
-4. the cost model's prediction, tokens per step / r, beside the measured speedup, and a
-   verdict a person can act on: use it at batch <= N, too slow a draft, too rarely accepted,
-   vocabularies differ.
-
-Where this machine cannot run the deployment (a GPU preset on a laptop), it says what it would
-measure and refuses (exit 2) without starting anything.
+Measured on the real engine, for the user's workload and temperature: compatibility (preflight:
+a draft that does not speak the target's tokenizer is the verdict, before any engine starts), step
+costs (`step_costs.measure_costs`: a draft step as a fraction of a target step, a speculative step
+as r target steps), acceptance and speedup in a load test of the speculative server beside the
+baseline, and the cost model's prediction (tokens per step / r) beside the measured speedup: it
+says which cost ate the gain in a verdict a person can act on (`verdict`). Where this machine
+cannot run the deployment (a GPU preset on a laptop), it says what it would measure and refuses
+(exit 2) without starting anything.
 """
 
 from __future__ import annotations
@@ -44,10 +36,10 @@ from tuning.step_costs import StepCosts
 
 log = logging.getLogger("specdeploy.advise")
 
-# Preflight problems that are the draft's own unsuitability, not a config mistake.
 SECTIONS = {"would_measure": "What it would measure on a machine that runs the deployment:", "problems": "Problems:",
             "notes": "Notes:"}
 """The lists a result may end with, and their titles in its Markdown (tune's too)."""
+# Preflight problems that are the draft's own unsuitability, not a config mistake.
 VOCABULARY_WORDS = ("vocab_size", "tokenizer vocabulary", "not the same ones")
 NOT_SMALLER = "is not smaller than"
 
@@ -303,11 +295,7 @@ def verdict(rows: list[AdviceRow], k: int, remedy: str = "") -> str:
     rows = sorted((r for r in rows if r.measured_speedup is not None), key=lambda r: r.batch)
     if not rows:
         return "not measured"
-    paying = 0
-    for r in rows:
-        if r.measured_speedup <= 1:
-            break
-        paying += 1
+    paying = next((i for i, r in enumerate(rows) if r.measured_speedup <= 1), len(rows))  # rows before the first loss
     if paying == len(rows):
         return (f"use it at every batch size measured (up to {rows[-1].batch}): "
                 + ", ".join(f"{r.measured_speedup:.2f}x at batch {r.batch}" for r in rows))

@@ -1,27 +1,14 @@
 """`make paymap CONFIG=... USERS=1,4,16,32`: where speculation pays, over batch size and acceptance.
 
 For each batch size B and per-token acceptance a of a grid, output tokens/s of the config's
-drafter with speculation against the same deployment without it, measured on the engine: vLLM's
-synthetic acceptance (`rejection_sample_method: synthetic`) runs the real drafter and the real
-verification and accepts draft position i with the unconditional rate a^i (every draft token
-accepted with probability a when all before it were: the acceptance model of Leviathan et al.,
-`loadtest.measurement.stats`). So the costs are the deployment's own and only acceptance is chosen, and a map
-can be drawn before any traffic exists, with `--dummy-weights` before the weights are downloaded.
-
-Two engines, one after the other, each built by `tuning.step_costs` from exactly the arguments
-`make serve` gives the server (async scheduling off in both, as for every step-cost engine):
-  baseline     speculation off: closed-loop generations of B identical prompts x max_tokens
-  speculative  the config's drafter with synthetic acceptance and a flat schedule of the largest K
-               asked; between generations the worker's acceptance rates and K are switched
-               (`step_costs._set_worker_acceptance`, `_set_k`), so every cell of the grid comes
-               from one engine, in rotating order
-A cell's speedup is the mean of its runs' output tokens/s over the baseline's at that batch size.
-
-From the grid: per batch size the break-even acceptance (interpolated linearly where the speedup
-crosses 1.0; its interval from the runs' 95% intervals), the best K per cell where several are
-asked, and at the deployment's own acceptance (`--acceptance`, or a running server's counters via
-`--url`) how far up in batch size speculation pays and which K schedule follows (written as a
-config, as `make tune` writes one).
+drafter with speculation over the same deployment without it, measured on the engine: vLLM's
+synthetic acceptance runs the real drafter and the real verification and accepts draft position i
+with the unconditional rate a^i (the acceptance model of Leviathan et al., `loadtest.measurement.stats`).
+So the costs are the deployment's own and only acceptance is chosen: a map can be drawn before any
+traffic exists, with `--dummy-weights` before the weights are downloaded. Every speculative cell
+comes from one engine, its acceptance and K switched between generations (`engine_variants`), so
+cells differ by what they cost, not by which engine ran faster. What the report shows and how to
+read it: docs/tuning.md, `make paymap`.
 """
 
 from __future__ import annotations
@@ -36,7 +23,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from deploy import load_config, plan_from_config
-from deploy.config import resolve_config_path
+from deploy.config import Override, resolve_config_path
 from deploy.engine_args import engine_arguments, is_secret
 from loadtest.reports import markdown
 from loadtest.reports import plots
@@ -48,7 +35,7 @@ from loadtest.measurement.stats import expected_tokens_per_step, implied_per_tok
 from tuning import step_costs
 from tuning.advise import PLAIN, CommandResult, drafter_config
 from tuning.step_costs import PaymapJob, PaymapRun, StepCosts
-from tuning.tune import TIE, ScheduleRow, deployed_k, schedule_from, tuned_yaml
+from tuning.tune import SPEC, ScheduleRow, best_k, cost_variants, deployed_k, schedule_from, tuned_yaml
 
 log = logging.getLogger("specdeploy.paymap")
 
@@ -56,7 +43,6 @@ DEFAULT_ACCEPTANCE = (0.3, 0.45, 0.6, 0.75, 0.9)
 """Per-token acceptance levels of the grid: from a poor draft to a very good one."""
 REFERENCE_BATCH = 32
 """The batch size the report's first line quotes the break-even acceptance at."""
-PROMPT_TOKENS_NOTE = "the first text prompt of the built-in code workload"
 DUMMY_NOTE = ("Every engine loaded dummy weights (`load_format: dummy`): the models' real shapes and kernels "
               "with random values. A step costs what it costs with the real weights (the same matrix products "
               "over the same shapes), and acceptance is synthetic either way, so the map is the real weights' "
@@ -94,8 +80,6 @@ class PaymapSettings:
 
 # --- what a map holds (paymap.json) ---------------------------------------------------------------
 
-SPEC = "spec"
-"""The speculative engine's name (`engine_variants`), beside the plain one's (`PLAIN`)."""
 K0_CELL = "k0"
 """The speculative engine's cell told to draft nothing (`step_costs._paymap_cells`)."""
 BEST = "best"
@@ -162,7 +146,6 @@ class Grid(Serial):
     break_even: dict[str, dict[str, Point]] = field(default_factory=dict)
 
     def column(self, batch: int, key: str) -> list[Cell]:
-        """A batch size's cells over the acceptance levels, of one K (`k<K>`) or the best K's (`best`)."""
         return self.best[str(batch)] if key == BEST else self.cells[str(batch)][key]
 
     def point(self, batch: int, key: str = BEST) -> Point:
@@ -294,13 +277,10 @@ def acceptance_from_metrics(samples: Any) -> list[float] | None:
 
 def acceptance_from_url(url: str, api_key_env: str = "") -> list[float]:
     """A running deployment's per-position acceptance since it started."""
-    import os
-
     from loadtest.measurement.prom import scrape
+    from loadtest.traffic.client import auth_headers
 
-    key = os.environ.get(api_key_env, "") if api_key_env else ""
-    snapshot = scrape(url, headers={"Authorization": f"Bearer {key}"} if key else None)
-    rates = acceptance_from_metrics(snapshot)
+    rates = acceptance_from_metrics(scrape(url, headers=auth_headers(api_key_env)))
     if rates is None:
         raise ValueError(f"{url}/metrics shows no drafts (vllm:spec_decode_num_drafts_total): the server at {url} "
                          f"does not speculate or has served nothing yet")
@@ -372,12 +352,6 @@ def interpolate(levels: Sequence[float], values: Sequence[float], a: float) -> f
     return points[-1][1]
 
 
-def best_k(options: dict[int, float]) -> int:
-    """The K with the highest speedup; within `tune.TIE` of it, the shorter draft."""
-    top = max(options.values())
-    return min(k for k, v in options.items() if v >= top * (1 - TIE))
-
-
 def schedule_rows(grid: Grid, a: float) -> list[MapRow]:
     """Per batch size, each K's speedup interpolated at acceptance a (K=0 as measured, where it was)
     and the K chosen, as `tune.schedule_from` reads them."""
@@ -430,17 +404,9 @@ def headline(grid: Grid, a: float | None) -> str:
     if a is None:
         return (f"This deployment's acceptance is not known (give --acceptance A or URL=): at batch {batches[0]} "
                 f"speculation needs {describe_point(grid.point(batches[0]))}; {needs}.")
-    paying: list[int] = []
-    unknown = None
-    for batch in batches:
-        verdict = pays_at(grid.point(batch), a)
-        if verdict is None:
-            unknown = batch
-            break
-        if not verdict:
-            break
-        paying.append(batch)
-    if unknown is not None and not paying:
+    verdicts = [pays_at(grid.point(batch), a) for batch in batches]
+    paying = batches[:next((i for i, v in enumerate(verdicts) if v is not True), len(batches))]
+    if verdicts[0] is None:
         return f"At acceptance {a:.2f} the map cannot say whether this deployment pays (outside the grid); {needs}."
     if not paying:
         return (f"At acceptance {a:.2f} this deployment pays at no batch size measured (batch {batches[0]} needs "
@@ -452,14 +418,12 @@ def headline(grid: Grid, a: float | None) -> str:
 def describe_point(point: Point) -> str:
     """A break-even acceptance as a person reads it, with its interval where there is one."""
     if point.relation == "<=":
-        text = f"at most {point.value:.2f} (it pays at every acceptance measured)"
-    elif point.relation == ">":
-        text = f"more than {point.value:.2f} (it pays at no acceptance measured)"
-    else:
-        text = f"{point.value:.2f}"
-    if point.low and point.high and point.relation == "=":
-        text += f" (95% interval {_bound(point.low)} to {_bound(point.high)})"
-    return text
+        return _bound(point) + " (it pays at every acceptance measured)"
+    if point.relation == ">":
+        return _bound(point) + " (it pays at no acceptance measured)"
+    if point.low and point.high:
+        return f"{point.value:.2f} (95% interval {_bound(point.low)} to {_bound(point.high)})"
+    return f"{point.value:.2f}"
 
 
 def _bound(point: Point) -> str:
@@ -471,16 +435,16 @@ def _bound(point: Point) -> str:
 # --- plan, measurement, report -----------------------------------------------------------------
 
 
-def engine_variants(settings: PaymapSettings, k_max: int, max_batch: int) -> dict[str, tuple[list[str], bool]]:
-    """The two engines: name -> (config overrides, no speculation). The speculative one runs synthetic
-    acceptance (its starting rates are the grid's first level; the worker switches them) and a flat
-    schedule of the largest K, so K can be capped per cell as `make tune` caps it."""
-    dummy = ["engine_args.load_format=dummy"] if settings.dummy_weights else []
-    first = rates_for(settings.acceptance[0], k_max)
-    spec = [f"speculation.num_speculative_tokens={k_max}", f"speculation.schedule=[[1, {max_batch}, {k_max}]]",
-            "speculation.draft_max_temperature=null", "speculation.extra.rejection_sample_method=synthetic",
-            f"speculation.extra.synthetic_acceptance_rates={json.dumps([round(r, 6) for r in first])}"]
-    return {PLAIN: (dummy, True), SPEC: (spec + dummy, False)}
+def engine_variants(settings: PaymapSettings, k_max: int, max_batch: int) -> dict[str, tuple[list[Override], bool]]:
+    """`make tune`'s two engines (`tune.cost_variants`: K can be capped per cell as it caps it), the
+    speculative one with synthetic acceptance (its starting rates are the grid's first level; the
+    worker switches them)."""
+    dummy = [Override("engine_args.load_format", "dummy")] if settings.dummy_weights else []
+    first = [round(r, 6) for r in rates_for(settings.acceptance[0], k_max)]
+    variants = cost_variants(k_max, max_batch)
+    variants[SPEC][0].extend([Override("speculation.extra.rejection_sample_method", "synthetic"),
+                              Override("speculation.extra.synthetic_acceptance_rates", first)])
+    return {name: ([*extra, *dummy], no_spec) for name, (extra, no_spec) in variants.items()}
 
 
 def make_plan(settings: PaymapSettings) -> PaymapPlan:

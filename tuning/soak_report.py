@@ -1,22 +1,15 @@
 """What a soak run shows: each drafter's last requests against its first, and the report.
 
-A drafter's run is judged on two windows of `window` requests in the order they were sent: the
-first and the last. In each: the resident memory of the server's process tree (the mean of the
-samples taken while the window's requests ran, and the sample at the window's end: after the
-first window, and the final one), the mean end-to-end latency, and the medians of TTFT and
-TPOT over the window's successful requests. A figure of the last window more than `tolerance`
-away from the first's (either way) DRIFTS. Requests that failed are counted; a run with any
-does not pass either.
-
-Beside them, not judged, what the engine counted over each window (its /metrics, scraped every few
-seconds): the draft acceptance rate, the engine's own per-token latency and the requests running.
-They say whose a latency drift is: the drafter's when its acceptance moved, the engine's (or the
-machine's) when acceptance held and each step got slower.
+A drafter's run is judged on two windows of `window` requests in the order they were sent, the
+first and the last (`judge`, the figures `FIGURES`): a figure of the last window more than
+`tolerance` away from the first's (either way) DRIFTS, and a run with failed requests does not
+pass either. Beside them, not judged, what the engine counted over each window (`ENGINE_FIGURES`):
+they say whose a latency drift is, the drafter's when its acceptance moved, the engine's (or the
+machine's) when acceptance held and each step got slower. The method: docs/drafters.md, `make soak`.
 """
 
 from __future__ import annotations
 
-import base64
 import statistics
 from collections import Counter
 from collections.abc import Sequence
@@ -31,6 +24,7 @@ from loadtest.measurement.serial import Serial
 from loadtest.reports.markdown import table as markdown_table
 from loadtest.files import write_atomic
 from loadtest.reports.page import METHOD_DOC, Badge, Line, Page, Section, method_link
+from loadtest.reports.report import embedded
 from loadtest.measurement.stats import percentile
 
 GIB = 2**30
@@ -102,17 +96,16 @@ class Judgement(Serial):
     """By judged figure (`FIGURES`): last / first - 1 (None: not measured)."""
     drifts: list[str] = field(default_factory=list)
     status: str = "failed"
-    """`ok` (every figure within the tolerance, no request failed), `drifts` or `failed`."""
+    """`ok` (every figure within the tolerance, no request failed), `drifts` (a figure beyond it) or
+    `failed` (requests failed, or too few finished to fill two windows)."""
 
     def pair(self, key: str) -> list[Any]:
         """A `WindowFigures` field in the first window and the last (None where not judged)."""
         return [None if w is None else getattr(w, key) for w in (self.first, self.last)]
 
-    def changes(self, sep: str) -> str:
-        return sep.join(f"{SHORT[k]} {_pct(c)}" for k, c in self.change.items())
-
-    def drifted(self) -> str:
-        return ", ".join(f"{SHORT[k]} {_pct(self.change[k])}" for k in self.drifts)
+    def changes(self, sep: str, keys: Sequence[str] | None = None) -> str:
+        """Each judged figure's change (of `keys` alone where given: the drifts)."""
+        return sep.join(f"{SHORT[k]} {_pct(self.change[k])}" for k in (self.change if keys is None else keys))
 
 
 @dataclass
@@ -229,7 +222,8 @@ def _between(a: EngineSample, b: EngineSample) -> tuple[float | None, float | No
 
 def window_figures(window: Sequence[RequestRecord], samples: Sequence[Sample], end_rss: float | None,
                    engine: Sequence[EngineSample] = ()) -> WindowFigures:
-    """The judged figures of one window of requests (see the module doc)."""
+    """One window's figures: RSS the mean of the samples taken while its requests ran and `end_rss`
+    (the sample at its end), latencies over its successful requests."""
     ok = [r for r in window if r.ok]
     start, end = min(r.start for r in window), max(r.end for r in window)
     mean = rss_mean(samples, start, end)
@@ -257,10 +251,8 @@ def _change(first: float | None, last: float | None) -> float | None:
 
 def judge(records: Sequence[RequestRecord], samples: Sequence[Sample], window: int, tolerance: float,
           expected: int | None = None, engine: Sequence[EngineSample] = ()) -> Judgement:
-    """The first and the last `window` requests' figures (and the engine's, `engine`: scrapes, not
-    judged), each judged figure's change, and the verdict:
-    `ok` (every figure within `tolerance`, no request failed), `drifts` (a figure beyond it) or
-    `failed` (requests failed, or too few finished to fill two windows)."""
+    """The first and the last `window` requests' figures (and the engine's, from the scrapes
+    `engine`, not judged), each judged figure's change, and the verdict (`Judgement.status`)."""
     ordered = in_send_order(records)
     failed = sum(not r.ok for r in ordered)
     out = Judgement(requests=len(ordered), failed=failed, outcomes=dict(Counter(r.outcome for r in ordered)),
@@ -298,7 +290,7 @@ def verdict_line(result: DrafterSoak) -> str:
     basis = (f"last {v.window} vs first {v.window} of {v.requests} requests"
              + (f" at {result.rate:.2g}/s" if result.rate else "") + f", {v.failed} failed")
     if v.status == "drifts":
-        return f"{name}: DRIFTS beyond {tol}: {v.drifted()} ({basis})"
+        return f"{name}: DRIFTS beyond {tol}: {v.changes(', ', v.drifts)} ({basis})"
     if v.status == "failed":
         return f"{name}: FAILED: {'; '.join(v.problems)} ({basis})"
     return f"{name}: within {tol} ({v.changes(', ')}; {basis})"
@@ -447,7 +439,7 @@ def _line(r: DrafterSoak, tolerance: float) -> Line:
         changes += f" · acceptance {accept[0]:.0%} → {accept[1]:.0%}"
     basis = f"{v.requests} requests" + (f" at {r.rate:.2g}/s" if r.rate else "") + f", {v.failed} failed"
     if v.status == "drifts":
-        return Line(r.drafter, f"DRIFTS: {v.drifted()}", f"{changes} · {basis}", "bad")
+        return Line(r.drafter, f"DRIFTS: {v.changes(', ', v.drifts)}", f"{changes} · {basis}", "bad")
     if v.status == "failed":
         return Line(r.drafter, "FAILED", "; ".join(v.problems) + f" · {basis}", "bad" if v.first is not None else "none")
     return Line(r.drafter, f"within {100 * tolerance:g}%", f"{changes} · {basis}", "good")
@@ -525,10 +517,6 @@ def exit_code(soak: SoakReport) -> int:
     return 0 if all(r.passed for r in soak.drafters) else 1
 
 
-def _data_uri(path: Path) -> str:
-    return "data:image/png;base64," + base64.b64encode(path.read_bytes()).decode()
-
-
 def write(soak: SoakReport | dict[str, Any], out: Path) -> dict[str, Path]:
     """soak.json, the plots, soak.md and a self-contained soak.html (plots embedded) in `out`; `soak`
     may be a stored soak.json's content."""
@@ -539,8 +527,8 @@ def write(soak: SoakReport | dict[str, Any], out: Path) -> dict[str, Path]:
     files = {name: path for name, path in plotted.items() if path}
     summary = SUMMARY if summary_plot(soak, out / SUMMARY) else None
     text = page.markdown(first_page(soak, {k: p.name for k, p in files.items()}, summary, out))
-    sources = {k: _data_uri(p) for k, p in files.items()} | ({SUMMARY: _data_uri(out / SUMMARY)} if summary else {})
-    html = page.html(first_page(soak, sources, summary, out), sources)
+    sources = embedded([*files.values(), *([out / SUMMARY] if summary else [])])
+    html = page.html(first_page(soak, {k: sources[p.name] for k, p in files.items()}, summary, out), sources)
     return {"json": saved, "markdown": write_atomic(out / "soak.md", text), "html": write_atomic(out / "soak.html", html)}
 
 

@@ -13,8 +13,8 @@ where the steps are the engine's own count of its iterations (`vllm:iteration_to
 
 All three variants run with vLLM's async scheduling off. vLLM turns it on for plain decoding
 and its native draft model (the scheduler of step n+1 then overlaps the forward pass of step
-n) but not for custom proposers, so with it on the verify variant would pay ~4 ms per step of
-scheduling the others hide, and the ratios would measure scheduling, not the forward passes.
+n) but not for custom proposers, so with it on the verify variant would pay for scheduling the
+others hide, and the ratios would measure scheduling, not the forward passes.
 
   plain    speculation off: one target decode step
   verify   `drafter: probe` with K: every step verifies K + 1 tokens and keeps one (the cost of
@@ -32,16 +32,12 @@ passes, wrapped through `collective_rpc`): a draft step is a fraction of a milli
 what the difference of two engines' step times can resolve on a shared machine.
 
 Engines of different variants run one after another, and on a shared machine one engine can be
-~10% faster than the next; each figure is the median of `repeats` measurements. Where figures
-are compared with each other to choose (K for each batch size, `make tune`), they come from one
-engine instead: a `k_sweep` job builds the speculative engine with a schedule of K (so vLLM takes
-its per-batch-size path, as a tuned server does) and, between measurements, caps in the worker
-the K its drafter drafts (`_set_worker_k`; the engine core gets the same cap, so K=0 steps skip
-the draft hand-off as a tuned server's do: plugins/k0_handoff.py), K=0..K in a rotating order
-each round. The K's then differ by what K costs, not by which engine happened to be faster.
-`python -m tuning costs CONFIG` prints them; `make models` keeps them beside the embedded pair.
-`make paymap` (tuning/paymap.py) builds its engines here too, and times whole closed-loop
-generations on them at synthetic acceptance levels instead of steps (`_paymap_cells`).
+faster than the next; each figure is the median of `repeats` measurements. Figures compared with
+each other to choose (K for each batch size, `make tune`) come from one engine instead: a `k_sweep`
+job builds the speculative engine with a schedule of K (vLLM's per-batch-size path, as a tuned
+server's) and caps the K it drafts between measurements (`_set_k`), K=0..K in a rotating order each
+round, so the K's differ by what K costs, not by which engine happened to be faster. `make paymap`
+times whole generations on its engines instead of steps (`_paymap_cells`).
 """
 
 from __future__ import annotations
@@ -430,13 +426,11 @@ def _set_worker_acceptance(worker: Any, conditional: list[float]) -> bool:
 
 
 def _paymap_cells(llm: Any, job: EngineJob, timed_generation: Any) -> dict[str, BatchFigures]:
-    """In the subprocess, for `make paymap` (tuning/paymap.py): per batch size, wall time of
-    closed-loop generations (B identical prompts submitted at once, `max_tokens` each, EOS
-    ignored), `repeats` times. The speculative engine (built with synthetic acceptance and a
-    schedule, so K can be capped as in a K sweep) is timed at every (per-token acceptance a, K) of
-    the grid, in an order that rotates each round, with the engine's own per-position acceptance
-    of each generation; K=0 once per round where the K list has several. `timed_generation(batch,
-    tokens, temperature)`: `_engine_main`'s (seconds, engine steps) of one generation."""
+    """In the subprocess, for `make paymap`: per batch size, `repeats` timed closed-loop generations
+    (B identical prompts at once, `max_tokens` each, EOS ignored); the speculative engine's at every
+    (per-token acceptance a, K) of the grid in an order that rotates each round, each with the
+    engine's own per-position acceptance, and K=0 once a round where several K are asked.
+    `timed_generation`: `_engine_main`'s `generate`."""
     spec = job.paymap
     temperature, max_tokens = float(spec.temperature), int(spec.max_tokens)
 

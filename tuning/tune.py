@@ -1,25 +1,20 @@
 """`make tune CONFIG=... USERS=1,4,16,32`: K for each batch size, written into a new YAML and proven.
 
-1. Measure on the engine (`step_costs.measure_steps`, async scheduling off): the step time at
-   each batch size of plain decoding (the baseline), and, in one speculative engine whose K is
-   capped in the worker between measurements (`step_costs._set_worker_k`), of the drafter at
-   each K from 0 (told to draft nothing: what the schedule's "off" really costs, since a draft
-   model still runs its forward pass) to the config's K; and, at the largest K, per-position
-   acceptance on the user's workload at each temperature the config is tuned for. One engine for
-   every K: separate engines differ by ~10% on a shared machine, as much as one more draft token
-   costs at batch 1, and chose K=3 where K=4 made 18% more tokens/s.
-2. Choose: a draft of K' tokens makes 1 + p_1 + ... + p_K' tokens a step (p_i: the share of
-   drafts whose position i was accepted, averaged over the temperatures), so at batch B the
-   tokens per unit of time are that over the step time; K(B) is the K that makes most (ties
-   within 1% go to the shorter draft, which wastes less when acceptance dips).
-3. Write `<config>-tuned.yaml` beside the input: the input's text with `speculation.schedule`
-   (vLLM's `num_speculative_tokens_per_batch_size`) inserted and the measurements that chose it
-   as comments. Range boundaries sit at the geometric middle between measured batch sizes. A
-   plugin drafter also gets `draft_max_temperature`, the largest temperature measured: hotter
-   requests, whose acceptance was not measured, draft nothing.
-4. Prove it (unless `--no-prove`): a load test per temperature of the tuned config, every fixed
-   K and the baseline at each batch size; the tuned config must reach 0.97x the baseline at the
-   largest batch and 0.97x the best fixed K at every other.
+1. Measure on the engine (`step_costs.measure_steps`): the step time at each batch size of plain
+   decoding and, in one speculative engine whose K is capped between measurements, of the drafter
+   at each K from 0 (what the schedule's "off" really costs: a draft model still runs its forward
+   pass) to the config's K; at the largest K, per-position acceptance on the user's workload at each
+   temperature the config is tuned for. One engine for every K: on a shared machine separate
+   engines differ by as much as one more draft token costs.
+2. Choose (`choose`): a draft of K' tokens makes 1 + p_1 + ... + p_K' tokens a step (p_i averaged
+   over the temperatures); K(B) is the K that makes most per unit of step time (within `TIE`, the
+   shorter draft, which wastes less when acceptance dips).
+3. Write `<config>-tuned.yaml` beside the input (`write_tuned`): the input's text with the schedule
+   and the measurements that chose it as comments. A plugin drafter also gets
+   `draft_max_temperature`, the largest temperature measured: hotter requests, whose acceptance
+   was not measured, draft nothing.
+4. Prove it (`prove`, unless `--no-prove`): load tests of the tuned config beside every fixed K
+   and the baseline (`PROOF_RATIO`).
 
 vLLM picks K from the number of requests it schedules in a step, prefills included (vLLM issue
 49548): K can flip at a range boundary while requests arrive. The proof's load tests run the
@@ -33,7 +28,6 @@ import math
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from deploy import ConfigError, load_config, preflight
 from deploy.config import Override, as_overrides, resolve_config_path
@@ -60,7 +54,8 @@ the best fixed K's (every other batch) in the proof."""
 TIE = 0.01
 """Ks whose tokens per unit of time are within this share of the best count as a tie."""
 TUNED_FIELDS = (("speculation", "num_speculative_tokens"), ("speculation", "schedule"))
-"""The fields a tuned file sets (K and the schedule)."""
+SPEC = "spec"
+"""The speculative engine's name in `cost_variants`, beside the plain one's (`advise.PLAIN`)."""
 ACCEPTANCE_PROMPTS = 32
 ACCEPTANCE_TOKENS = 96
 
@@ -171,8 +166,8 @@ class TuneSettings:
     """Where `request`'s workload, API and lengths came from (`loadtest.traffic.declared.origin`)."""
     proof_repeats: int = 2
     """Runs of each proof level (each beside its own baseline run); the proof judges their mean.
-    One run on a shared 2-core machine varies by ~5%, as much as the proof's 3% margin. Two,
-    because the variants' order flips from one repeat to the next (`loadtest.sweeps.plan.run_order`): with one
+    One run on a shared machine varies by more than the proof's margin (`PROOF_RATIO`). Two, because
+    the variants' order flips from one repeat to the next (`loadtest.sweeps.plan.run_order`): with one
     run the tuned server always goes first."""
 
     def __post_init__(self) -> None:
@@ -204,13 +199,9 @@ def cost_variants(k: int, max_batch: int) -> dict[str, tuple[list[Override], boo
     carries a schedule so that vLLM (or the plugin) takes the per-batch-size path a tuned server takes,
     and no temperature gate, so that acceptance is measured at every temperature asked for."""
     return {PLAIN: ([], True),
-            "spec": ([Override("speculation.num_speculative_tokens", k),
-                      Override("speculation.schedule", [[1, max_batch, k]]),
-                      Override("speculation.draft_max_temperature", None)], False)}
-
-
-def tokens_per_step(per_position: list[float], k: int) -> float:
-    return 1.0 + sum(per_position[:k])
+            SPEC: ([Override("speculation.num_speculative_tokens", k),
+                    Override("speculation.schedule", [[1, max_batch, k]]),
+                    Override("speculation.draft_max_temperature", None)], False)}
 
 
 def choose(costs: StepCosts, per_position: list[float], k_max: int) -> list[TuneRow]:
@@ -221,12 +212,17 @@ def choose(costs: StepCosts, per_position: list[float], k_max: int) -> list[Tune
         plain = engines[PLAIN].step_ms
         options = []
         for k in range(0, k_max + 1):
-            step, tokens = engines[f"k{k}"].step_ms, tokens_per_step(per_position, k)
+            step, tokens = engines[f"k{k}"].step_ms, 1.0 + sum(per_position[:k])
             options.append(KOption(k, step, tokens, tokens / (step / plain)))
-        best = max(o.rate for o in options)
-        chosen = min(o.k for o in options if o.rate >= best * (1 - TIE))
+        chosen = best_k({o.k: o.rate for o in options})
         rows.append(TuneRow(int(batch), chosen, options[chosen].rate, plain_step_ms=plain, options=options))
     return rows
+
+
+def best_k(options: dict[int, float]) -> int:
+    """The K that makes most; within `TIE` of it, the shorter draft."""
+    top = max(options.values())
+    return min(k for k, v in options.items() if v >= top * (1 - TIE))
 
 
 def schedule_from(rows: list[ScheduleRow], max_batch: int) -> list[list[int]]:
@@ -326,7 +322,7 @@ def tune(settings: TuneSettings) -> TuneResult:
                         config.engine_args.get("chat_template"), settings.request.fixed_length)
     result.costs = costs = step_costs.measure_steps(
         settings.config, cost_variants(k_max, max_batch), tuple(settings.batches), settings.cost_repeats,
-        tuple(settings.overrides), acceptance=("spec", job), k_sweep_variant="spec", k_sweep=k_max)
+        tuple(settings.overrides), acceptance=(SPEC, job), k_sweep_variant=SPEC, k_sweep=k_max)
     costs.save(out / "costs.json")  # minutes of engine time: kept whatever happens next
     if not (prompts or conversations) or not costs.acceptance:
         result.status, result.problems = "failed", ["no acceptance measured: the workload has no prompts"]
@@ -449,10 +445,6 @@ def out_of_reach(checks: list[ProofCheck], largest: int, k0_cost: float | None =
     return notes
 
 
-def _x(value: Any) -> str:
-    return "-" if value is None else f"{value:.2f}x"
-
-
 def describe(result: TuneResult) -> str:
     """The tuning as a person reads it (also tune.md)."""
     lines = [f"# Tuning: {result.config} ({result.drafter}, K up to {result.k_max}, draft sampling "
@@ -488,6 +480,6 @@ def describe(result: TuneResult) -> str:
 
 def _proof_row(c: ProofCheck) -> list[str]:
     fixed = ", ".join(f"K={k} {v:.2f}x" for k, v in sorted(c.fixed_speedups.items(), key=lambda i: int(i[0])))
-    return [f"{c.temperature:g}", str(c.batch), _x(c.tuned_speedup), fixed or "-", c.against,
-            _x(c.ratio), "yes" if c.passed else "NO",
+    return [f"{c.temperature:g}", str(c.batch), markdown.speedup(c.tuned_speedup), fixed or "-", c.against,
+            markdown.speedup(c.ratio), "yes" if c.passed else "NO",
             "-" if c.degenerate_share is None else f"{c.degenerate_share:.0%}"]

@@ -235,11 +235,11 @@ def paired_speedups(levels: Sequence[CapacityLevel], spec: str, baseline: str = 
     out = []
     for rate, pairs in pairs_by_rate(levels, spec, baseline).items():
         tpot, e2e = speedups(pairs, tpot_p50), speedups(pairs, e2e_mean)
-        out.append(RateSpeedup(rate=rate, pairs=max(len(tpot), len(e2e)), speedup=_mean(tpot), e2e_speedup=_mean(e2e)))
+        out.append(RateSpeedup(rate=rate, pairs=max(len(tpot), len(e2e)), speedup=mean(tpot), e2e_speedup=mean(e2e)))
     return out
 
 
-def _mean(values: Sequence[float]) -> float | None:
+def mean(values: Sequence[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
@@ -359,8 +359,7 @@ def headline(result: CapacityResults) -> list[str]:
     mine = caps.get(spec) if spec else None
     targets = describe_targets(result.slo)
     lines = variant_content_warnings(result)
-    planned = [v for v in result.variants if v]
-    unmeasured = [v for v in planned if v not in caps]
+    unmeasured = [v for v in result.variants if v and v not in caps]
     if result.status == "interrupted":
         runs = len([lv for lv in result.levels if lv.ok_client])
         lines.append(f"Interrupted after {runs} run{'s' if runs != 1 else ''}"

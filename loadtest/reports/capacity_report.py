@@ -37,38 +37,24 @@ def _tokens_per_s(level: LevelResult) -> float | None:
     return level.client.output_tokens_per_s if level.client else None
 
 
-def _measured(result: CapacityResults, phases: tuple[str, ...] = ("search", "scan", "second opinion")
-              ) -> list[CapacityLevel]:
-    return [lv for lv in result.levels if lv.phase in phases and lv.ok_client]
-
-
 # ---------------------------------------------------------------------------------- plots
 def plot(result: CapacityResults, out: Path) -> list[Path]:
     """The Pareto view and the speedup plot; only those with data are written."""
-    plt = plots.pyplot()
-
     written = []
-    levels = _measured(result)
-    bounds = {t.name: 1000 * t.bound_s for t in slo.parse_targets(result.slo)}
+    levels = [lv for lv in result.levels if lv.phase in ("search", "scan", "second opinion") and lv.ok_client]
     if levels:
-        fig = _pareto_figure(plt, result, levels, bounds)
-        fig.tight_layout()
-        plots.save(fig, out / PARETO, dpi=110)
-        written.append(out / PARETO)
-
+        bounds = {t.name: 1000 * t.bound_s for t in slo.parse_targets(result.slo)}
+        written.append(plots.save(_pareto_figure(result, levels, bounds), out / PARETO, dpi=110))
     points = rate_speedups(result)
     if points:
-        fig = _speedup_figure(result, points)
-        fig.tight_layout()
-        plots.save(fig, out / SPEEDUP)
-        written.append(out / SPEEDUP)
+        written.append(plots.save(_speedup_figure(result, points), out / SPEEDUP))
     return written
 
 
-def _pareto_figure(plt: Any, result: CapacityResults, levels: list[CapacityLevel], bounds: dict[str, float]) -> Any:
+def _pareto_figure(result: CapacityResults, levels: list[CapacityLevel], bounds: dict[str, float]) -> Any:
     """Each `PARETO_FIGURES` latency against throughput, one point per run (filled: it met every
     target), and the target's bound (`bounds`: ms by target name)."""
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
+    fig, axes = plots.pyplot().subplots(1, 3, figsize=(15, 4.5))
     for j, variant in enumerate(result.variants):
         mine = sorted((lv for lv in levels if lv.variant == variant), key=lambda lv: _tokens_per_s(lv) or 0)
         if not mine:
@@ -95,6 +81,7 @@ def _pareto_figure(plt: Any, result: CapacityResults, levels: list[CapacityLevel
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=7)
     fig.suptitle("Latency against throughput, one point per run (filled: met every target)")
+    fig.tight_layout()
     return fig
 
 
@@ -128,6 +115,7 @@ def _speedup_figure(result: CapacityResults, points: list[RatePairs]) -> Any:
                                                                                                "interval)"),
                  fontsize=12)
     ax.legend(fontsize=8)
+    fig.tight_layout()
     return fig
 
 
@@ -155,11 +143,7 @@ def _capacity_rows(result: CapacityResults) -> tuple[list[str], list[list[str]]]
 
 def _speedup_rows(result: CapacityResults) -> tuple[list[str], list[list[str]]]:
     header = ["rate req/s", "pairs", "per-token p50 speedup", "end-to-end mean speedup"]
-    return header, [[f"{p.rate:g}", str(p.pairs), _x(p.speedup), _x(p.e2e_speedup)] for p in result.speedups or []]
-
-
-def _x(value: float | None) -> str:
-    return "-" if value is None else f"{value:.2f}x"
+    return header, [[f"{p.rate:g}", str(p.pairs), markdown.speedup(p.speedup), markdown.speedup(p.e2e_speedup)] for p in result.speedups or []]
 
 
 LEVEL_HEADER = ["#", "variant", "phase", "rate asked", "run", "achieved req/s", "behind",
@@ -217,7 +201,7 @@ def _overload_rows(result: CapacityResults) -> tuple[list[str], list[list[str]]]
     rows = []
     for variant, o in result.overload.items():
         if o.skipped is not None:
-            rows.append([variant, "-", "-", "-", "-", "-", "-", "-", "-", "-", "-", "-", "-", f"skipped: {o.skipped}"])
+            rows.append([variant, *["-"] * 12, f"skipped: {o.skipped}"])
             continue
         m = o.memory or MemoryPeaks()
         rows.append([variant, f"{o.rate:g}", f"{o.duration_s:g}", figure(o.achieved_rate, 3), figure(o.sent, 0),
@@ -246,19 +230,13 @@ class RatePairs:
 
 
 def rate_speedups(result: CapacityResults) -> list[RatePairs]:
-    """Per rate measured on both variants: per-token p50 and end-to-end speedups with their 95%
-    intervals over the rate's pairs, speculation's acceptance, and which variants met the targets."""
-    by_rate = cap.pairs_by_rate(result.levels, result.spec_variant or "")
-    return [_rate_row(rate, pairs) for rate, pairs in by_rate.items()]
-
-
-def _rate_row(rate: float, pairs: list[tuple[CapacityLevel, CapacityLevel]]) -> RatePairs:
-    acceptance = [a for s, _ in pairs if (a := _acceptance(s)) is not None]
-    return RatePairs(rate=rate, pairs=len(pairs), speedup=stats.mean_interval(cap.speedups(pairs, cap.tpot_p50)),
-                   e2e_speedup=stats.mean_interval(cap.speedups(pairs, cap.e2e_mean)),
-                   acceptance=sum(acceptance) / len(acceptance) if acceptance else None,
-                   spec_met=all(s.meets_targets for s, _ in pairs), base_met=all(b.meets_targets for _, b in pairs),
-                   content=content.merge([s.client.content if s.client else None for s, _ in pairs]))
+    """Per rate measured on both variants, its pairs as one `RatePairs`."""
+    return [RatePairs(rate=rate, pairs=len(pairs), speedup=stats.mean_interval(cap.speedups(pairs, cap.tpot_p50)),
+                      e2e_speedup=stats.mean_interval(cap.speedups(pairs, cap.e2e_mean)),
+                      acceptance=cap.mean([a for s, _ in pairs if (a := _acceptance(s)) is not None]),
+                      spec_met=all(s.meets_targets for s, _ in pairs), base_met=all(b.meets_targets for _, b in pairs),
+                      content=content.merge([s.client.content if s.client else None for s, _ in pairs]))
+            for rate, pairs in cap.pairs_by_rate(result.levels, result.spec_variant or "").items()]
 
 
 def _acceptance(level: LevelResult) -> float | None:
@@ -433,11 +411,6 @@ def first_page(result: CapacityResults, plots: list[Path], sources: Mapping[str,
                 setup=setup(result, method_link("capacity-at-a-service-target-make-capacity", out)), sections=sections)
 
 
-def report_markdown(result: CapacityResults, plots: list[Path], sources: Mapping[str, str] | None = None,
-                    out: Path | None = None) -> str:
-    return page.markdown(first_page(result, plots, sources, out), sources)
-
-
 def exit_code(result: CapacityResults) -> int:
     """0: every rate the search asked for measured (flags in the report); 3: a search stopped (a
     server died) or a level could not run; 4: a run's token count disagrees with the server's;
@@ -457,7 +430,7 @@ def write(result: CapacityResults, out: Path) -> dict[str, Path]:
     """capacity.md, report.html (self-contained: plots as data URIs) and the plots."""
     out.mkdir(parents=True, exist_ok=True)
     plots = plot(result, out)
-    md = write_atomic(out / "capacity.md", report_markdown(result, plots, out=out))
+    md = write_atomic(out / "capacity.md", page.markdown(first_page(result, plots, out=out)))
     sources = embedded(plots)
     html_page = write_atomic(out / "report.html", page.html(first_page(result, plots, sources, out), sources))
     return {"markdown": md, "html": html_page, **{p.stem: p for p in plots}}

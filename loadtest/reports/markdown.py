@@ -26,6 +26,11 @@ def _row(cells: Sequence[object]) -> str:
     return "|" + "|".join(f" {text} " if text else " " for text in map(cell, cells)) + "|"
 
 
+def speedup(value: float | None) -> str:
+    """`1.23x`, or "-" when there is none."""
+    return "-" if value is None else f"{value:.2f}x"
+
+
 def figure(value: Any, digits: int = 1, pct: bool = False) -> str:
     """A figure for a table cell: "-" when there is none, thousands separated, or a whole percent."""
     if value is None:
