@@ -591,8 +591,9 @@ def test_locust_duration_mode_lets_requests_finish(servers, tmp_path):
     outcome = run_locust(job, deadline_s=120)
     assert outcome.aborted is None and outcome.exit_code == 0, outcome.log_tail
     records = load_records(tmp_path / "rec")
-    # Stopped by --run-time, but in-flight requests completed (--stop-timeout): none cut short.
-    assert len(records) > 2 and all(r.ok for r in records), [r.error for r in records if not r.ok]
+    # Stopped by --run-time, but in-flight requests completed (--stop-timeout): none cut short. How
+    # many fit in 5 s depends on the CPU; each user's first request at least.
+    assert len(records) >= 2 and all(r.ok for r in records), [r.error for r in records if not r.ok]
     assert sum(r.output_tokens for r in records) == _served_tokens(server) - before
     # The Locust processes' own CPU time over this run: some, and no more than the machine had.
     assert 0 < outcome.cpu_s <= outcome.wall_s * (os.cpu_count() or 1)
