@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -29,7 +30,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from deploy import Server, free_port, plan_from_config, start_server
+from deploy import Server, free_port, plan_from_config
 from models.embedded_pair import PAIR_ENV
 from deploy.launcher import START_LOG_ENV
 
@@ -56,6 +57,19 @@ BASELINE = ("embedded-code", ("speculation.drafter=none", f"server.api_key_env={
 def pytest_configure(config: pytest.Config) -> None:
     LOG_DIR.mkdir(parents=True, exist_ok=True)
     START_LOG.write_text("")
+    # SIGTERM (`timeout`, a CI runner's cancel) ends the session as Ctrl-C does: pytest tears down
+    # and `pytest_unconfigure` stops the pool's engines. Killed outright, the engines would outlive
+    # it: each leads its own process group, and an engine core outlives its API server.
+    signal.signal(signal.SIGTERM, _interrupt)
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """However the session ended (interrupted before any test asked for `servers` included)."""
+    POOL.close()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -75,6 +89,8 @@ class ServerPool:
         self.alive: dict[Key, Server] = {}
         self.pending: dict[Key, Future[Server]] = {}
         self.starts: list[tuple[str, float]] = []
+        self.launched: list[Server] = []
+        """Every server launched and not yet stopped, ready or still starting."""
         self._background = ThreadPoolExecutor(1, thread_name_prefix="prestart")
         self._lock = threading.Lock()
 
@@ -105,24 +121,40 @@ class ServerPool:
         _, plan = plan_from_config(config, [*overrides, *extra, f"server.port={free_port()}"])
         logging.getLogger("specdeploy").info("starting test server %s", _name(key))
         started = time.monotonic()
-        server = start_server(plan, LOG_DIR / f"{_name(key)[:120]}.log", progress=False)
+        # Launched and awaited apart (as start_server does), so that `close` can stop a server
+        # still starting instead of waiting out its start.
+        server = Server(plan, LOG_DIR / f"{_name(key)[:120]}.log").start()
+        with self._lock:
+            self.launched.append(server)
+        try:
+            server.wait_healthy(progress=False)
+        except BaseException:
+            server.stop()
+            raise
         self.starts.append((_name(key), time.monotonic() - started))
         return server
 
     def close(self) -> None:
-        """Stop every server, those still starting included."""
+        """Stop every server, those still starting included (their starts then fail)."""
         with self._lock:
             pending, self.pending = list(self.pending.values()), {}
-        running = list(self.alive.values())
+            launched, self.launched = self.launched, []
         self.alive.clear()
         for future in pending:
-            if not future.cancel():
-                try:
-                    running.append(future.result())
-                except Exception:  # noqa: BLE001 - a start that failed left nothing running
-                    pass
-        for server in running:
-            server.stop()
+            future.cancel()
+        try:
+            for server in launched:
+                server.stop()
+            for future in pending:  # a start that launched after `launched` was taken
+                if not future.cancelled():
+                    try:
+                        future.result().stop()
+                    except Exception:  # noqa: BLE001 - a start that failed left nothing running
+                        pass
+        finally:  # a second signal cut a stop short: kill the rest at once
+            for server in launched:
+                if server.process is not None and server.process.returncode is None:
+                    server.kill()
 
 
 def _name(key: Key) -> str:
@@ -192,6 +224,17 @@ def running_sweep(servers, tmp_path_factory) -> tuple[dict, dict, Path]:
                              level_timeout_s=600, out=tmp_path_factory.mktemp("running-sweep") / "report")
     results = Sweep(settings).run()
     return results, write_report(results, settings.out), settings.out
+
+
+@pytest.fixture
+def one_torch_thread() -> Iterator[None]:
+    """A tiny model's forward pass on 2 busy cores runs about 100x faster on one thread than on two."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="session")

@@ -5,14 +5,18 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 import yaml
 
+from conftest import BASELINE, TEST_KEY_ENV
 from test_config import write_tokenizer
 
-from deploy import ConfigError, load_config
+from deploy import ConfigError, LaunchPlan, Server, load_config
+from deploy.config import as_overrides
 from deploy.preflight import Machine
 from distill.collect import Example
 from distill.data import load_data, stdlib_test_prompts, write_prompts
@@ -72,7 +76,7 @@ def test_check_refuses_a_draft_with_other_tokens_and_a_config_without_a_draft_mo
     assert not (tmp_path / "out").exists()  # refused before any work
 
 
-def test_training_pulls_the_draft_toward_the_targets_distribution() -> None:
+def test_training_pulls_the_draft_toward_the_targets_distribution(one_torch_thread: None) -> None:
     """A random draft and a 'target' that continues 1, 2, 3, ... (mod 50) with its probability
     mass split 0.9 / 0.1: after fine-tuning the draft predicts the target's top token."""
     import torch
@@ -108,15 +112,37 @@ def test_the_result_reads_back_and_its_page_tables_each_draft_before_and_after()
     assert "80.0% -> 90.0%" in text and "| 0 | 1 | 60.0% | 70.0% | 2.10 | - | 1.30x | 1.40x |" in text
 
 
+def _served(plan: LaunchPlan) -> list[str]:
+    """A server's command without what differs between two servers of one configuration."""
+    argv = list(plan.argv)
+    for flag in ("--port", "--kv-cache-memory-bytes"):
+        at = argv.index(flag)
+        del argv[at:at + 2]
+    return argv
+
+
 @pytest.mark.engine
-def test_distill_collects_from_the_served_target_and_writes_a_better_draft(tmp_path: Path, embedded_pair) -> None:
+def test_distill_collects_from_the_served_target_and_writes_a_better_draft(tmp_path: Path, embedded_pair, servers,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """The whole run but the load test: a real target server collects its continuations, the draft
-    is fine-tuned on them, and the draft folder and the config that serves it are written."""
+    is fine-tuned on them, and the draft folder and the config that serves it are written. The
+    target distill asks for (the code pair, speculation off, the session's API key) is the one the
+    session's baseline server runs: distill is handed that server instead of starting its twin (its
+    own start runs in `make test-full`'s measured distillation)."""
+    target = servers.get(*BASELINE)
+
+    @contextmanager
+    def the_running_target(plan: LaunchPlan, *args: object, **kwargs: object) -> Iterator[Server]:
+        assert _served(plan) == _served(target.plan) and plan.env == target.plan.env, plan.argv
+        yield target
+
+    monkeypatch.setattr("distill.run.start_server", the_running_target)
     data = stdlib_test_prompts(tmp_path / "tests.jsonl", count=40)
     # A short, gentle fine-tune: the shipped draft starts close to the target, and 4 epochs at 5e-4
     # on these 64 sequences took it further away on the held-out prompts.
-    settings = DistillSettings("embedded-code.yaml", data=str(data), max_tokens=32, train=TrainSettings(epochs=2, lr=1e-4),
-                               measure=False, output=tmp_path / "default-distilled.yaml", out=tmp_path / "out")
+    settings = DistillSettings("embedded-code.yaml", as_overrides([f"server.api_key_env={TEST_KEY_ENV}"]), data=str(data),
+                               max_tokens=32, train=TrainSettings(epochs=2, lr=1e-4), measure=False,
+                               output=tmp_path / "default-distilled.yaml", out=tmp_path / "out")
     result = distill(settings)
     assert result.status == "distilled", result
     assert result.collected and result.collected.train_sequences == 64 and result.collected.with_logprobs

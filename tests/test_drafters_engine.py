@@ -15,7 +15,6 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
@@ -348,7 +347,7 @@ def test_server_refuses_a_table_for_another_tokenizer_at_start(tmp_path: Path) -
 # --- the small-model plugin's cache, without an engine ------------------------------------------------
 
 @pytest.mark.parametrize("path", ["weights", "transformers"])
-def test_small_model_cache_rolls_back_to_the_accepted_prefix(path: str) -> None:
+def test_small_model_cache_rolls_back_to_the_accepted_prefix(path: str, one_torch_thread: None) -> None:
     """Drafts from the per-request caches equal drafts recomputed from scratch, through partial
     acceptance, rejection and requests moving between batch rows: on the Llama fast path and on
     transformers' forward (which any other architecture takes)."""
@@ -497,15 +496,6 @@ def test_a_failing_draft_step_gives_empty_drafts_and_a_warning(caplog: pytest.Lo
     assert any("drafting failed" in r.getMessage() and "out of memory" in r.getMessage() for r in caplog.records)
     model.logits = real_forward
     assert [len(d) for d in drafter.propose([[5], [10], [15]], lengths, tokens)] == [4, 4, 4]  # it recovers
-
-
-@pytest.fixture
-def one_torch_thread() -> Iterator[None]:
-    """A tiny model's forward pass on 2 busy cores runs about 100x faster on one thread than on two."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def test_draft_caches_are_freed_as_requests_finish(one_torch_thread: None) -> None:

@@ -784,22 +784,18 @@ def test_server_that_fails_to_start_gives_a_failed_run(tmp_path, embedded_pair):
     assert (settings.out / "report.md").is_file()
 
 
-LEVEL_S = 15.0
-"""Seconds of each level of the killed-server test: far longer than 4 requests of 48 tokens take at
-batch 4 on the slowest CPU the kit runs on (about 2 s on a 2-core AVX2 EPYC)."""
-
-
 @pytest.mark.engine
 def test_a_schedule_gives_the_k_of_the_batch_size_and_a_killed_server_keeps_partial_results(tmp_path, embedded_pair):
     """One scheduled server started by the sweep (K=4 alone, 1 from 2 running requests), killed
     during its third level. The levels before record the schedule's K at their concurrency and
     the K the engine gave from its counters; the killed level keeps what finished; the next is
     skipped. (One server for both checks: each engine start costs half a minute of `make test`.)
-    Levels run for a time, not a count of requests: a level of a few requests could end before the
-    kill on a fast machine, one of 15 s is still running when its first requests have finished."""
+    Levels are counts of requests, 4 per user: on a slow CPU no level ends early, and the killed
+    one still has three rounds of requests to run (work, not a wait) when its first 4 have finished."""
     settings = SweepSettings("embedded-code", overrides=["speculation.schedule=[[1, 1, 4], [2, 64, 1]]"], baseline=False,
-                             users=[1, 2, 4, 8], repeat=1, duration_s=LEVEL_S, vllm_bench=False,
-                             out=tmp_path / "report", **{**FAST, "request": replace(FAST["request"], max_tokens=48)})
+                             users=[1, 2, 4, 8], repeat=1, requests_per_user=4, requests_min=1, vllm_bench=False,
+                             out=tmp_path / "report", **{**FAST, "request": replace(FAST["request"], max_tokens=48),
+                                                         "warmup": 0})  # the session's sweep runs the warm-ups
     records_dir = settings.out / "records" / "spec-schedule-c4"
 
     def kill_after_a_few_requests(server, variant) -> None:
@@ -874,7 +870,7 @@ def test_temperature_sweep_reports_acceptance_against_temperature(servers, tmp_p
     out = tmp_path / "report"
     run = subprocess.run([sys.executable, "-m", "loadtest", "run", "--url", spec.base_url, "--baseline-url",
                           baseline.base_url, "--api-key-env", TEST_KEY_ENV, "--temperature", "1,0", "--users", "1",
-                          "--repeat", "1", "--requests", "4", "--max-tokens", "32", "--no-vllm-bench",
+                          "--repeat", "1", "--requests", "4", "--max-tokens", "32", "--no-vllm-bench", "--warmup", "0",
                           "--out", str(out)], cwd=REPO, capture_output=True, text=True, timeout=900)
     assert run.returncode in (0, 1), run.stderr[-3000:]
     summary = json.loads((out / "temperature.json").read_text())
