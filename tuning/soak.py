@@ -61,7 +61,8 @@ DRAFTERS = drafters()
 WINDOW = 500
 TOLERANCE = 0.10
 PROBE_USERS = 16
-"""Enough users that the probe measures a loaded server: at 4, the rate (and so the soak) took 2-3x longer."""
+"""Enough users that the probe measures a loaded server (with a few, the rate it finds is low and the soak
+takes far longer)."""
 PROBE_REQUESTS = 64
 RATE_FRACTION = 0.5
 """Of the probe's requests/s: Poisson bursts then find room, and the server's queue stays short."""
