@@ -228,7 +228,7 @@ def running_sweep(servers, tmp_path_factory) -> tuple[dict, dict, Path]:
 
 @pytest.fixture
 def one_torch_thread() -> Iterator[None]:
-    """A tiny model's forward pass on 2 busy cores runs about 100x faster on one thread than on two."""
+    """A tiny model's forward pass on 2 busy cores runs far faster on one thread than on two."""
     import torch
 
     threads = torch.get_num_threads()

@@ -20,7 +20,7 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from dataclasses import replace
+from dataclasses import fields, replace
 from typing import Any
 
 import numpy as np
@@ -391,6 +391,8 @@ def test_request_settings_reach_every_command_line_unchanged():
     # by the sweep's CLI and by each Locust process.
     custom = RequestSettings(workload="chat", api="chat", max_tokens=7, fixed_length=False, temperature=0.7,
                              request_timeout_s=12.5, arrival_gap_s=0.0)
+    # Every field away from its default: a field `as_options` or `add_cli_args` leaves out fails below.
+    assert all(getattr(custom, f.name) != f.default for f in fields(RequestSettings))
     parser = argparse.ArgumentParser()
     RequestSettings.add_cli_args(parser)
     assert RequestSettings.from_cli_args(parser.parse_args(custom.as_options())) == custom
@@ -805,7 +807,7 @@ def test_a_schedule_gives_the_k_of_the_batch_size_and_a_killed_server_keeps_part
                 done = sum(p.read_text().count("\n") for p in records_dir.glob("records-*.jsonl"))
                 if done >= 4:
                     break
-                time.sleep(0.2)
+                time.sleep(0.05)  # the sooner the kill, the more of the level's work is left to cut
             os.killpg(server.process.pid, signal.SIGKILL)
 
         threading.Thread(target=killer, daemon=True).start()

@@ -53,7 +53,7 @@ from loadtest.measurement import second_opinion
 from loadtest.traffic.endpoint import EndpointError
 from loadtest.sweeps.plan import (ClosedLoop, OpenLoop, ServerInfo, SweepPlan, Timings, choose_order, duration_text,
                                   gpu_groups, gpu_text, servers_fit_together)
-from loadtest.measurement.results import CREATED_FORMAT, LevelResult, SweepResults
+from loadtest.measurement.results import CREATED_FORMAT, LevelResult, Open, SweepResults
 from loadtest.traffic.workloads import Workload, load_workload
 from loadtest.sweeps.judging import overall_status
 from loadtest.sweeps.level import LevelRunner, Measured
@@ -342,7 +342,7 @@ class Sweep:
         measured = Measured(None if duration_s else s.requests, duration_s or s.duration_s,
                             s.vllm_bench if vllm_bench is None else vllm_bench)
         self._on_demand += 1
-        n, variant, which = self._on_demand, by_name[variant_name], LevelResult(rate=rate, repeat=repeat)
+        n, variant, which = self._on_demand, by_name[variant_name], Open(rate).level(repeat)
         state = self._ready(running, plan, variant, which, lambda started: f"on demand {n}")
         if isinstance(state, LevelResult):  # its server died: the level is kept as skipped
             return state
