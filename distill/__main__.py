@@ -16,6 +16,10 @@ from distill.run import STDLIB_TESTS, DistillSettings, distill
 from distill.train import TrainSettings
 from loadtest.arg_types import int_list, positive_int, temperature_list
 from loadtest.interrupts import interrupt_on
+from loadtest.sweeps.plan import duration_text
+from loadtest.sweeps.runner import Sweep
+from loadtest.sweeps.settings import SweepSettings
+from loadtest.traffic.request_settings import RequestSettings
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -55,11 +59,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def dry_run(settings: DistillSettings) -> int:
     """Distillation's steps, its servers and the measurement's plan; starts nothing, writes nothing."""
-    from loadtest.sweeps.plan import duration_text
-    from loadtest.traffic.request_settings import RequestSettings
-    from loadtest.sweeps.settings import SweepSettings
-    from loadtest.sweeps.runner import Sweep
-
     try:
         config = load_config(settings.config, settings.overrides)
         if config.speculation.drafter != "small_model":

@@ -20,7 +20,7 @@ from loadtest.traffic import vllm_bench
 from loadtest.measurement.derive import summarize_speedups
 from loadtest.measurement.figures import (Agreement, BenchFigures, ClientFigures, Distribution, HistogramFigures,
                                           ServerFigures)
-from loadtest.measurement.results import LevelResult, SweepResults, VariantResult
+from loadtest.measurement.results import Closed, LevelResult, SweepResults, VariantResult
 from loadtest.reports.sweep_summary import headline
 from loadtest.traffic.request_settings import RequestSettings
 from loadtest.measurement.stats import mean_interval
@@ -227,7 +227,7 @@ def test_benchmark_is_given_the_prompts_locust_sends(tmp_path) -> None:
     two = workload.sequence(7, workers=2)
     assert two == [workload.item_for(t, 0) for t in range(4)] + [workload.item_for(t, 1) for t in range(3)]
     assert "--disable-shuffle" in vllm_bench.bench_args(
-        vllm_bench.BenchJob("http://x", "m", "tok", workload, RequestSettings(max_tokens=8), 1, 7, tmp_path), path, tmp_path / "r.json")
+        vllm_bench.BenchJob("http://x", "m", "tok", workload, RequestSettings(max_tokens=8), Closed(1), 7, tmp_path), path, tmp_path / "r.json")
 
 
 def test_mean_interval() -> None:

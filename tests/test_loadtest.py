@@ -30,7 +30,7 @@ import requests
 from conftest import BASELINE, TEST_KEY_ENV, metric_total
 from loadtest.measurement.figures import (BenchFigures, ClientFigures, Distribution, HistogramFigures, PerRequest,
                                           ServerFigures)
-from loadtest.measurement.results import SweepResults
+from loadtest.measurement.results import Closed, SweepResults
 from loadtest.measurement import prom
 from loadtest.measurement import stats
 from loadtest.measurement.records import RequestRecord
@@ -400,7 +400,7 @@ def test_request_settings_reach_every_command_line_unchanged():
     cli = build_parser().parse_args(["run", *custom.as_options()[:-6], "--request-timeout", "12.5",
                                      "--arrival-gap", "0", "--temperature", "0.7,1"])
     assert RequestSettings.from_cli_args(cli, temperature=cli.temperature[0]) == custom
-    job = LocustJob(host="http://127.0.0.1:1", users=2, records_dir=Path("rec"), model="m", request=custom, workers=2)
+    job = LocustJob(host="http://127.0.0.1:1", load=Closed(2), records_dir=Path("rec"), model="m", request=custom, workers=2)
     for argv in commands(job, deadline_s=60):  # the master and both workers
         known, _ = parser.parse_known_args(argv)
         assert RequestSettings.from_cli_args(known) == custom
@@ -521,7 +521,7 @@ def test_stream_request_deadline_holds_against_a_trickling_server(fake_server):
 def test_a_crashed_locust_user_fails_the_run_at_once(fake_server, tmp_path, workers):
     """A user that dies (here: its workload file vanished after the runner checked it) would leave
     a closed loop waiting out its deadline for requests nobody sends; Locust must quit with the reason."""
-    job = LocustJob(host=fake_server, users=2, records_dir=tmp_path / "rec", model="m",
+    job = LocustJob(host=fake_server, load=Closed(2), records_dir=tmp_path / "rec", model="m",
                     request=RequestSettings(max_tokens=5, workload=str(tmp_path / "gone.jsonl")), requests=4, workers=workers)
     outcome = run_locust(job, deadline_s=120)
     assert outcome.aborted and ("exited with code 3" in outcome.aborted or "died (exit code 3)" in outcome.aborted), \
@@ -539,7 +539,7 @@ def test_locust_closed_loop_local_and_distributed(servers, tmp_path, workers):
     """Real Locust (one process, then a master and 2 workers) against the real engine."""
     server = servers.get("embedded-code")
     before = _served_tokens(server)
-    job = LocustJob(host=server.base_url, users=3, records_dir=tmp_path / "rec", model=server.plan.served_name,
+    job = LocustJob(host=server.base_url, load=Closed(3), records_dir=tmp_path / "rec", model=server.plan.served_name,
                     request=RequestSettings(max_tokens=7), requests=6, workers=workers, csv_prefix=tmp_path / "locust",
                     html=tmp_path / "l.html")
     outcome = run_locust(job, deadline_s=300)
@@ -569,7 +569,7 @@ def test_users_start_one_arrival_gap_apart(servers, tmp_path, workers):
     (locustfile `_may_send`), so all four send theirs however fast the first ones finish."""
     server = servers.get("embedded-code")
     gap = 0.15
-    job = LocustJob(host=server.base_url, users=4, records_dir=tmp_path / "rec", model=server.plan.served_name,
+    job = LocustJob(host=server.base_url, load=Closed(4), records_dir=tmp_path / "rec", model=server.plan.served_name,
                     request=RequestSettings(max_tokens=96, arrival_gap_s=gap), requests=4, workers=workers)
     outcome = run_locust(job, deadline_s=300)
     assert outcome.aborted is None and outcome.exit_code == 0, outcome.log_tail
@@ -588,7 +588,7 @@ def test_users_start_one_arrival_gap_apart(servers, tmp_path, workers):
 def test_locust_duration_mode_lets_requests_finish(servers, tmp_path):
     server = servers.get("embedded-code")
     before = _served_tokens(server)
-    job = LocustJob(host=server.base_url, users=2, records_dir=tmp_path / "rec", model=server.plan.served_name,
+    job = LocustJob(host=server.base_url, load=Closed(2), records_dir=tmp_path / "rec", model=server.plan.served_name,
                     request=RequestSettings(max_tokens=7, request_timeout_s=60), duration_s=5)
     outcome = run_locust(job, deadline_s=120)
     assert outcome.aborted is None and outcome.exit_code == 0, outcome.log_tail

@@ -17,7 +17,7 @@ from conftest import BASELINE, TEST_KEY_ENV
 from loadtest.measurement import stats
 from loadtest.measurement.figures import (Agreement, BenchFigures, ClientFigures, Distribution, OpenLoopFigures,
                                           ServerFigures)
-from loadtest.measurement.results import LevelResult, SweepResults, VariantResult
+from loadtest.measurement.results import Closed, LevelResult, Open, SweepResults, VariantResult
 from loadtest.traffic import vllm_bench
 from loadtest.__main__ import build_parser
 from loadtest.traffic.arrivals import poisson_arrivals, replayed
@@ -190,25 +190,25 @@ def test_the_cli_dry_run_with_rates(capsys):
 
 
 def test_vllm_benchmark_at_a_rate_has_our_arrivals(tmp_path: Path):
-    job = vllm_bench.BenchJob("http://h:1", "m", "tok", load_workload("code"), RequestSettings(), concurrency=2,
-                              num_prompts=10, out_dir=tmp_path, rate=2.5, seed=3)
+    job = vllm_bench.BenchJob("http://h:1", "m", "tok", load_workload("code"), RequestSettings(), Open(2.5),
+                              num_prompts=10, out_dir=tmp_path, seed=3)
     args = vllm_bench.bench_args(job, tmp_path / "d.jsonl", tmp_path / "r.json")
     assert "--max-concurrency" not in args
     assert args[args.index("--request-rate") + 1] == "2.5" and args[args.index("--burstiness") + 1] == "1"
     assert args[args.index("--seed") + 1] == "3" and args.count("--seed") == 1
     closed = vllm_bench.bench_args(vllm_bench.BenchJob("http://h:1", "m", "tok", load_workload("code"),
-                                                       RequestSettings(), 2, 10, tmp_path),
+                                                       RequestSettings(), Closed(2), 10, tmp_path),
                                    tmp_path / "d.jsonl", tmp_path / "r.json")
     assert closed[closed.index("--max-concurrency") + 1] == "2" and closed[closed.index("--burstiness") + 1] == "inf"
 
 
 def test_open_loop_locust_job_runs_one_dispatcher_per_process(tmp_path: Path):
-    job = LocustJob("http://h:1", users=8, records_dir=tmp_path, model="m", requests=10, rate=2.0, seed=4, workers=2)
+    job = LocustJob("http://h:1", Open(2.0), records_dir=tmp_path, model="m", requests=10, seed=4, workers=2)
     master, *workers = commands(job, 60)
     assert master[master.index("-u") + 1] == "2" and len(workers) == 2
     assert master[master.index("--rate") + 1] == "2.0" and master[master.index("--seed") + 1] == "4"
     with pytest.raises(ValueError):
-        commands(LocustJob("http://h:1", 1, tmp_path, "m", rate=1.0), 60)
+        commands(LocustJob("http://h:1", Open(1.0), tmp_path, "m"), 60)
 
 
 # ------------------------------------------------------------------------------------ Locust, fake server
@@ -221,8 +221,8 @@ def fake_server():
 
 
 def test_locust_open_loop_sends_on_schedule(fake_server, tmp_path: Path):
-    job = LocustJob(fake_server, users=1, records_dir=tmp_path / "rec", model="m",
-                    request=RequestSettings(max_tokens=40), requests=20, rate=20.0, seed=3)
+    job = LocustJob(fake_server, Open(20.0), records_dir=tmp_path / "rec", model="m",
+                    request=RequestSettings(max_tokens=40), requests=20, seed=3)
     outcome = run_locust(job, deadline_s=120)
     assert outcome.aborted is None and outcome.exit_code == 0, outcome.log_tail
     records = load_records(tmp_path / "rec")
@@ -239,8 +239,8 @@ def test_locust_open_loop_sends_on_schedule(fake_server, tmp_path: Path):
 
 def test_locust_repeats_the_first_arrivals_at_the_end_when_asked(fake_server, tmp_path: Path):
     """A soak's windows: the last 5 of 16 arrivals come with the first 5's gaps and prompts."""
-    job = LocustJob(fake_server, users=1, records_dir=tmp_path / "rec", model="m",
-                    request=RequestSettings(max_tokens=8), requests=16, rate=20.0, seed=4, repeat_head=5)
+    job = LocustJob(fake_server, Open(20.0), records_dir=tmp_path / "rec", model="m",
+                    request=RequestSettings(max_tokens=8), requests=16, seed=4, repeat_head=5)
     outcome = run_locust(job, deadline_s=120)
     assert outcome.aborted is None and outcome.exit_code == 0, outcome.log_tail
     records = sorted(load_records(tmp_path / "rec"), key=lambda r: r.arrival)
@@ -255,8 +255,8 @@ def test_locust_repeats_the_first_arrivals_at_the_end_when_asked(fake_server, tm
 def test_a_stopped_open_loop_run_loses_no_request(fake_server, tmp_path: Path):
     """Stopped by its deadline halfway through the schedule: every request of it has a record,
     the ones never sent as unsent."""
-    job = LocustJob(fake_server, users=1, records_dir=tmp_path / "rec", model="m",
-                    request=RequestSettings(max_tokens=10, request_timeout_s=2), requests=12, rate=1.0, seed=0)
+    job = LocustJob(fake_server, Open(1.0), records_dir=tmp_path / "rec", model="m",
+                    request=RequestSettings(max_tokens=10, request_timeout_s=2), requests=12, seed=0)
     outcome = run_locust(job, deadline_s=3)
     records = load_records(tmp_path / "rec")
     assert sorted(r.arrival for r in records) == list(range(12)), (outcome.aborted, outcome.log_tail)

@@ -22,7 +22,7 @@ from loadtest.measurement.records import RequestRecord
 from loadtest.traffic.endpoint import EndpointError, discover
 from loadtest.traffic.locust_run import LocustOutcome
 from loadtest.sweeps.settings import SweepSettings
-from loadtest.sweeps.judging import load_generator_lag, load_generator_notes
+from loadtest.sweeps.judging import load_generator_lag, load_generator_notes, send_lag_notes
 from loadtest.sweeps.runner import Sweep
 from loadtest.measurement.stats import percentile
 from loadtest.reports.sweep_summary import exit_code, headline
@@ -98,13 +98,14 @@ def test_load_generator_lag_and_its_notes(tmp_path):
     # A wait longer than its stall (part of it in the asked sleep) explains the stall only.
     assert lag.stall_runqueue_share == pytest.approx((0.27 + 0.1) / 0.4)
     notes = load_generator_notes(LocustOutcome(0, None, [], wall_s=10, cpu_s=1), 0, lag)
-    assert any("sent requests late" in n for n in notes)
+    assert any("sent requests late" in n for n in send_lag_notes(lag)) and send_lag_notes(None) == []
     assert any("event loop stalled" in n and "92% of that time the OS kept it runnable" in n for n in notes)
     busy = dataclasses.replace(lag, stall_runqueue_share=0.1)
     assert any("only 10% of that time was run-queue wait" in n
                for n in load_generator_notes(LocustOutcome(0, None, [], wall_s=10, cpu_s=1), 0, busy))
     quiet = load_generator_lag(records[:3], tmp_path / "none")
     assert load_generator_notes(LocustOutcome(0, None, [], wall_s=10, cpu_s=1), 0, quiet) == []
+    assert send_lag_notes(quiet) == []
 
 
 # ------------------------------------------------------------------------------------- real servers

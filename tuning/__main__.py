@@ -147,7 +147,7 @@ def add_costs_parser(sub: Any) -> None:
 
 
 def cmd_advise(opts: argparse.Namespace) -> int:
-    from tuning.advise import AdviceSettings, advise, describe
+    from tuning.advise import AdviceSettings, advise, describe, dry_run
 
     try:
         overrides = as_overrides(opts.overrides)  # --set's texts parsed once, here
@@ -160,8 +160,6 @@ def cmd_advise(opts: argparse.Namespace) -> int:
                               opts.requests, opts.cost_repeats, opts.repeat, opts.vllm_bench, opts.out,
                               traffic_source=traffic.origin(source, traffic.given_options(opts)))
     if opts.dry_run:
-        from tuning.advise import dry_run
-
         return dry_run(settings)
     print("\n".join(traffic.describe(request, settings.traffic_source)), file=sys.stderr, flush=True)
     try:
@@ -176,7 +174,7 @@ def cmd_advise(opts: argparse.Namespace) -> int:
 
 
 def cmd_tune(opts: argparse.Namespace) -> int:
-    from tuning.tune import TuneSettings, describe, tune
+    from tuning.tune import TuneSettings, describe, dry_run, tune
 
     try:
         overrides = as_overrides(opts.overrides)  # --set's texts parsed once, here
@@ -191,8 +189,6 @@ def cmd_tune(opts: argparse.Namespace) -> int:
                             opts.requests, opts.output, opts.out, proof_repeats=opts.proof_repeats,
                             traffic_source=traffic.origin(source, traffic.given_options(opts, TUNE_TRAFFIC)))
     if opts.dry_run:
-        from tuning.tune import dry_run
-
         return dry_run(settings)
     print("\n".join(traffic.describe(settings.request, settings.traffic_source)), file=sys.stderr, flush=True)
     try:
@@ -235,7 +231,9 @@ def cmd_paymap(opts: argparse.Namespace) -> int:
     if opts.temperature < 0:
         print("error: --temperature must be >= 0", file=sys.stderr)
         return 2
-    settings = PaymapSettings(opts.config, opts.overrides, sorted(set(opts.batches)), ks=k_list(opts.k),
+    if opts.k and max(opts.k) > 32:
+        raise SystemExit("error: --k: K is at most 32")
+    settings = PaymapSettings(opts.config, opts.overrides, sorted(set(opts.batches)), ks=opts.k,
                               repeats=opts.repeats, max_tokens=opts.max_tokens, temperature=opts.temperature,
                               dummy_weights=opts.dummy_weights, deployment_acceptance=opts.acceptance,
                               url=opts.url, output=opts.output, out=opts.out)
@@ -252,12 +250,6 @@ def cmd_paymap(opts: argparse.Namespace) -> int:
     print(describe(result))
     print(f"paymap: {Path(result.out) / 'paymap.md'}")
     return 0 if result.status == "mapped" else 2
-
-
-def k_list(values: list[int] | None) -> list[int] | None:
-    if values and max(values) > 32:
-        raise SystemExit("error: --k: K is at most 32")
-    return values
 
 
 def cmd_costs(opts: argparse.Namespace) -> int:
@@ -280,11 +272,11 @@ def cmd_costs(opts: argparse.Namespace) -> int:
         result = step_costs.measure_costs(opts.config, opts.k, tuple(opts.batches), opts.repeat,
                                           free_running=free_running if pair else None)
         if pair:
-            step_costs.save(result, pair.root / COSTS_FILE)
+            result.save(pair.root / COSTS_FILE)
     else:
         print(f"cached engine costs of the embedded pair ({pair.root / COSTS_FILE}; --force measures again)")
     if opts.out:
-        step_costs.save(result, opts.out)
+        result.save(opts.out)
     print(step_costs.describe(result))
     if pair:
         print("\n".join(["embedded pair goals:", *goal_lines(pair, result.to_json())]))

@@ -31,6 +31,8 @@ from loadtest.reports.report import write_report
 from loadtest.traffic.request_settings import RequestSettings, settings_record
 from loadtest.sweeps.settings import SweepSettings, default_out_dir
 from loadtest.sweeps.runner import Sweep
+from loadtest.sweeps.plan import duration_text
+from loadtest.traffic import declared as traffic
 from tuning import step_costs
 from tuning.step_costs import StepCosts
 
@@ -145,6 +147,12 @@ class AdviceSettings:
     traffic_source: str = ""
     """Where `request` came from (`loadtest.traffic.declared.origin`): the config's traffic section, options."""
 
+    def load_test(self, out: Path | None = None) -> Sweep:
+        """The load test at the batch sizes: the speculative server beside the baseline."""
+        return Sweep(SweepSettings(self.config, overrides=list(self.overrides), users=self.batches, repeat=self.repeat,
+                                   requests=self.requests, request=self.request, traffic_source=self.traffic_source,
+                                   vllm_bench=self.vllm_bench, out=out))
+
 
 def drafter_config(config: str, overrides: Sequence[Override | str], doing: str) -> DeploymentConfig:
     """The config with its overrides, refused where it has no drafter (nothing to `doing`)."""
@@ -168,15 +176,9 @@ def would_measure(settings: AdviceSettings, k: int) -> list[str]:
 
 def dry_run(settings: AdviceSettings) -> int:
     """Print what `advise` would measure on the machine its config describes; start nothing."""
-    from loadtest.traffic import declared as traffic
-    from loadtest.sweeps.plan import duration_text
-
     try:
         config = drafter_config(settings.config, settings.overrides, "advise on")
-        sweep = Sweep(SweepSettings(settings.config, overrides=list(settings.overrides), users=settings.batches,
-                                    repeat=settings.repeat, requests=settings.requests, request=settings.request,
-                                    traffic_source=settings.traffic_source, vllm_bench=settings.vllm_bench))
-        plan = sweep.plan(dry_run=True)
+        plan = settings.load_test().plan(dry_run=True)
     except (ConfigError, ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -226,10 +228,7 @@ def advise(settings: AdviceSettings) -> Advice:
                                                          settings.cost_repeats, tuple(settings.overrides))
     log.info("advise %s: load test at batch %s", settings.config, settings.batches)
     sweep_out = out / "load-test"
-    results = Sweep(SweepSettings(
-        settings.config, overrides=list(settings.overrides), users=settings.batches, repeat=settings.repeat,
-        requests=settings.requests, request=settings.request, traffic_source=settings.traffic_source,
-        vllm_bench=settings.vllm_bench, out=sweep_out)).run()
+    results = settings.load_test(sweep_out).run()
     write_report(results, sweep_out)
     advice.load_test = ReportLink("load-test/report.md", results.status, results.problems)
     advice.rows = advice_rows(costs, results)

@@ -59,8 +59,7 @@ def samples(weights: Path, count: int = PROMPTS, tokens: int = TOKENS) -> list[P
     import torch
     from transformers import AutoTokenizer, LlamaForCausalLM
 
-    from models.embedded_pair import corpus_files
-    from models.embedded_pair import held_out_code_prompts
+    from models.embedded_pair import corpus_files, held_out_code_prompts
 
     tok = AutoTokenizer.from_pretrained(weights / "tokenizer")
     model = LlamaForCausalLM.from_pretrained(weights / "target", torch_dtype=torch.float32).eval()

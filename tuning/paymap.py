@@ -30,8 +30,10 @@ from loadtest.reports import plots
 from loadtest.files import bullet_sections, write_atomic
 from loadtest.sweeps.plan import ServerInfo, assumed_start_s, assumed_tokens_per_s, duration_text
 from loadtest.sweeps.settings import default_out_dir
+from loadtest.measurement.prom import Snapshot, delta, scrape
 from loadtest.measurement.serial import Serial
 from loadtest.measurement.stats import expected_tokens_per_step, implied_per_token_acceptance
+from loadtest.traffic.client import auth_headers
 from tuning import step_costs
 from tuning.advise import PLAIN, CommandResult, drafter_config
 from tuning.step_costs import PaymapJob, PaymapRun, StepCosts
@@ -263,23 +265,16 @@ def per_token_acceptance(rates: Sequence[float]) -> float:
     return a
 
 
-def acceptance_from_metrics(samples: Any) -> list[float] | None:
-    """Per-position acceptance (accepted at position i / drafts) from a /metrics snapshot
-    (`loadtest.measurement.prom.Snapshot`); None where the server counted no drafts."""
-    drafts = samples.total("vllm:spec_decode_num_drafts_total")
-    per_pos = samples.by_label("vllm:spec_decode_num_accepted_tokens_per_pos_total", "position")
-    if not drafts or not per_pos:
-        return None
-    rates = [per_pos[p] / drafts for p in sorted(per_pos, key=int)]
+def acceptance_from_metrics(samples: Snapshot) -> list[float] | None:
+    """Per-position acceptance (accepted at position i / drafts) since the server started, from a
+    /metrics snapshot; None where the server counted no drafts."""
+    rates = delta(Snapshot({}, 0.0), samples).per_position_acceptance
     # A later position can only be reached through the earlier ones; rounding aside, keep them non-increasing.
-    return [min(rates[: i + 1]) for i in range(len(rates))]
+    return [min(rates[: i + 1]) for i in range(len(rates))] or None
 
 
 def acceptance_from_url(url: str, api_key_env: str = "") -> list[float]:
     """A running deployment's per-position acceptance since it started."""
-    from loadtest.measurement.prom import scrape
-    from loadtest.traffic.client import auth_headers
-
     rates = acceptance_from_metrics(scrape(url, headers=auth_headers(api_key_env)))
     if rates is None:
         raise ValueError(f"{url}/metrics shows no drafts (vllm:spec_decode_num_drafts_total): the server at {url} "

@@ -23,7 +23,6 @@ import os
 import platform
 import time
 from pathlib import Path
-from types import TracebackType
 from typing import Any, Self
 
 import psutil
@@ -41,6 +40,7 @@ from loadtest.traffic.request_settings import (MAX_TOKENS_HELP, TEMPERATURE_HELP
                                                add_timing_args)
 from loadtest.progress import Progress
 from loadtest.measurement.records import load_records
+from loadtest.measurement.results import Closed, Load, Open
 from loadtest.sampling import sampling
 from loadtest.traffic.workloads import Workload, load_workload
 from tuning import soak_report
@@ -89,7 +89,6 @@ class _Sampler:
     too, `loadtest.sampling`); what it measured accumulates in `samples`."""
 
     def __init__(self, every_s: float, name: str):
-        self.every_s = every_s
         self.samples: list[list[float]] = []
         self._sampling = sampling(every_s, self.sample, name)
 
@@ -100,9 +99,8 @@ class _Sampler:
         self._sampling.__enter__()
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        self._sampling.__exit__(exc_type, exc, tb)
+    def __exit__(self, *exc: object) -> None:
+        self._sampling.__exit__(*exc)
 
 
 class RssSampler(_Sampler):
@@ -176,24 +174,20 @@ class _Run:
         self.server = Server(self.plan, opts.out / "logs" / f"server-{self.slug}.log")
         self.request = RequestSettings.from_cli_args(opts)
 
-    def job(self, phase: str, requests: int, users: int = 1, rate: float = 0.0, repeat_head: int = 0) -> LocustJob:
-        """A Locust job on this server: closed loop at `users`, or open loop at `rate` requests/s
-        (Poisson arrivals, whatever is in flight; `users` then does not count; the last
-        `repeat_head` arrivals repeat the first's gaps and prompts)."""
-        return LocustJob(host=self.server.base_url, users=users, model=self.plan.served_name, request=self.request,
-                         requests=requests, rate=rate, seed=self.opts.seed, repeat_head=repeat_head,
+    def job(self, phase: str, requests: int, load: Load, repeat_head: int = 0) -> LocustJob:
+        """A Locust job on this server at `load` (an open loop's last `repeat_head` arrivals repeat
+        the first's gaps and prompts)."""
+        return LocustJob(host=self.server.base_url, load=load, model=self.plan.served_name, request=self.request,
+                         requests=requests, seed=self.opts.seed, repeat_head=repeat_head,
                          records_dir=self.opts.out / "records" / f"{self.slug}-{phase}",
                          log_path=self.opts.out / "logs" / f"locust-{self.slug}-{phase}.log",
                          api_key_env=self.resolved.config.server.api_key_env or "")
-
-    def server_headers(self) -> dict[str, str] | None:
-        return auth_headers(self.resolved.config.server.api_key_env)
 
     def server_gone(self) -> str | None:
         return None if self.server.alive() else self.server.exit_reason()
 
     def closed_loop(self, phase: str, requests: int) -> list[Any]:
-        job = self.job(phase, requests, users=PROBE_USERS)
+        job = self.job(phase, requests, Closed(PROBE_USERS))
         with Progress(f"{self.name} {phase}", requests, job.records_dir) as bar:
             outcome = run_locust(job, self.request.request_timeout_s * requests, self.server_gone, bar.tick)
         records = load_records(job.records_dir)
@@ -225,13 +219,14 @@ class _Run:
             tqdm.write(f"{self.name}: {opts.requests} requests at {rate:.2f}/s (about {opts.requests / rate / 60:.0f} min)")
             # The last window replays the first's arrival gaps and prompts: the two offer the same load,
             # so what differs between them is the server's state (Poisson windows of 500 differ by ~10%).
-            job = self.job("soak", opts.requests, rate=rate, repeat_head=opts.window)
+            job = self.job("soak", opts.requests, Open(rate), repeat_head=opts.window)
             # Open loop: the run lasts requests / rate; twice that, and a request's timeout, bound it.
             deadline = 2 * opts.requests / rate + self.request.request_timeout_s
             began = time.monotonic()
             with Progress(f"{self.name} soak", opts.requests, job.records_dir) as bar, \
                     RssSampler(self.server.process.pid, opts.sample_every) as sampler, \
-                    EngineSampler(self.server.base_url, opts.metrics_every, self.server_headers()) as engine:
+                    EngineSampler(self.server.base_url, opts.metrics_every,
+                                  auth_headers(self.resolved.config.server.api_key_env)) as engine:
                 def tick() -> None:
                     bar.tick()
                     if sampler.latest_gib is not None:

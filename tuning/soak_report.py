@@ -15,7 +15,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 from loadtest.reports import page
 from loadtest.reports import plots
@@ -49,14 +49,6 @@ ENGINE_FIGURES: dict[str, str] = {
     "engine_tpot_mean_ms": "per-token latency mean (engine, not judged)",
     "running_mean": "requests running (engine, not judged)",
 }
-
-
-class EngineFigures(NamedTuple):
-    """What the engine counted over a window (`engine_figures`; not judged)."""
-
-    acceptance_rate: float | None = None
-    engine_tpot_mean_ms: float | None = None
-    running_mean: float | None = None
 
 
 @dataclass
@@ -202,15 +194,17 @@ def rss_mean(samples: Sequence[Sample], start: float, end: float) -> float | Non
     return statistics.fmean(inside) if inside else rss_at(samples, end)
 
 
-def engine_figures(engine: Sequence[EngineSample], start: float, end: float) -> EngineFigures:
-    """What the engine counted between the last scrape at or before `start` and the first at or
-    after `end` (the scrapes nearest the window, when none lies outside it); None without two scrapes."""
+def engine_figures(engine: Sequence[EngineSample], start: float, end: float
+                   ) -> tuple[float | None, float | None, float | None]:
+    """What the engine counted (`ENGINE_FIGURES`, in order) between the last scrape at or before `start`
+    and the first at or after `end` (the scrapes nearest the window, when none lies outside it); None
+    without two scrapes."""
     if len(engine) < 2:
-        return EngineFigures()
+        return None, None, None
     before = next((e for e in reversed(engine) if e[0] <= start), engine[0])
     after = next((e for e in engine if e[0] >= end), engine[-1])
     running = [e[6] for e in engine if before[0] <= e[0] <= after[0]]
-    return EngineFigures(*_between(before, after), statistics.fmean(running) if running else None)
+    return *_between(before, after), statistics.fmean(running) if running else None
 
 
 def _between(a: EngineSample, b: EngineSample) -> tuple[float | None, float | None]:
@@ -234,6 +228,7 @@ def window_figures(window: Sequence[RequestRecord], samples: Sequence[Sample], e
         return 1000 * (statistics.fmean(values) if p is None else percentile(values, p))
 
     sent = sorted(r.planned_start or r.start for r in window)
+    acceptance, engine_tpot, running = engine_figures(engine, start, end)
     return WindowFigures(
         requests=len(window), failed=len(window) - len(ok), start=start, end=end,
         arrivals_per_s=(len(sent) - 1) / (sent[-1] - sent[0]) if sent[-1] > sent[0] else None,
@@ -242,7 +237,7 @@ def window_figures(window: Sequence[RequestRecord], samples: Sequence[Sample], e
         e2e_mean_ms=ms([r.e2e_s for r in ok if r.e2e_s is not None]),
         tpot_p50_ms=ms([r.per_token_latency_s for r in ok if r.per_token_latency_s is not None], 50),
         ttft_p50_ms=ms([r.ttft_s for r in ok if r.ttft_s is not None], 50),
-        **engine_figures(engine, start, end)._asdict())
+        acceptance_rate=acceptance, engine_tpot_mean_ms=engine_tpot, running_mean=running)
 
 
 def _change(first: float | None, last: float | None) -> float | None:

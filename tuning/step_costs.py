@@ -52,6 +52,7 @@ import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -260,8 +261,7 @@ def _run_engine(job: EngineJob, env: dict[str, str]) -> StepCosts:
     with tempfile.TemporaryDirectory() as tmp:
         spec, out = Path(tmp) / "job.json", Path(tmp) / "result.json"
         spec.write_text(json.dumps(job.to_json()))
-        # Insecure serialization lets collective_rpc send _time_drafter and _set_worker_k (functions)
-        # to the worker.
+        # Insecure serialization lets collective_rpc send _time_drafter and _set_worker_k (functions) to the worker.
         proc = subprocess.run([sys.executable, "-m", "tuning.step_costs", str(spec), str(out)],
                               env={**os.environ, **env, "VLLM_ALLOW_INSECURE_SERIALIZATION": "1"},
                               capture_output=True, text=True, timeout=1800)
@@ -432,10 +432,8 @@ def _paymap_cells(llm: Any, job: EngineJob, timed_generation: Any) -> dict[str, 
     engine's own per-position acceptance, and K=0 once a round where several K are asked.
     `timed_generation`: `_engine_main`'s `generate`."""
     spec = job.paymap
-    temperature, max_tokens = float(spec.temperature), int(spec.max_tokens)
-
-    def generate(batch: int, tokens: int) -> tuple[float, float]:
-        return timed_generation(batch, tokens, temperature)
+    max_tokens = int(spec.max_tokens)
+    generate = partial(timed_generation, temperature=float(spec.temperature))
 
     def run(batch: int) -> PaymapRun:
         before = _spec_counters(llm)
@@ -547,10 +545,6 @@ def describe(result: StepCosts | dict[str, Any]) -> str:
     lines.append("draft step: one draft forward pass in target steps; step cost r: a speculative step in "
                  "target steps (speculation pays where a step makes more than r tokens)")
     return "\n".join(lines)
-
-
-def save(result: StepCosts | dict[str, Any], path: Path) -> Path:
-    return StepCosts.from_json(result).save(path)
 
 
 if __name__ == "__main__":

@@ -41,6 +41,8 @@ from loadtest.reports.report import write_report
 from loadtest.traffic.request_settings import RequestSettings, settings_record
 from loadtest.sweeps.settings import SCHEDULE_VARIANT, SweepSettings, default_out_dir
 from loadtest.sweeps.runner import Sweep
+from loadtest.sweeps.plan import duration_text
+from loadtest.traffic import declared as traffic
 from loadtest.traffic.workloads import as_text, load_workload, uses_chat
 from tuning import step_costs
 from tuning.advise import PLAIN, SECTIONS, CommandResult, ReportLink, SettingsRecord, drafter_config
@@ -105,8 +107,6 @@ class ProofCheck(Serial):
 
 @dataclass
 class ProofReport(ReportLink):
-    """One proof load test's report."""
-
     temperature: float = 0.0
 
 
@@ -172,6 +172,14 @@ class TuneSettings:
 
     def __post_init__(self) -> None:
         self.overrides = as_overrides(self.overrides)  # data from here on, whoever gave texts
+
+    def proof(self, config: str, overrides: list[Override], k_max: int, out: Path | None = None,
+              temperature: float | None = None) -> Sweep:
+        """A proof's load test: `config` beside every fixed K up to `k_max` and the baseline."""
+        return Sweep(SweepSettings(config, overrides=overrides, extra_k=list(range(1, k_max + 1)), users=self.batches,
+                                   repeat=self.proof_repeats, requests=self.requests, request=self.request,
+                                   traffic_source=self.traffic_source, vllm_bench=False, out=out),
+                     temperature=temperature)
 
 
 def acceptance_prompts(request: RequestSettings) -> tuple[list[str], list[list[dict[str, str]]]]:
@@ -262,16 +270,10 @@ def deployed_k(schedule: list[list[int]]) -> tuple[int, list[list[int]] | None]:
 
 def dry_run(settings: TuneSettings) -> int:
     """Print what `tune` would measure on the machine its config describes; start nothing."""
-    from loadtest.traffic import declared as traffic
-    from loadtest.sweeps.plan import duration_text
-
     try:
         spec = drafter_config(settings.config, settings.overrides, "tune").speculation
         k_max = spec.num_speculative_tokens
-        proof = Sweep(SweepSettings(
-            settings.config, overrides=list(settings.overrides), extra_k=list(range(1, k_max + 1)),
-            users=settings.batches, repeat=settings.proof_repeats, requests=settings.requests,
-            request=settings.request, traffic_source=settings.traffic_source, vllm_bench=False)).plan(dry_run=True)
+        proof = settings.proof(settings.config, list(settings.overrides), k_max).plan(dry_run=True)
     except (ConfigError, ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -391,11 +393,7 @@ def prove(settings: TuneSettings, tuned: Path, k_max: int, out: Path, tuned_name
     overrides = [o for o in settings.overrides if o.path not in TUNED_FIELDS]
     for temperature in settings.proof_temperatures:
         sweep_out = out / f"proof-T{temperature:g}"
-        results = Sweep(SweepSettings(
-            str(tuned), overrides=overrides, extra_k=list(range(1, k_max + 1)),
-            users=settings.batches, repeat=settings.proof_repeats, requests=settings.requests,
-            request=settings.request, traffic_source=settings.traffic_source, vllm_bench=False,
-            out=sweep_out), temperature=temperature).run()
+        results = settings.proof(str(tuned), overrides, k_max, sweep_out, temperature).run()
         write_report(results, sweep_out)
         proof.reports.append(ProofReport(f"{sweep_out.name}/report.md", results.status, results.problems,
                                          temperature=temperature))

@@ -43,11 +43,17 @@ class Closed:
     """A closed loop: `users` users, each sending its next request when its last one ends."""
 
     users: int
-    scheduled: ClassVar[bool] = False
-    """Requests follow an arrival schedule (open loop), not the users' turns."""
+    throughput_follows_engine: ClassVar[bool] = True
+    """Its throughput is set by the engine's speed: each user waits on the engine before sending
+    again (an open loop's is set by its arrivals, while the engine keeps up)."""
 
     @property
     def at(self) -> float:
+        return self.users
+
+    @property
+    def max_in_flight(self) -> int | None:
+        """The most requests it keeps in flight: its users (an open loop: None, nothing caps them)."""
         return self.users
 
     @property
@@ -80,11 +86,15 @@ class Open:
     """An open loop: requests arriving at `rate` per second (Poisson), whether or not earlier ones ended."""
 
     rate: float
-    scheduled: ClassVar[bool] = True
+    throughput_follows_engine: ClassVar[bool] = False
 
     @property
     def at(self) -> float:
         return self.rate
+
+    @property
+    def max_in_flight(self) -> int | None:
+        return None
 
     @property
     def name(self) -> str:

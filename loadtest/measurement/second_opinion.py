@@ -68,7 +68,7 @@ def engine_drift(locust_window: ServerFigures | None, bench_window: ServerFigure
 
 def compare(client: ClientFigures, bench: BenchFigures, locust_window: ServerFigures | None = None,
             bench_window: ServerFigures | None = None,
-            matched: dict[str, list[float]] | None = None, open_loop: bool = False) -> Agreement:
+            matched: dict[str, list[float]] | None = None, throughput_follows_engine: bool = True) -> Agreement:
     """Locust's figures against the benchmark's: the relative difference of each, and whether it agrees.
 
     The two clients run one after the other, and on a shared machine the server's own speed moves
@@ -79,9 +79,9 @@ def compare(client: ClientFigures, bench: BenchFigures, locust_window: ServerFig
     judged request by request: the median of Locust's over the benchmark's for the same request
     (`matched_difference`), drift taken out likewise.
 
-    `open_loop`: both ran the same arrival schedule, so throughput follows the arrivals more than
-    the engine's speed and is compared as measured (no drift taken out); the tolerances
-    (`AGREEMENT`) are the same."""
+    `throughput_follows_engine` False (an open loop: both ran the same arrival schedule): throughput
+    follows the arrivals more than the engine's speed and is compared as measured (no drift taken
+    out); the tolerances (`AGREEMENT`) are the same."""
     pairs = {"output_tokens_per_s": (client.output_tokens_per_s, bench.output_tokens_per_s),
              "ttft_p50_ms": (p50(client.ttft_ms), p50(bench.ttft_ms)),
              "per_token_p50_ms": (p50(client.per_token_latency_ms), p50(bench.per_token_latency_ms))}
@@ -90,7 +90,7 @@ def compare(client: ClientFigures, bench: BenchFigures, locust_window: ServerFig
     for key, (mine, theirs) in pairs.items():
         diff = (mine - theirs) / theirs if mine is not None and theirs else None
         adjusted = None
-        if theirs and drift[key] is not None and not (open_loop and key == "output_tokens_per_s"):
+        if theirs and drift[key] is not None and (throughput_follows_engine or key != "output_tokens_per_s"):
             # A latency scales with the engine's; throughput (fixed-length closed loop) inversely.
             adjusted = theirs * (1 + drift[key]) if key == "output_tokens_per_s" else theirs / (1 + drift[key])
         judged = (mine - adjusted) / adjusted if mine is not None and adjusted else diff

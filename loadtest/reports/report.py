@@ -413,11 +413,13 @@ def _bench_rows(results: SweepResults) -> tuple[list[str], list[list[str]]]:
 def _setup_details(results: SweepResults) -> str:
     """The run's settings in full (the first screen's setup paragraph is the short form)."""
     s = results.settings
-    per_level = {lv.concurrency: lv.requests for _, lv in results.levels(Closed) if lv.requests}
     per_rate = {lv.rate: lv.requests for _, lv in rate_levels(results) if lv.requests}
-    load = ("measured requests per run: " + ", ".join(f"{n} at {r:g}/s" for r, n in sorted(per_rate.items()))
-            if per_rate else f"{s.get('duration_s')} s a run" if s.get("duration_s") else
-            "measured requests per run: " + ", ".join(f"{n} at batch {c}" for c, n in sorted(per_level.items())))
+    per_level = {lv.concurrency: lv.requests for _, lv in results.levels(Closed) if lv.requests}
+    counts = ([f"{n} at {r:g}/s" for r, n in sorted(per_rate.items())]
+              + [f"{n} at batch {c}" for c, n in sorted(per_level.items())])
+    # A closed loop run for a length of time has no request count.
+    load = (f"{s.get('duration_s')} s a run" if s.get("duration_s") and not counts
+            else "measured requests per run: " + ", ".join(counts))
     load += f", {s.get('repeat', 1)} run(s) of each"
     if s.get("vllm_bench"):
         load += ", each followed by vLLM's serving benchmark on the same server (same prompts, length and concurrency)"
@@ -426,10 +428,7 @@ def _setup_details(results: SweepResults) -> str:
              f"{s.get('max_tokens')} output tokens per request"
              f"{' (fixed: ignore_eos)' if s.get('fixed_length') else _free_lengths(results)}, "
              f"temperature {s.get('temperature')}, "
-             + (f"open loop at rates {', '.join(f'{r:g}' for r in s['rates'])} requests/s (Poisson arrivals, the same "
-                f"for every variant of a repeat)" if s.get("rates") else
-                f"closed loop at concurrency {s.get('users')}"
-                + (f" (users start {1000 * s['arrival_gap_s']:.0f} ms apart)" if s.get("arrival_gap_s") else ""))
+             + sweep_summary.loop_text(s, full=True)
              + f", {load}, {s.get('warmup')} warm-up request(s) per user "
              f"excluded, Locust workers: {s.get('workers') or 'none (one process)'}. "
              f"Machine: {m.get('cpus')} CPUs, vLLM {m.get('vllm')}, Locust {m.get('locust')}.")

@@ -11,6 +11,7 @@ up front that it cannot give an interval.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from typing import Any
 
 from loadtest.measurement import content
 from loadtest.measurement import stats
@@ -387,8 +388,7 @@ def setup(results: SweepResults, method: str) -> str:
         if sc.get("model"):
             what += f" `{sc['model']}`"
         drafters.append((f"{v.name}: " if len(spec) > 1 else "") + f"{what}, K={v.k}")
-    load = (f"open loop at {', '.join(f'{r:g}' for r in s['rates'])} req/s (Poisson arrivals)" if s.get("rates")
-            else f"closed loop at batch {', '.join(str(u) for u in s.get('users') or [])}")
+    load = loop_text(s)
     order = (results.plan or {}).get("order")
     length = f"{s.get('max_tokens')} output tokens" + (" (fixed)" if s.get("fixed_length") else " at most")
     target = f"`{served}`" if served else f"config `{results.config}`"
@@ -407,3 +407,17 @@ def announce(code: int) -> int:
     """Print what the exit status means (the words and the status must agree), return it."""
     print(f"exit {code}: {EXIT_CODES.get(code, '')}")
     return code
+
+
+def loop_text(s: dict[str, Any], full: bool = False) -> str:
+    """The sweep's load, from its settings: `closed loop at batch 1, 32`, `open loop at 1, 4 req/s
+    (Poisson arrivals)`; `full`: the report's setup wording, with how the users start or that the
+    arrivals are the same for every variant."""
+    if s.get("rates"):  # the one place a report reads which loop a sweep ran
+        rates = ", ".join(f"{r:g}" for r in s["rates"])
+        return (f"open loop at rates {rates} requests/s (Poisson arrivals, the same for every variant of a repeat)"
+                if full else f"open loop at {rates} req/s (Poisson arrivals)")
+    if not full:
+        return f"closed loop at batch {', '.join(str(u) for u in s.get('users') or [])}"
+    return (f"closed loop at concurrency {s.get('users')}"
+            + (f" (users start {1000 * s['arrival_gap_s']:.0f} ms apart)" if s.get("arrival_gap_s") else ""))

@@ -1,6 +1,6 @@
 """Judging a level once it ran: its Locust run against vLLM's benchmark (`judge_second_opinion`,
 and `rejudge` of a finished sweep from what it kept), the load generator's own lateness and load
-(`load_generator_lag`, `load_generator_notes`, `delivery_notes`), and a sweep's overall status.
+(`load_generator_lag`, `load_generator_notes`, a closed loop's `send_lag_notes`, `delivery_notes`), and a sweep's overall status.
 Also reading a run's kept records (`load_records`) and an open loop's schedule start."""
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ def judge_second_opinion(level: LevelResult, bench: BenchFigures, records: list[
     sequence = [item.id for item in workload.sequence(*level.load.prompt_order(level, workers))]
     matched = second_opinion.matched_ratios(records, bench, sequence)
     agreement = second_opinion.compare(level.client or ClientFigures(), bench, level.server, level.vllm_bench_server,
-                                       matched, open_loop=level.load.scheduled)
+                                       matched, level.load.throughput_follows_engine)
     level.vllm_bench_agreement = agreement
     off = [f"{k} {100 * (v.difference_adjusted if v.difference_adjusted is not None else v.difference or 0):+.1f}%"
            f" (tolerance {100 * v.tolerance:.0f}%"
@@ -131,21 +131,14 @@ SEND_LAG_P99_MS = 20.0
 LOOP_LAG_MAX_MS = 100.0
 
 
-def load_generator_notes(outcome: LocustOutcome, workers: int, lag: GeneratorLag | None = None,
-                         open_loop: bool = False) -> list[str]:
-    """Warn when Locust itself was busy or late enough to limit the numbers (it shares the machine)."""
+def load_generator_notes(outcome: LocustOutcome, workers: int, lag: GeneratorLag | None = None) -> list[str]:
+    """Warn when Locust itself was busy or stalled enough to limit the numbers (it shares the machine)."""
     notes = []
     share = locust_share(outcome, workers)
     if share > 0.6:
         notes.append(f"the load generator used {100 * share:.0f}% of a core per Locust process: it may limit the "
                      f"measurement; use more Locust workers (--workers N) or another machine")
     lag = lag or GeneratorLag()
-    send = lag.send_lag_ms.p99 if lag.send_lag_ms else None
-    if open_loop:
-        pass  # an open loop's send lag is judged by `stats.open_loop` (`behind`), against its schedule
-    elif send is not None and send > SEND_LAG_P99_MS:
-        notes.append(f"the load generator sent requests late (p99 {send:.0f} ms after the previous response "
-                     f"ended): the offered load was lower than the concurrency says")
     loop = lag.loop_lag_ms or Distribution()
     if loop.max is not None and loop.max > LOOP_LAG_MAX_MS:
         runq = lag.stall_runqueue_share
@@ -157,6 +150,15 @@ def load_generator_notes(outcome: LocustOutcome, workers: int, lag: GeneratorLag
                      f"stalls over 50 ms{cause}): chunks that arrived meanwhile were timed late, so client latency "
                      f"tails include the client's own delay")
     return notes
+
+
+def send_lag_notes(lag: GeneratorLag | None) -> list[str]:
+    """A closed loop's users should send the moment a response ends: warn when they were late."""
+    send = lag.send_lag_ms.p99 if lag and lag.send_lag_ms else None
+    if send is None or send <= SEND_LAG_P99_MS:
+        return []
+    return [f"the load generator sent requests late (p99 {send:.0f} ms after the previous response ended): the "
+            f"offered load was lower than the concurrency says"]
 
 
 def overall_status(results: SweepResults) -> str:

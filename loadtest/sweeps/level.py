@@ -10,16 +10,17 @@ import logging
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from deploy import Server
 from plugins import step_profile
 from loadtest.measurement import prom, slo, stats
-from loadtest.measurement.figures import ClientFigures, LocustRun
+from loadtest.measurement.figures import ClientFigures, GeneratorLag, LocustRun
 from loadtest.measurement.records import RequestRecord
 from loadtest.measurement.results import Closed, LevelResult, Load, Open
 from loadtest.progress import Progress
 from loadtest.sweeps.judging import (delivery_notes, judge_second_opinion, load_generator_lag, load_generator_notes,
-                                     load_records, schedule_start)
+                                     load_records, schedule_start, send_lag_notes)
 from loadtest.sweeps.plan import RATE_WARMUP_USERS
 from loadtest.sweeps.servers import Running
 from loadtest.sweeps.settings import (SweepSettings, Variant, configured_k, requests_for, requests_for_rate,
@@ -70,19 +71,22 @@ class LevelRun:
     loop: its requests are those arriving in it); shown by the progress bar."""
     vllm_bench: bool
     """vLLM's benchmark follows the Locust run."""
-    rate = 0.0
-    """The measured run's arrival rate (requests/s); 0: users in turn, no schedule."""
     seed = 0
+    """The arrival schedule's seed (an open loop's)."""
 
-    def pacing(self) -> dict[str, float | None]:
+    def pacing(self) -> dict[str, Any]:
         """How Locust paces the measured run: users for `duration_s` (or until `total` requests)."""
-        return {"duration_s": self.duration_s}
+        return {"load": Closed(self.users), "duration_s": self.duration_s}
 
     def client_figures(self, level: LevelResult, records: list[RequestRecord], folder: Path) -> list[RequestRecord]:
         """The client's figures of the measured run into `level`; the records sent (all of them here)."""
         level.client = stats.summarize(records, self.state.embedded)
         level.load_generator = load_generator_lag(records, folder)
         return records
+
+    def generator_notes(self, outcome: LocustOutcome, workers: int, lag: GeneratorLag | None) -> list[str]:
+        """What may have limited Locust: its CPU, its loop, and requests sent late after the previous response."""
+        return load_generator_notes(outcome, workers, lag) + send_lag_notes(lag)
 
     @property
     def server(self) -> Server | RemoteServer:
@@ -110,8 +114,8 @@ class ScheduledRun(LevelRun):
     rate: float = 0.0
     seed: int = 0
 
-    def pacing(self) -> dict[str, float | None]:
-        return {"rate": self.rate, "seed": self.seed, "duration_s": None}
+    def pacing(self) -> dict[str, Any]:
+        return {"load": Open(self.rate), "seed": self.seed, "duration_s": None}
 
     def client_figures(self, level: LevelResult, records: list[RequestRecord], folder: Path) -> list[RequestRecord]:
         # Every request of the schedule ends as one outcome; the client's figures are over those
@@ -122,6 +126,10 @@ class ScheduledRun(LevelRun):
         level.outcomes = level.open_loop.outcomes
         level.load_generator = load_generator_lag(sent, folder)
         return sent
+
+    def generator_notes(self, outcome: LocustOutcome, workers: int, lag: GeneratorLag | None) -> list[str]:
+        # How late requests left is judged against the schedule (`stats.open_loop`: `behind`).
+        return load_generator_notes(outcome, workers, lag)
 
 
 class LevelRunner:
@@ -206,10 +214,10 @@ class LevelRunner:
     def _locust_job(self, run: LevelRun, phase: str, requests: int, measured: bool) -> LocustJob:
         s, tag = self.settings, run.tag
         return LocustJob(
-            host=run.server.base_url, users=run.users, records_dir=self.out / "records" / f"{tag}{phase}",
+            host=run.server.base_url, records_dir=self.out / "records" / f"{tag}{phase}",
             model=run.state.served_name, request=self.request, requests=requests,
             # The measured run only is paced by its kind of load (an open loop's warm-up is a closed loop).
-            **(run.pacing() if measured else {}), workers=s.workers,
+            **(run.pacing() if measured else {"load": Closed(run.users)}), workers=s.workers,
             log_path=self.out / "logs" / f"locust-{tag}{phase}.log", api_key_env=run.state.api_key_env,
             csv_prefix=self.out / "locust" / tag if measured else None,
             html=self.out / "locust" / f"{tag}.html" if measured else None)
@@ -277,7 +285,7 @@ class LevelRunner:
                     f"throughput disagrees with the server: client {check.client_output_tokens} tokens vs "
                     f"server counter {d.generation_tokens:.0f} over the same interval")
         level.notes = (delivery_notes(client, level.server, outcome, s.workers)
-                       + load_generator_notes(outcome, s.workers, level.load_generator, open_loop=level.load.scheduled))
+                       + run.generator_notes(outcome, s.workers, level.load_generator))
         if not run.metrics:
             level.notes.append("the server's /metrics could not be read: the engine's histograms, acceptance "
                                "and the token-count check are missing for this run")
@@ -306,16 +314,15 @@ class LevelRunner:
         prompts, workers = level.load.prompt_order(level, s.workers)
         job = vllm_bench.BenchJob(
             base_url=server.base_url, model=state.served_name, tokenizer=state.tokenizer,
-            workload=self.workload, request=self.request, concurrency=run.users,
+            workload=self.workload, request=self.request, load=level.load,
             num_prompts=prompts, out_dir=self.out / "vllm-bench" / run.tag, workers=workers,
-            api_key_env=state.api_key_env, timeout_s=s.level_timeout_s, embedded=state.embedded, rate=run.rate,
-            seed=run.seed)
+            api_key_env=state.api_key_env, timeout_s=s.level_timeout_s, embedded=state.embedded, seed=run.seed)
         bench = vllm_bench.run(job)
         level.vllm_bench = bench
         if bench.error:
             level.problems.append(bench.error)
             return
-        if bench.open_loop_requests and not level.load.scheduled:
+        if bench.open_loop_requests:  # a closed loop's only: nothing caps an open loop's requests in flight
             level.problems.append(
                 f"vLLM's benchmark: {bench.open_loop_requests} requests found a free slot on arrival, so it ran "
                 f"below {run.users} users at times; its arrivals ({1 / self.request.arrival_gap_s:.0f}/s) did not "

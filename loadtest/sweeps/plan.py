@@ -31,7 +31,7 @@ from typing import Any, Literal
 
 from deploy.config import Override
 from loadtest.files import write_json
-from loadtest.measurement.results import Closed, Load, Open
+from loadtest.measurement.results import Closed, LevelResult, Load, Open
 
 
 LoopKind = Literal["closed", "open"]
@@ -518,6 +518,17 @@ class ClosedLoop:
             return Estimate(tokens * per_token, True)
         return Estimate(tokens / plan.assumed_tps(server, int(users)) + RUN_OVERHEAD_S, False)
 
+    def record_run(self, plan: SweepPlan, server: ServerInfo, level: LevelResult, wall_s: float) -> None:
+        """Keep a measured run's cost (wall seconds per output token it asked for: warm-up, measured,
+        vLLM's benchmark) for later plans."""
+        requests = level.client.requests if level.client else 0
+        if level.status not in ("ok", "flagged") or not requests:
+            return
+        users = int(level.at)
+        bench = (level.vllm_bench.completed if level.vllm_bench else None) or 0
+        tokens = (users * plan.warmup + requests + bench) * plan.max_tokens
+        plan.timings.record_run(server.key, users, wall_s / tokens)
+
 
 @dataclass(frozen=True)
 class OpenLoop:
@@ -552,6 +563,9 @@ class OpenLoop:
         client = max(n / rate, n * plan.max_tokens / plan.assumed_tps(server, 32)) + one
         warm = RATE_WARMUP_USERS * plan.warmup * plan.max_tokens / plan.assumed_tps(server, RATE_WARMUP_USERS)
         return Estimate(client * (1 + plan.bench_runs(repeat)) + warm + RUN_OVERHEAD_S, False)
+
+    def record_run(self, plan: SweepPlan, server: ServerInfo, level: LevelResult, wall_s: float) -> None:
+        """Nothing to keep: an open loop's length is its schedule's, not the server's time per token."""
 
 
 def duration_text(seconds: float) -> str:

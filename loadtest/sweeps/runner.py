@@ -229,7 +229,10 @@ class Sweep:
                          f"({self._clock(began, n, started=True)})")
                 run_began = time.monotonic()
                 level = levels.at(load, state, variant, repeat, title)
+                wall_s = time.monotonic() - run_began
                 self._keep(state, variant, level, n, run_began)
+                if not state.entry.url:  # a run's cost on another machine's server says nothing of this one's
+                    plan.loop.record_run(plan, self._servers[variant.name], level, wall_s)
         except KeyboardInterrupt:
             self.results.problems.append("interrupted")
             self.results.status = "interrupted"
@@ -384,17 +387,9 @@ class Sweep:
         return f"{duration_text(time.monotonic() - began)} in, about {duration_text(left)} left"
 
     def _record_run(self, state: Running, variant: Variant, level: LevelResult, wall_s: float) -> None:
-        """Keep a measured run's cost (wall seconds per output token it asked for) for later plans."""
-        requests = level.client.requests if level.client else 0
-        if level.status not in ("ok", "flagged") or not requests:
-            return
-        self._measured[(variant.name, level.at, level.repeat or 1)] = wall_s
-        if state.entry.url or level.concurrency is None:
-            return  # another machine's server, or an open loop (its length is the schedule's): no timings
-        s = self.settings
-        bench = (level.vllm_bench.completed if level.vllm_bench else None) or 0
-        tokens = (level.concurrency * s.warmup + requests + bench) * self.request.max_tokens
-        self.timings.record_run(self._servers[variant.name].key, level.concurrency, wall_s / tokens)
+        """Keep a measured run's wall time, for the clock of this sweep."""
+        if level.status in ("ok", "flagged") and level.client and level.client.requests:
+            self._measured[(variant.name, level.at, level.repeat or 1)] = wall_s
 
     def _start(self, state: Running, variant: Variant, position: str) -> bool:
         return self._launch(state, variant, position) and self._await(state, variant)

@@ -17,10 +17,12 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import singledispatch
 from pathlib import Path
 
 from deploy import free_port
 from deploy.processes import die_with_parent, stop_group
+from loadtest.measurement.results import Closed, Load, Open
 from loadtest.traffic.request_settings import RequestSettings
 
 log = logging.getLogger("specdeploy.loadtest")
@@ -30,7 +32,9 @@ LOCUSTFILE = Path(__file__).with_name("locustfile.py")
 @dataclass
 class LocustJob:
     host: str
-    users: int
+    load: Load
+    """Closed(users): each user waits for its response; Open(rate): requests arrive by a Poisson
+    process at that many a second, whatever is in flight (needs `requests`)."""
     records_dir: Path
     model: str
     request: RequestSettings = field(default_factory=RequestSettings)
@@ -42,19 +46,30 @@ class LocustJob:
     html: Path | None = None
     log_path: Path | None = None
     api_key_env: str = ""
-    rate: float = 0.0
-    """Open loop: requests arrive by a Poisson process at this many a second, whatever is in
-    flight (needs `requests`; `users` is then ignored: one dispatcher per Locust process).
-    0: closed loop, `users` users each waiting for its response."""
     seed: int = 0
     """Open loop: seed of the arrival times; the same seed gives the same schedule (`loadtest.traffic.arrivals`)."""
     repeat_head: int = 0
     """Open loop: the last this many arrivals repeat the first's gaps and prompts (a soak's windows)."""
 
-    @property
-    def locust_users(self) -> int:
-        """Users Locust starts: the closed loop's users, or one dispatcher per process (open loop)."""
-        return max(1, self.workers) if self.rate > 0 else self.users
+
+@singledispatch
+def pacing(load: Load, job: LocustJob) -> tuple[int, list[str]]:
+    """The users Locust starts for `load`, and our locustfile's options that pace them."""
+    raise TypeError(f"not a load: {load!r}")
+
+
+@pacing.register
+def _(load: Closed, job: LocustJob) -> tuple[int, list[str]]:
+    return load.users, []
+
+
+@pacing.register
+def _(load: Open, job: LocustJob) -> tuple[int, list[str]]:
+    if job.requests <= 0:
+        raise ValueError("an open-loop Locust job needs a request count")
+    # One dispatcher per Locust process sends that process's share of the schedule.
+    options = ["--rate", repr(float(load.rate)), "--seed", str(job.seed)]
+    return max(1, job.workers), options + (["--repeat-head", str(job.repeat_head)] if job.repeat_head else [])
 
 
 @dataclass
@@ -74,11 +89,7 @@ def _user_args(job: LocustJob) -> list[str]:
             "--worker-count", str(max(0, job.workers)), "--records-dir", str(job.records_dir)]
     if job.api_key_env:
         args += ["--api-key-env", job.api_key_env]
-    if job.rate > 0:
-        args += ["--rate", repr(float(job.rate)), "--seed", str(job.seed)]
-        if job.repeat_head:
-            args += ["--repeat-head", str(job.repeat_head)]
-    return args
+    return args + pacing(job.load, job)[1]
 
 
 def commands(job: LocustJob, deadline_s: float) -> list[list[str]]:
@@ -86,9 +97,7 @@ def commands(job: LocustJob, deadline_s: float) -> list[list[str]]:
     base = [sys.executable, "-m", "locust", "-f", str(LOCUSTFILE)]
     # Safety net: Locust stops itself at the deadline even if nobody tells it to.
     run_time = job.duration_s if job.duration_s else deadline_s
-    if job.rate > 0 and job.requests <= 0:
-        raise ValueError("an open-loop Locust job (rate > 0) needs a request count")
-    users = job.locust_users
+    users = pacing(job.load, job)[0]
     main = [*base, "--headless", "-H", job.host, "-u", str(users), "-r", str(min(max(users, 1) * 10, 100)),
             "--run-time", f"{max(1, int(run_time))}s", "--stop-timeout", str(int(job.request.request_timeout_s)),
             "--only-summary", "--loglevel", "INFO", "--exit-code-on-error", "0"]

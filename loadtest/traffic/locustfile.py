@@ -212,7 +212,9 @@ class LLMUser(User):
         self.session = requests.Session()
         self.headers = auth_headers(opts.api_key_env)
         self.last_end: float | None = None
+        # The one place the kind of load decides: an open loop dispatches its schedule, a closed loop takes turns.
         if opts.rate > 0:
+            self.step = self._dispatch
             if opts.requests <= 0:
                 raise ValueError("--rate (open loop) needs --requests N")
             # Open loop: any number of requests in flight share this session; without a pool that
@@ -221,6 +223,7 @@ class LLMUser(User):
             self.session.mount("http://", adapter)
             self.session.mount("https://", adapter)
             return
+        self.step = self._take_turn
         # Distributed, worker w's n-th user is user n x workers + w of the whole run.
         self.index = next(_user_counter) * max(1, opts.worker_count) + getattr(self.environment.runner, "worker_index", 0)
         start_at = opts.start_at or time.time() + opts.start_delay
@@ -229,10 +232,11 @@ class LLMUser(User):
 
     @task
     def generate(self) -> None:
+        self.step()
+
+    def _take_turn(self) -> None:
+        """Closed loop: this user's next request, sent the moment its previous one ended."""
         opts = self.environment.parsed_options
-        if opts.rate > 0:
-            self._dispatch()
-            return
         if opts.requests and not self._may_send(opts):
             # The budget is shared, so no user waits on its own quota while others are idle:
             # the run ends when the last request does, as a closed loop over N requests should.

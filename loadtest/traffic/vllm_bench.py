@@ -22,12 +22,14 @@ import os
 import subprocess
 import sys
 from dataclasses import dataclass, field
+from functools import singledispatch
 from pathlib import Path
 from typing import Any
 
 from loadtest.measurement import content
 from loadtest.measurement import stats
 from loadtest.measurement.figures import BenchFigures, ContentSummary, Distribution, PerRequest
+from loadtest.measurement.results import Closed, Load, Open
 from loadtest.measurement.serial import Serial
 from loadtest.traffic.request_settings import RequestSettings
 from loadtest.traffic.workloads import Workload, uses_chat
@@ -41,7 +43,8 @@ class BenchJob:
     workload: Workload
     """`request.workload` as read (the prompts Locust sent)."""
     request: RequestSettings
-    concurrency: int
+    load: Load
+    """Closed(users): at most that many in flight; Open(rate): Poisson arrivals seeded with `seed`."""
     num_prompts: int
     out_dir: Path
     workers: int = 0
@@ -50,9 +53,8 @@ class BenchJob:
     timeout_s: float = 1800
     embedded: bool = False
     """It serves the embedded pair: the content check's reference is the pair's held-out code."""
-    rate: float = 0.0
-    """Open loop: requests/s of a Poisson process seeded with `seed` (0: the closed loop at `concurrency`)."""
     seed: int = 0
+    """Open loop: the seed of Locust's arrival schedule (`loadtest.traffic.arrivals`)."""
 
 
 def write_dataset(workload: Workload, requests: int, workers: int, path: Path) -> Path:
@@ -74,17 +76,7 @@ def bench_args(job: BenchJob, dataset: Path, result_file: Path) -> list[str]:
             "--model", job.model, "--tokenizer", job.tokenizer,
             "--dataset-name", "custom", "--dataset-path", str(dataset), "--skip-chat-template", "--disable-shuffle",
             "--custom-output-len", str(rs.max_tokens), "--num-prompts", str(job.num_prompts)]
-    if job.rate > 0:
-        # Open loop: Poisson arrivals (burstiness 1), nothing capping the requests in flight; its
-        # seed gives the arrival times Locust's run had (`loadtest.traffic.arrivals`).
-        args += ["--request-rate", repr(float(job.rate)), "--burstiness", "1", "--seed", str(job.seed)]
-    else:
-        args += ["--max-concurrency", str(job.concurrency),
-                 # Evenly spaced arrivals (burstiness inf: constant gaps), as Locust's users start; far
-                 # above the rate the server completes them, so after the first `concurrency` every
-                 # request waits for a free slot.
-                 "--request-rate", str(1 / rs.arrival_gap_s) if rs.arrival_gap_s > 0 else "inf", "--burstiness", "inf",
-                 "--seed", "0"]
+    args += pacing(job.load, job)
     # No warm-up: the server is warm from Locust's run, and C warm-ups sent at once would put
     # their burst into the engine's window that measures its drift.
     args += ["--num-warmups", "0", "--temperature", str(rs.temperature),
@@ -94,6 +86,28 @@ def bench_args(job: BenchJob, dataset: Path, result_file: Path) -> list[str]:
     if rs.fixed_length:
         args.append("--ignore-eos")
     return args
+
+
+@singledispatch
+def pacing(load: Load, job: BenchJob) -> list[str]:
+    """The benchmark's options that send `load` as Locust sent it."""
+    raise TypeError(f"not a load: {load!r}")
+
+
+@pacing.register
+def _(load: Closed, job: BenchJob) -> list[str]:
+    # Evenly spaced arrivals (burstiness inf: constant gaps), as Locust's users start; far above the
+    # rate the server completes them, so after the first `users` every request waits for a free slot.
+    gap = job.request.arrival_gap_s
+    return ["--max-concurrency", str(load.users), "--request-rate", str(1 / gap) if gap > 0 else "inf",
+            "--burstiness", "inf", "--seed", "0"]
+
+
+@pacing.register
+def _(load: Open, job: BenchJob) -> list[str]:
+    # Poisson arrivals (burstiness 1), nothing capping the requests in flight; the seed gives the
+    # arrival times Locust's run had (`loadtest.traffic.arrivals`).
+    return ["--request-rate", repr(float(load.rate)), "--burstiness", "1", "--seed", str(job.seed)]
 
 
 def run(job: BenchJob) -> BenchFigures:
@@ -116,7 +130,7 @@ def run(job: BenchJob) -> BenchFigures:
     if proc.returncode != 0 or not result_file.is_file():
         tail = log_path.read_text(errors="replace").strip().splitlines()[-1:] or ["no output"]
         return BenchFigures(error=f"vLLM's benchmark failed (exit {proc.returncode}): {tail[0][:300]} (log {log_path})")
-    return summarize(json.loads(result_file.read_text()), job.concurrency, job.tokenizer, job.embedded)
+    return summarize(json.loads(result_file.read_text()), job.load.max_in_flight, job.tokenizer, job.embedded)
 
 
 OPEN_LOOP_QUEUE_S = 0.001
@@ -209,7 +223,8 @@ def _per_request(raw: BenchResult) -> PerRequest:
 def _open_loop_requests(raw: BenchResult, concurrency: int | None) -> int | None:
     """Requests after the first `concurrency` that found a slot free on arrival. In a closed loop
     every one of them waits for a slot; one that did not means the arrival rate fell below the
-    server's and the benchmark measured fewer users than asked. None: not in the result."""
+    server.s and the benchmark measured fewer users than asked. None: not in the result, or nothing
+    capped the requests in flight (an open loop)."""
     queue = raw.queue_times
     if not concurrency or not isinstance(queue, list):
         return None
