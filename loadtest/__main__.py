@@ -103,8 +103,7 @@ def cmd_run(opts: argparse.Namespace) -> int:
     print(compare_table(results))
     print(f"\nstatus: {results.status}" + (f" ({'; '.join(results.problems)})" if results.problems else ""))
     print(f"report: {files['markdown']}  {files['html']}  {files['json']}")
-    untested = untested_temperatures(settings, [settings.request.temperature])
-    if untested:
+    if untested := untested_temperatures(settings, [settings.request.temperature]):
         print(untested)
     return announce(exit_code(results))
 
@@ -161,7 +160,6 @@ def run_temperatures_cli(settings: SweepSettings, temperatures: list[float]) -> 
 
 
 def cmd_rejudge(opts: argparse.Namespace) -> int:
-    from loadtest.reports.report import write_report
     from loadtest.sweeps.judging import rejudge
 
     results = SweepResults.load(opts.report)

@@ -37,13 +37,6 @@ def name_list(text: str) -> list[str]:
     return names
 
 
-def temperature_list(text: str) -> list[float]:
-    try:
-        return parse_temperatures(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
 def rate_list(text: str) -> list[float]:
     """Arrival rates in requests/s, e.g. 0.5,1,2,4: positive and finite."""
     try:
@@ -55,14 +48,15 @@ def rate_list(text: str) -> list[float]:
     return values
 
 
-def parse_temperatures(text: str) -> list[float]:
+def temperature_list(text: str) -> list[float]:
     """`0,0.7,1` -> [0.0, 0.7, 1.0] (sorted, no repeats); a clear error for anything else."""
     try:
         values = sorted({float(part) for part in text.split(",") if part.strip()})
     except ValueError:
-        raise ValueError(f"--temperature takes numbers separated by commas, e.g. 0,0.7,1 (got {text!r})") from None
+        raise argparse.ArgumentTypeError(f"--temperature takes numbers separated by commas, e.g. 0,0.7,1 "
+                                         f"(got {text!r})") from None
     if not values or any(v < 0 or v != v or v == float("inf") for v in values):
-        raise ValueError(f"--temperature needs one or more finite temperatures >= 0 (got {text!r})")
+        raise argparse.ArgumentTypeError(f"--temperature needs one or more finite temperatures >= 0 (got {text!r})")
     return values
 
 

@@ -4,10 +4,8 @@
 from __future__ import annotations
 
 import argparse
-import re
 import signal
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -18,8 +16,8 @@ from loadtest.interrupts import interrupt_on
 from loadtest.measurement.capacity_figures import SearchRequest, headline
 from loadtest.sweeps.capacity import Capacity, CapacitySettings
 from loadtest.sweeps.settings import (SweepSettings, add_level_args, add_remote_args, add_servers_args,
-                                      slo_targets)
-from loadtest.traffic.request_settings import add_timing_args, add_traffic_args
+                                      default_out_dir, slo_targets)
+from loadtest.traffic.request_settings import add_timing_args, add_traffic_args, given_fields
 from loadtest.traffic.endpoint import EndpointError
 
 
@@ -56,16 +54,11 @@ def add_parser(sub: Any) -> None:
                         "and exit; starts nothing")
 
 
-def default_out(config: str) -> Path:
-    stem = re.sub(r"[^A-Za-z0-9._-]", "_", Path(config).stem)
-    return Path("reports") / f"{stem}-capacity-{time.strftime('%Y%m%d-%H%M%S')}"
-
-
 def sweep_settings(opts: argparse.Namespace) -> SweepSettings:
     """The sweep that serves the variants: open loop, vLLM's benchmark off (the second opinion
     turns it on for its own levels), levels chosen by the search."""
     settings = SweepSettings.from_cli_args(opts, repeat=max(opts.repeat, 2), vllm_bench=False, loop="open")
-    settings.out = settings.out or default_out(settings.config or "running-servers")
+    settings.out = settings.out or default_out_dir(settings.config or "running-servers", "-capacity")
     return settings
 
 
@@ -78,7 +71,7 @@ def cmd_capacity(opts: argparse.Namespace) -> int:
     if opts.url and (opts.overrides or opts.no_spec):
         print("--set and --no-spec change the servers the command starts; with --url they run already", file=sys.stderr)
         return 2
-    settings = CapacitySettings.from_cli_args(opts)
+    settings = CapacitySettings(**given_fields(CapacitySettings, opts))  # --slo and the search's options
     try:
         settings.check()
     except ValueError as exc:

@@ -31,12 +31,10 @@ def _as_json(value: Any) -> Any:
     return value.to_json() if hasattr(value, "to_json") else str(value)
 
 
-def write_result(out: Path, stem: str, data: dict[str, Any], text: str) -> dict[str, Any]:
+def write_result(out: Path, stem: str, data: dict[str, Any], text: str) -> None:
     """A command's result as `<stem>.json` (for programs) and `<stem>.md` (for people) in `out`."""
-    out.mkdir(parents=True, exist_ok=True)
     write_json(out / f"{stem}.json", data)
     write_atomic(out / f"{stem}.md", text)
-    return data
 
 
 def bullet_sections(result: object, titles: dict[str, str]) -> list[str]:

@@ -18,9 +18,8 @@ class Progress:
     def __init__(self, title: str, total: int | None, records_dir: Path, duration_s: float | None = None):
         self.records_dir = records_dir
         self.started = time.monotonic()
-        unit = "req" if total else "s"
-        self.bar = tqdm(total=total or (int(duration_s) if duration_s else None), desc=title, unit=unit,
-                        file=sys.stderr, dynamic_ncols=True, leave=True, mininterval=1.0,
+        self.bar = tqdm(total=total or (int(duration_s) if duration_s else None), desc=title,
+                        unit="req" if total else "s", file=sys.stderr, dynamic_ncols=True, leave=True, mininterval=1.0,
                         disable=os.environ.get("SPECDEPLOY_NO_PROGRESS") == "1")
         self.by_time = not total
 

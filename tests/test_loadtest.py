@@ -841,12 +841,12 @@ def test_a_schedule_gives_the_k_of_the_batch_size_and_a_killed_server_keeps_part
 
 
 def test_temperatures_are_parsed_or_refused_clearly() -> None:
-    from loadtest.arg_types import parse_temperatures
+    from loadtest.arg_types import temperature_list
 
-    assert parse_temperatures("1, 0,0.7,1") == [0.0, 0.7, 1.0]
+    assert temperature_list("1, 0,0.7,1") == [0.0, 0.7, 1.0]
     for bad in ("", "0,x", "-1", "nan", "inf"):
-        with pytest.raises(ValueError, match="--temperature"):
-            parse_temperatures(bad)
+        with pytest.raises(argparse.ArgumentTypeError, match="--temperature"):
+            temperature_list(bad)
     run = subprocess.run([sys.executable, "-m", "loadtest", "run", "--temperature", "0,hot"], cwd=REPO,
                          capture_output=True, text=True, timeout=120)
     assert run.returncode == 2 and "numbers separated by commas" in run.stderr

@@ -23,7 +23,7 @@ from loadtest.traffic.endpoint import EndpointError, discover
 from loadtest.traffic.locust_run import LocustOutcome
 from loadtest.sweeps.settings import SweepSettings
 from loadtest.sweeps.judging import load_generator_lag, load_generator_notes, send_lag_notes
-from loadtest.sweeps.runner import Sweep
+from loadtest.sweeps.servers import running_servers
 from loadtest.measurement.stats import percentile
 from loadtest.reports.sweep_summary import exit_code, headline
 
@@ -263,7 +263,7 @@ def test_running_server_problems_are_one_clear_line(servers, keyed_baseline, mon
     with pytest.raises(EndpointError, match="SPECDEPLOY_UNSET_KEY is not set"):
         discover(keyed_baseline.base_url, api_key_env="SPECDEPLOY_UNSET_KEY")
     with pytest.raises(EndpointError, match="baseline server .* speculates"):
-        Sweep(SweepSettings("", url=spec.base_url, baseline_url=spec.base_url))._running_servers()
+        list(running_servers(SweepSettings("", url=spec.base_url, baseline_url=spec.base_url)))
     remote = discover(keyed_baseline.base_url, api_key_env=KEY_ENV)
     assert remote.served_name == "embedded-code" and not remote.speculates and remote.metrics
     # The command line: one line on stderr, exit 2, nothing else.

@@ -214,9 +214,8 @@ def summarize(figs: Sequence[dict[str, Any] | None], reference: ContentReference
     noise = [i for i in judged if is_noise(figs[i]) and i not in loops]  # type: ignore[arg-type]
     bad = sorted(set(loops) | set(noise))
     good = sorted(set(checked) - set(bad))
-    distinct = [figs[i]["distinct_4"] for i in checked if figs[i].get("distinct_4") is not None]  # type: ignore[index]
     out.degenerate, out.degenerate_share = len(loops), round(len(loops) / len(checked), 4)
-    out.distinct_4 = _round(statistics.fmean(distinct)) if distinct else None
+    out.distinct_4 = _mean([figs[i].get("distinct_4") for i in checked])  # type: ignore[union-attr]
     out.loop_share = round(statistics.fmean(figs[i]["loop_share"] for i in checked), 4)  # type: ignore[index]
     if judged:
         out.noise_checked, out.noise, out.noise_share = len(judged), len(noise), round(len(noise) / len(judged), 4)
@@ -226,14 +225,9 @@ def summarize(figs: Sequence[dict[str, Any] | None], reference: ContentReference
         out.acceptance_valid = acceptance([spec[i] for i in good])
         out.acceptance_degenerate = acceptance([spec[i] for i in bad])
     if speeds is not None:
-        out.tokens_per_s_valid = _mean_speed([speeds[i] for i in good])
-        out.tokens_per_s_degenerate = _mean_speed([speeds[i] for i in bad])
+        out.tokens_per_s_valid = _mean([speeds[i] or None for i in good])
+        out.tokens_per_s_degenerate = _mean([speeds[i] or None for i in bad])
     return out
-
-
-def _mean_speed(speeds: Sequence[float | None]) -> float | None:
-    values = [v for v in speeds if v]
-    return _round(statistics.fmean(values)) if values else None  # type: ignore[arg-type]
 
 
 def merge(summaries: Sequence[ContentSummary | None]) -> ContentSummary | None:
@@ -344,5 +338,5 @@ def _pct(value: float | None) -> str:
     return "not known" if value is None else f"{value:.0%}"
 
 
-def _round(value: float | None, digits: int = 4) -> float | None:
-    return None if value is None else round(value, digits)
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 4)

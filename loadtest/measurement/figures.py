@@ -39,7 +39,6 @@ PERCENTILE_NAMES = ("mean", "p50", "p90", "p95", "p99")
 
 
 def p50(d: Distribution | None) -> float | None:
-    """A distribution's median, None where there is no distribution."""
     return d.p50 if d else None
 
 NO_VALUES = Distribution(n=0)

@@ -42,9 +42,9 @@ class Snapshot:
     taken_at: float
     """Wall-clock time of the scrape (epoch seconds)."""
 
-    def total(self, name: str, **match: str) -> float:
-        """Sum over all label sets (those matching `match`); 0 when the metric is absent."""
-        return sum(v for labels, v in self.samples.get(name, []) if _matches(labels, match))
+    def total(self, name: str) -> float:
+        """Sum over all label sets; 0 when the metric is absent."""
+        return sum(v for _, v in self.samples.get(name, []))
 
     def has(self, name: str) -> bool:
         return name in self.samples
@@ -65,11 +65,6 @@ class Snapshot:
                 bound = math.inf if le in ("+Inf", "inf") else float(le)
                 buckets[bound] = buckets.get(bound, 0.0) + value
         return Histogram(self.total(f"{name}_sum"), self.total(f"{name}_count"), dict(sorted(buckets.items())))
-
-
-def _matches(labels: Labels, match: dict[str, str]) -> bool:
-    d = dict(labels)
-    return all(d.get(k) == v for k, v in match.items())
 
 
 @dataclass(frozen=True)

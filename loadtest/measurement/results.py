@@ -257,9 +257,7 @@ class SweepResults(Serial):
     @classmethod
     def load(cls, path: Path) -> SweepResults:
         """A results.json (or the folder holding it), of this version or an older one."""
-        path = path / "results.json" if path.is_dir() else path
-        data = read_versioned(path, ("variants",), "a load test's results.json", SWEEP_SCHEMA)
-        return cls.from_json(data)
+        return cls.from_json(read_versioned(path, "results.json", ("variants",), "a load test's", SWEEP_SCHEMA))
 
 
 @dataclass
@@ -319,18 +317,19 @@ class CapacityResults(Serial):
     @classmethod
     def load(cls, path: Path) -> CapacityResults:
         """A capacity.json (or the folder holding it), of this version or an older one."""
-        path = path / "capacity.json" if path.is_dir() else path
-        return cls.from_json(read_versioned(path, ("capacity", "levels"), "a capacity search's capacity.json",
+        return cls.from_json(read_versioned(path, "capacity.json", ("capacity", "levels"), "a capacity search's",
                                             CAPACITY_SCHEMA))
 
 
-def read_versioned(path: Path, keys: tuple[str, ...], what: str, current: int) -> dict[str, Any]:
-    """The file's object, as this version reads it: refused (ValueError) where it lacks `keys` or
-    a newer kit wrote it (its meaning is then unknown). The versions so far differ in how they were
-    written, not in what they hold, so an older file needs no change but its `schema`."""
+def read_versioned(path: Path, name: str, keys: tuple[str, ...], whose: str, current: int) -> dict[str, Any]:
+    """The file `name` (`path`, or `name` in the folder `path`) as this version reads it: refused
+    (ValueError) where it lacks `keys` or a newer kit wrote it (its meaning is then unknown). The
+    versions so far differ in how they were written, not in what they hold, so an older file needs
+    no change but its `schema`."""
+    path = path / name if path.is_dir() else path
     data = json.loads(path.read_text(encoding="utf-8"))
     if not isinstance(data, dict) or any(k not in data for k in keys):
-        raise ValueError(f"{path}: not {what}")
+        raise ValueError(f"{path}: not {whose} {name}")
     version = data.get("schema") or 1
     if not isinstance(version, int) or version > current:
         raise ValueError(f"{path}: written by a newer specdeploy (schema {version}; this one reads up to "

@@ -37,7 +37,6 @@ from loadtest.measurement.figures import (CategoryFigures, ClientFigures, Conten
                                           Distribution, Interval, OpenLoopFigures)
 from loadtest.measurement.records import OUTCOMES, RequestRecord
 
-PERCENTILES = (50, 90, 95, 99)
 A = TypeVar("A", bound=SpeculationAnalysis)
 
 
@@ -91,21 +90,14 @@ def break_even_acceptance(cost_ratio: float, k: int) -> float | None:
         return 0.0
     if cost_ratio >= k + 1:
         return None
-    lo, hi = 0.0, 1.0  # E is increasing in a: bisect
-    for _ in range(100):
-        mid = (lo + hi) / 2
-        if expected_tokens_per_step(mid, k) < cost_ratio:
-            lo = mid
-        else:
-            hi = mid
-    return (lo + hi) / 2
+    return implied_per_token_acceptance(cost_ratio, k)
 
 
 def implied_per_token_acceptance(tokens_per_step: float, k: int) -> float | None:
     """The a with E(a, K) = tokens_per_step (the model's per-token acceptance behind a measurement)."""
     if k < 1 or tokens_per_step < 1 or tokens_per_step > k + 1:
         return None
-    lo, hi = 0.0, 1.0
+    lo, hi = 0.0, 1.0  # E is increasing in a: bisect
     for _ in range(100):
         mid = (lo + hi) / 2
         lo, hi = (mid, hi) if expected_tokens_per_step(mid, k) < tokens_per_step else (lo, mid)

@@ -23,8 +23,9 @@ from loadtest.measurement import stats
 from loadtest.reports import sweep_summary
 from loadtest.files import write_atomic
 from loadtest.reports.markdown import figure
-from loadtest.reports.page import Badge, Line, Page, Section, method_link
+from loadtest.reports.page import Badge, Line, Page, Section, how, method_link, table
 from loadtest.reports.report import embedded
+from loadtest.reports.sweep_plots import error_bars
 
 PARETO = "pareto.png"
 SPEEDUP = "capacity-speedup.png"
@@ -94,9 +95,8 @@ def _speedup_figure(result: CapacityResults, points: list[RatePairs]) -> Any:
         pts = [(r, m) for r, m in pts if m.mean is not None]
         if not pts:
             continue
-        err = [[m.mean - m.low if m.low is not None else 0 for _, m in pts],
-               [m.high - m.mean if m.high is not None else 0 for _, m in pts]]
-        ax.errorbar([r for r, _ in pts], [m.mean for _, m in pts], yerr=err, fmt=style, capsize=4, lw=lw, label=label)
+        ax.errorbar([r for r, _ in pts], [m.mean for _, m in pts], yerr=error_bars([m for _, m in pts]), fmt=style,
+                    capsize=4, lw=lw, label=label)
     cross = result.crossover
     if cross and cross.rate:
         ax.axvline(cross.rate, color="red", ls=":", lw=1.5, label=f"crossover {cross.rate:.3g} req/s ({cross.kind})")
@@ -375,26 +375,19 @@ def _run_text(result: CapacityResults) -> str:
 def first_page(result: CapacityResults, plots: list[Path], sources: Mapping[str, str] | None = None,
                out: Path | None = None) -> Page:
     sources = sources or {}
-
-    def how(anchor: str) -> str:
-        return f" Method: {method_link(anchor, out)}."
-
-    def table(t: tuple[list[str], list[list[str]]]) -> str:
-        return "\n\n" + markdown.table(*t) if t[1] else "\n\n(nothing measured)"
-
     sections = [
         Section("findings", "Every finding in full", "\n".join(f"- {line}" for line in [*(result.traffic or []),
                                                                                       *cap.headline(result)])),
         Section("capacity", "Capacity by variant", "The highest rate at which every run met every target, below "
-                "the lowest at which one did not." + how("capacity-at-a-service-target-make-capacity")
+                "the lowest at which one did not." + how("capacity-at-a-service-target-make-capacity", out)
                 + table(_capacity_rows(result))),
         Section("speedup", "Speedup by rate", "Speculation against the baseline at the same arrivals, per rate."
-                + how("capacity-at-a-service-target-make-capacity") + table(_speedup_rows(result))),
+                + how("capacity-at-a-service-target-make-capacity", out) + table(_speedup_rows(result))),
         Section("levels", "Every level measured", "In the order measured; behind: the load asked was not the load "
                 "served." + table(_level_rows(result))),
         Section("second-opinion", "Second opinion: Locust against vLLM's benchmark",
                 "Below the smaller capacity, vLLM's serving benchmark beside Locust on the same server and arrivals."
-                + how("second-opinion") + table(_second_opinion_rows(result))),
+                + how("second-opinion", out) + table(_second_opinion_rows(result))),
         Section("overload", "Overload", "Each variant at twice its capacity: the server must survive and every "
                 "request end." + table(_overload_rows(result))),
     ]

@@ -13,21 +13,19 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from loadtest.reports import markdown
 from loadtest.reports import page
 from loadtest.reports import plots
-from loadtest.measurement import stats
 from loadtest.files import write_atomic
 from loadtest.reports.page import Badge, Line, Page, Section
 from loadtest.measurement.derive import derive_rates, summarize_speedups, verdict_rule
 from loadtest.measurement.results import SweepResults
-from loadtest.measurement.derived import RateRow
 from loadtest.measurement.figures import ContentSummary, Interval
-from loadtest.reports.report import embedded, interval_text, text_table
+from loadtest.reports.markdown import interval_text
+from loadtest.reports.report import embedded, text_table
 from loadtest.reports.sweep_plots import error_bars
-from loadtest.reports.sweep_summary import rate_contents, verdict_word
+from loadtest.reports.sweep_summary import by_rate, loop_text, mean_of, rate_contents, verdict_word
 
 MUST_MATCH = {"workload": "workload", "temperature": "temperature", "max_tokens": "output length (max_tokens)",
               "fixed_length": "fixed output length"}
@@ -48,12 +46,8 @@ def load(folder: Path) -> SweepResults:
     return SweepResults.load(path)
 
 
-def _value(results: SweepResults, key: str) -> Any:
-    return results.settings.get(key)
-
-
 def _describe(results: SweepResults, what: str) -> str:
-    m = results.machine or {}
+    m, s = results.machine or {}, results.settings
     if what == "machine":
         return f"{m.get('cpus')} CPUs, {m.get('platform')}"
     if what == "vLLM":
@@ -66,10 +60,10 @@ def _describe(results: SweepResults, what: str) -> str:
         return "; ".join(f"{v.name} {v.speculative_config or 'off'}" for v in results.variants
                          if v.name != "baseline") or "none"
     if what == "repeats":
-        return str(_value(results, "repeat"))
+        return str(s.get("repeat"))
     if what == "load":
-        return (f"rates {_value(results, 'rates')}" if _value(results, "rates") else f"batch {_value(results, 'users')}")
-    return str(_value(results, what))
+        return loop_text(s)
+    return str(s.get(what))
 
 
 SAID = ("machine", "vLLM", "commit", "config", "speculation", "repeats", "load")
@@ -83,7 +77,7 @@ def differences(runs: list[tuple[str, SweepResults]]) -> tuple[list[str], list[s
 
     refusing = []
     for key, title in MUST_MATCH.items():
-        values = [_value(r, key) for _, r in runs]
+        values = [r.settings.get(key) for _, r in runs]
         if len({repr(v) for v in values}) > 1:
             refusing.append(line(title, [str(v) for v in values]))
     said = []
@@ -125,22 +119,13 @@ def rows(runs: list[tuple[str, SweepResults]]) -> list[Row]:
             out.append(Row(e.concurrency, "batch", e.variant, name, e.speedup, e.verdict.split(";")[0].split(" (")[0],
                            e.acceptance_rate.mean, e.runs, e.content))
         contents = rate_contents(results)
-        groups: dict[tuple[str, float], list[RateRow]] = {}
-        for r in derive_rates(results):
-            if r.variant != "baseline" and r.tpot_p50_speedup:
-                groups.setdefault((r.variant, r.rate), []).append(r)
-        for (variant, rate), group in groups.items():
-            m = stats.mean_interval([r.tpot_p50_speedup or 0 for r in group])
+        for (variant, rate), group in by_rate(r for r in derive_rates(results)
+                                              if r.variant != "baseline" and r.tpot_p50_speedup):
+            m = mean_of(group, lambda r: r.tpot_p50_speedup)
             accepts = [r.acceptance for r in group if r.acceptance is not None]
             out.append(Row(rate, "req/s", variant, name, m, verdict_rule(m),
                            sum(accepts) / len(accepts) if accepts else None, len(group), contents.get((variant, rate))))
     return sorted(out, key=lambda r: (r.unit, r.level, r.variant, [n for n, _ in runs].index(r.report)))
-
-
-def table_text(table: list[Row]) -> str:
-    """The side-by-side table for the terminal."""
-    body = [[r.where, *_cells(r)[1:]] for r in table]
-    return "\n".join(text_table(HEADER, body, [(r.level, r.variant) for r in table]))
 
 
 def _cells(r: Row) -> list[str]:
@@ -170,8 +155,7 @@ def plot(table: list[Row], path: Path) -> Path | None:
     plots.finish_speedup_axes(ax, levels, "batch size (concurrent requests)" if unit == "batch" else "arrival rate, req/s",
                               "Speedup over the baseline, report by report (95% intervals)")
     fig.tight_layout()
-    plots.save(fig, path)
-    return path
+    return plots.save(fig, path)
 
 
 def compare(folders: list[Path], out: Path, allow_different: bool = False) -> tuple[dict[str, Path], str]:
@@ -200,7 +184,9 @@ def compare(folders: list[Path], out: Path, allow_different: bool = False) -> tu
              "html": write_atomic(out / "compare.html", page.html(first, sources)),
              **({"plot": picture} if picture else {})}
     text = "\n".join([*(f"DIFFERS (allowed): {d}" for d in refusing), *(f"differs: {d}" for d in said),
-                      *([""] if refusing or said else []), table_text(table)])
+                      *([""] if refusing or said else []),
+                      *text_table(HEADER, [[r.where, *_cells(r)[1:]] for r in table],
+                                  [(r.level, r.variant) for r in table])])
     return files, text
 
 
@@ -214,8 +200,8 @@ def _page(runs: list[tuple[str, SweepResults]], table: list[Row], refusing: list
                           " · ".join([*figures, f"{r.runs} run{'s' if r.runs != 1 else ''}"]), tone))
     first = runs[0][1]
     setup = (f"**Setup.** {len(runs)} reports: " + ", ".join(f"`{f}`" for f in folders) + f". Workload "
-             f"`{_value(first, 'workload')}`, {_value(first, 'max_tokens')} output tokens, temperature "
-             f"{_value(first, 'temperature')}" + (" in every report" if not refusing else " in the first") + ". "
+             f"`{first.settings.get('workload')}`, {first.settings.get('max_tokens')} output tokens, temperature "
+             f"{first.settings.get('temperature')}" + (" in every report" if not refusing else " in the first") + ". "
              + ("Differs: " + "; ".join(said) + "." if said else "Machine, vLLM, commit and config: the same."))
     badges = [Badge("DIFFERENT WORK", d, "differences") for d in refusing]
     body = [_cells(r) for r in table]

@@ -4,7 +4,10 @@ the same way (tuning/ and distill/ use it too)."""
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from loadtest.measurement.figures import Interval
 
 
 def cell(text: object) -> str:
@@ -29,6 +32,14 @@ def _row(cells: Sequence[object]) -> str:
 def speedup(value: float | None) -> str:
     """`1.23x`, or "-" when there is none."""
     return "-" if value is None else f"{value:.2f}x"
+
+
+def interval_text(m: Interval | None, label: str = "") -> str:
+    """`1.23x (1.10-1.31)`: a mean speedup and its 95% interval (after `label`, e.g. "95% ") where it
+    has one; `-` without a mean."""
+    if not m or m.mean is None:
+        return "-"
+    return f"{m.mean:.2f}x" + (f" ({label}{m.low:.2f}-{m.high:.2f})" if m.low is not None else "")
 
 
 def figure(value: Any, digits: int = 1, pct: bool = False) -> str:

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import markdown as markdown_lib
 
+from loadtest.reports.markdown import table as markdown_table
+
 TONES = ("good", "bad", "even", "none")
 """A verdict's colour: speculation pays / does not / breaks even / no verdict (not measured)."""
 
@@ -79,11 +81,6 @@ class Page:
     a dozen rates; they must still fit the first screen beside the picture). Default: all lines
     when there are more than `COMPACT_OVER`, else none."""
 
-    def compact_index(self) -> int:
-        if self.compact_from is not None:
-            return self.compact_from
-        return 0 if len(self.lines) > COMPACT_OVER else len(self.lines)
-
 
 COMPACT_OVER = 6
 
@@ -98,6 +95,16 @@ def method_link(anchor: str, out: Path | None = None, doc: Path = METHOD_DOC) ->
         except ValueError:
             pass
     return f"[docs/{doc.name}#{anchor}]({target}#{anchor})"
+
+
+def how(anchor: str, out: Path | None) -> str:
+    """The sentence that links a section to its method in docs/load-tests.md (`method_link`)."""
+    return f" Method: {method_link(anchor, out)}."
+
+
+def table(rows: tuple[list[str], list[list[str]]]) -> str:
+    """A section's table (header, rows) below its text; `(nothing measured)` without rows."""
+    return "\n\n" + markdown_table(*rows) if rows[1] else "\n\n(nothing measured)"
 
 
 # ---------------------------------------------------------------------------------- Markdown
@@ -174,7 +181,9 @@ def html(page: Page, sources: Mapping[str, str] | None = None) -> str:
     if page.lead:
         parts.append(f"<p class='lead' data-lead>{e(page.lead)}</p>")
     parts.append("<div class='top'><div class='verdicts'>")
-    compact = page.compact_index()
+    compact = page.compact_from
+    if compact is None:
+        compact = 0 if len(page.lines) > COMPACT_OVER else len(page.lines)
     for n, line in enumerate(page.lines):
         size = "compact" if n >= compact else "line"
         parts.append(f"<div class='{size} {line.tone}' data-verdict><div class='v'><span class='lv'>{e(line.level)}:</span> "

@@ -19,20 +19,19 @@ from typing import Any
 
 from loadtest.measurement import slo
 from loadtest.measurement.derive import by_category, costs, derive, derive_rates, level_at, levels, rate_levels, slo_lines
-from loadtest.reports import markdown
+from loadtest.reports import page
 from loadtest.reports import sweep_summary
 from loadtest.measurement import second_opinion
 from loadtest.files import write_atomic, write_json
-from loadtest.reports.markdown import figure
-from loadtest.reports.page import Page, Section, method_link
+from loadtest.reports.markdown import figure, interval_text
+from loadtest.reports.page import Page, Section, how, method_link, table
 from loadtest.reports.sweep_plots import ANSWER, plot
 from loadtest.reports.sweep_summary import headline, rate_headline
 from loadtest.measurement.derived import CategoryRow, Comparison, CostRow
 from loadtest.measurement.figures import (NO_VALUES, ClientFigures, Consistency, Distribution, FigureAgreement,
-                                          GeneratorLag, Interval, LocustRun, ServerFigures, TargetFigures)
+                                          GeneratorLag, LocustRun, ServerFigures, TargetFigures)
 from loadtest.measurement.records import OUTCOMES
 from loadtest.measurement.results import CREATED_FORMAT, Closed, LevelResult, SweepResults, VariantResult
-from loadtest.measurement.serial import Serial
 
 
 # ---------------------------------------------------------------------------------- tables
@@ -72,7 +71,7 @@ def compare_rows(results: SweepResults, concurrencies: list[int] | None = None) 
 
 
 @dataclass
-class CompareRow(Serial):
+class CompareRow:
     """One run in the batch comparison (`compare_rows`), its cells named as `COMPARE_COLUMNS` names them."""
 
     concurrency: int | None
@@ -160,23 +159,22 @@ def _batch_of(line: str) -> int:
 
 
 def compare_table(results: SweepResults, concurrencies: list[int] | None = None) -> str:
-    """Plain-text table for the terminal."""
-    said = sweep_summary.lead(results)  # what the run is, where it is not a complete measurement: before any verdict
+    """Plain-text table for the terminal: the findings, a row per run (an open loop's levels where the
+    sweep ran one, else the closed loop's at `concurrencies`, default all), the runs' problems and notes."""
+    said = [lead] if (lead := sweep_summary.lead(results)) else []  # where the run is not a complete measurement
     if any(True for _ in rate_levels(results)):
-        return "\n".join([said] if said else []) + ("\n" if said else "") + _rate_table_text(results)
-    rows = compare_rows(results, concurrencies)
-    top = ([said] if said else []) + [line for line in headline(results) if not concurrencies
-                                      or not line.startswith("batch ")
-                                      or _batch_of(line) in concurrencies]
-    lines = [*top, *([""] if top else []), *text_table([title for _, title in COMPARE_COLUMNS],
-                                                       [_compare_cells(r) for r in rows],
-                                                       [r.concurrency for r in rows], right_from=2)]
-    notes = [f"{v.name} {lv.label} run {lv.repeat}: {n}" for v, lv in results.levels(Closed)
-             if not concurrencies or lv.concurrency in concurrencies
-             for n in lv.problems + lv.notes]
-    if notes:
-        lines += ["", *[f"note: {n}" for n in notes]]
-    return "\n".join(lines)
+        above, top = said, rate_headline(results) + slo_lines(results)  # no blank line under an open loop's lead
+        grid = text_table(RATE_COLUMNS, rate_table_rows(results))
+        runs = list(rate_levels(results))
+    else:
+        rows = compare_rows(results, concurrencies)
+        above, top = [], said + [line for line in headline(results) if not concurrencies
+                                 or not line.startswith("batch ") or _batch_of(line) in concurrencies]
+        grid = text_table([title for _, title in COMPARE_COLUMNS], [_compare_cells(r) for r in rows],
+                          [r.concurrency for r in rows], right_from=2)
+        runs = [(v, lv) for v, lv in results.levels(Closed) if not concurrencies or lv.concurrency in concurrencies]
+    notes = [f"note: {v.name} {lv.label} run {lv.repeat}: {n}" for v, lv in runs for n in lv.problems + lv.notes]
+    return "\n".join([*above, *top, *([""] if top else []), *grid, *([""] if notes else []), *notes])
 
 
 def text_table(header: list[str], body: list[list[str]], groups: list[Any] | None = None,
@@ -195,15 +193,6 @@ def text_table(header: list[str], body: list[list[str]], groups: list[Any] | Non
             lines.append("")
         lines.append(line(cells))
     return lines
-
-
-def _rate_table_text(results: SweepResults) -> str:
-    """The open-loop levels' table for the terminal, with their headline and notes."""
-    top = rate_headline(results) + slo_lines(results)
-    lines = [*top, *([""] if top else []), *text_table(RATE_COLUMNS, rate_table_rows(results))]
-    notes = [f"{v.name} {lv.load.name} run {lv.repeat}: {n}" for v, lv in rate_levels(results)
-             for n in lv.problems + lv.notes]
-    return "\n".join(lines + (["", *[f"note: {n}" for n in notes]] if notes else []))
 
 
 def _latency_rows(results: SweepResults) -> tuple[list[str], list[list[str]]]:
@@ -270,13 +259,6 @@ def _category_rows(rows: list[CategoryRow]) -> tuple[list[str], list[list[str]]]
     header = ["batch", "category", "variant", "requests", "acceptance", "tok/s per request", "speedup", "not text"]
     return header, [[str(r.concurrency), r.category, r.variant, str(r.requests), figure(r.acceptance, pct=True),
                      figure(r.tokens_per_s, 1), interval_text(r.speedup), str(r.not_text)] for r in rows]
-
-
-def interval_text(m: Interval | None) -> str:
-    """`1.23x (1.10-1.31)`: a mean speedup and its 95% interval where it has one; `-` without a mean."""
-    if not m or m.mean is None:
-        return "-"
-    return f"{m.mean:.2f}x" + (f" ({m.low:.2f}-{m.high:.2f})" if m.low is not None else "")
 
 
 STEP_PHASES = [("schedule", "schedule"), ("forward", "target forward"), ("sample", "sample + verify"),
@@ -439,20 +421,6 @@ def _setup_details(results: SweepResults) -> str:
     return intro
 
 
-def _table(table: tuple[list[str], list[list[str]]] | None) -> str:
-    return "\n\n" + markdown.table(*table) if table and table[1] else "\n\n(nothing measured)"
-
-
-def _how(anchor: str, out: Path | None) -> str:
-    """The sentence that links a section to its method in docs/load-tests.md."""
-    return f" Method: {method_link(anchor, out)}."
-
-
-def evidence(results: SweepResults, plots: list[Path], sources: Mapping[str, str], out: Path | None) -> list[Section]:
-    """The sections below the first screen, each a caption, its method's link and its table."""
-    return [*_finding_sections(results, out), *_table_sections(results, out), *_file_sections(results, plots, sources)]
-
-
 def _finding_sections(results: SweepResults, out: Path | None) -> list[Section]:
     """Every finding in full, then the run-by-run tables of the closed loop and of the open loop."""
     cmp_rows = compare_rows(results)
@@ -466,21 +434,21 @@ def _finding_sections(results: SweepResults, out: Path | None) -> list[Section]:
         out_sections.append(Section("batch-comparison", "Batch comparison: every run",
                                     "Per run: throughput, latency (the engine's means in brackets), K, acceptance, "
                                     "speedup over the baseline's run of the same repeat, and whether the second "
-                                    "opinion and the server's counters agree." + _how("batch-comparison", out)
-                                    + _table(compare)))
+                                    "opinion and the server's counters agree." + how("batch-comparison", out)
+                                    + table(compare)))
     categories = by_category(results)
     if categories:
         out_sections.append(Section("by-category", "By category: acceptance and speedup per prompt category",
                                     "Per batch size, category and variant, over the repeats: requests, acceptance "
                                     "over the category's requests (the server's per-request figures), mean "
                                     "per-request output tokens/s, and its ratio to the baseline's same category in "
-                                    "the same repeat." + _how("by-category", out) + _table(_category_rows(categories))))
+                                    "the same repeat." + how("by-category", out) + table(_category_rows(categories))))
     rate_rows = rate_table_rows(results)
     if rate_rows:
         out_sections.append(Section("open-loop", "Open loop: each variant at each arrival rate",
                                     "Per run: the rate asked and achieved, how requests ended, latencies, "
                                     "speedups at the same arrivals, vLLM's benchmark beside."
-                                    + _how("open-loop-table", out) + _table((RATE_COLUMNS, rate_rows))))
+                                    + how("open-loop-table", out) + table((RATE_COLUMNS, rate_rows))))
     return out_sections
 
 
@@ -494,40 +462,40 @@ def _table_sections(results: SweepResults, out: Path | None) -> list[Section]:
     return [
         Section("content", "Content: is the output text?",
                 "Per run and client: degenerate requests, distinct 4-grams against the reference, and acceptance "
-                "and speed over the content-valid requests alone." + _how("the-content-check", out)
-                + _table(_content_rows(results))),
+                "and speed over the content-valid requests alone." + how("the-content-check", out)
+                + table(_content_rows(results))),
         Section("second-opinion", "Second opinion: Locust against vLLM's serving benchmark",
                 "The same prompts, length, temperature and concurrency through vLLM's own benchmark right after "
-                "each Locust run; differences judged with the engine's drift taken out." + _how("second-opinion", out)
+                "each Locust run; differences judged with the engine's drift taken out." + how("second-opinion", out)
                 + "".join(f"\n\n- {second_opinion.describe_systematic(e)}" for e in second_opinion.systematic_by_level(results))
-                + _table(_bench_rows(results))),
+                + table(_bench_rows(results))),
         Section("latency", "Latency", "TTFT, per-token latency, chunk gaps and end-to-end latency per run."
-                + _how("latency-and-chunks", out) + _table(_latency_rows(results))),
+                + how("latency-and-chunks", out) + table(_latency_rows(results))),
         Section("speculation", "Speculation: acceptance, expected tokens and break-even",
                 "Acceptance, tokens per step against the model E(alpha, K), the step cost r and the break-even "
-                "acceptance per run." + _how("the-cost-model", out) + _table(_spec_rows(results))),
+                "acceptance per run." + how("the-cost-model", out) + table(_spec_rows(results))),
         *([Section("steps", "Where an engine step's time goes",
                    "Per run: milliseconds per engine step in each phase, from timers around vLLM's step phases "
                    "(`plugins/step_profile.py`); besides the forward = step + post-step - target forward, what "
-                   "drafting and verifying cost the engine beyond the forward pass." + _how("where-a-step-goes", out)
-                   + _table(steps))] if (steps := _step_rows(results)) else []),
+                   "drafting and verifying cost the engine beyond the forward pass." + how("where-a-step-goes", out)
+                   + table(steps))] if (steps := _step_rows(results)) else []),
         *([Section("cost", "Cost: GPU-hours and cost per million output tokens",
                    "Per variant whose config names `resources.price_per_gpu_hour`: the GPUs its server used, the "
                    "GPU-hours this sweep took on them (starts and measured runs), and at each batch size the price "
                    "of a million output tokens at the throughput measured there (mean over the repeats)."
-                   + _table(_cost_rows(priced)))] if (priced := costs(results)) else []),
+                   + table(_cost_rows(priced)))] if (priced := costs(results)) else []),
         Section("slo", "Service targets", "Per run: each target's percentile with the share of requests within "
-                "its bound, and the goodput." + _how("service-targets-slo---slo", out) + _table(_slo_rows(results))),
+                "its bound, and the goodput." + how("service-targets-slo---slo", out) + table(_slo_rows(results))),
         Section("lag", "The load generator's own lag", "Send lag, the event loop's stalls and Locust's CPU per run."
-                + _how("the-load-generators-own-lag", out) + _table(_lag_rows(results))),
+                + how("the-load-generators-own-lag", out) + table(_lag_rows(results))),
         Section("trust", "Trust: client numbers against the server's counters",
                 f"Client output tokens against `vllm:generation_tokens_total` over the same run (flagged beyond "
                 f"{100 * s.get('tolerance', 0.05):.0f}%), the server's means beside the client's, and every run's "
-                "problems and notes." + _how("can-the-figures-be-trusted", out) + _table(_trust_rows(results))),
+                "problems and notes." + how("can-the-figures-be-trusted", out) + table(_trust_rows(results))),
         Section("variants", "Variants and setup", _setup_details(results)
                 + ("\n\nProblems:\n\n" + "\n".join(f"- {p}" for p in problems) if problems else "")
-                + _table((["variant", "label", "status", "start-up s or address", "speculative_config", "error"],
-                          variants))),
+                + table((["variant", "label", "status", "start-up s or address", "speculative_config", "error"],
+                         variants))),
     ]
 
 
@@ -539,7 +507,8 @@ def _file_sections(results: SweepResults, plots: list[Path], sources: Mapping[st
         out_sections.append(Section("plots", "Plots: throughput, latency, acceptance" + (", rates" if any(
             p.name == "rates.png" for p in others) else ""), "\n\n".join(
             f"![{p.stem}]({sources.get(p.name, p.name)})" for p in others)))
-    links = _locust_links(results)
+    links = [(f"{variant.name} {level.label}", level.locust.html) for variant, level in results.levels()
+             if level.locust]
     if links:
         out_sections.append(Section("locust", "Locust's own reports",
                                     "\n".join(f"- [{n}]({h}) (CSV beside it)" for n, h in links)))
@@ -548,14 +517,17 @@ def _file_sections(results: SweepResults, plots: list[Path], sources: Mapping[st
 
 def first_page(results: SweepResults, plots: list[Path], sources: Mapping[str, str] | None = None,
                out: Path | None = None) -> Page:
-    """The report as a `loadtest.reports.page.Page`: verdicts, the speedup picture and the setup first."""
+    """The report as a `loadtest.reports.page.Page`: verdicts, the speedup picture and the setup first;
+    below them the evidence, each section a caption, its method's link and its table."""
     sources = sources or {}
     answer = ANSWER if any(p.name == ANSWER for p in plots) else None
     return Page(title=f"Load test: {results.config}", lead=sweep_summary.lead(results),
                 lines=sweep_summary.verdict_lines(results), notes=sweep_summary.notes(results),
                 picture=answer, picture_alt="Speedup of speculation over the baseline, 95% intervals",
                 setup=sweep_summary.setup(results, method_link("reading-the-report", out)),
-                badges=sweep_summary.badges(results), sections=evidence(results, plots, sources, out))
+                badges=sweep_summary.badges(results), sections=[
+                    *_finding_sections(results, out), *_table_sections(results, out),
+                    *_file_sections(results, plots, sources)])
 
 
 def _free_lengths(results: SweepResults) -> str:
@@ -570,35 +542,16 @@ def _free_lengths(results: SweepResults) -> str:
             f"{max(d.max for d in lengths):.0f})")
 
 
-def _locust_links(results: SweepResults) -> list[tuple[str, str]]:
-    return [(f"{variant.name} {level.label}", level.locust.html) for variant, level in results.levels() if level.locust]
-
-
 def report_markdown(results: SweepResults, plots: list[Path], sources: Mapping[str, str] | None = None,
                     out: Path | None = None) -> str:
     """report.md: the first screen (verdicts, picture, setup, badges), then the evidence. `sources`
     maps a plot's file name to the address its image link gives (default: the PNG beside report.md)."""
-    from loadtest.reports import page
-
     return page.markdown(first_page(results, plots, sources, out), sources)
-
-
-def write_markdown(results: SweepResults, out: Path, plots: list[Path]) -> Path:
-    path = out / "report.md"
-    write_atomic(path, report_markdown(results, plots, out=out))
-    return path
 
 
 def embedded(plots: list[Path]) -> dict[str, str]:
     """Plots as data URIs: the page can be mailed or attached alone."""
     return {p.name: "data:image/png;base64," + base64.b64encode(p.read_bytes()).decode() for p in plots}
-
-
-def write_html(results: SweepResults, out: Path, plots: list[Path]) -> Path:
-    from loadtest.reports import page
-
-    sources = embedded(plots)
-    return write_atomic(out / "report.html", page.html(first_page(results, plots, sources, out), sources))
 
 
 def write_report(results: SweepResults, out: Path) -> dict[str, Path]:
@@ -610,8 +563,11 @@ def write_report(results: SweepResults, out: Path) -> dict[str, Path]:
     results.rate_comparisons = derive_rates(results) or results.rate_comparisons
     write_json(out / "results.json", results.to_json())
     plots = plot(results, out)
-    return {"json": out / "results.json", "markdown": write_markdown(results, out, plots),
-            "html": write_html(results, out, plots), **{p.stem: p for p in plots}}
+    sources = embedded(plots)
+    return {"json": out / "results.json",
+            "markdown": write_atomic(out / "report.md", report_markdown(results, plots, out=out)),
+            "html": write_atomic(out / "report.html", page.html(first_page(results, plots, sources, out), sources)),
+            **{p.stem: p for p in plots}}
 
 
 FOLDER_TIME = re.compile(r"(\d{8}-\d{6})$")  # default_out_dir's suffix, local time
@@ -620,17 +576,13 @@ FOLDER_TIME = re.compile(r"(\d{8}-\d{6})$")  # default_out_dir's suffix, local t
 def created_at(created: Any, folder: Path) -> float | None:
     """When a sweep was created (seconds since the epoch): its results' `created`, else the time in
     its folder's name; None when neither says."""
-    if isinstance(created, str):
-        try:
-            return datetime.strptime(created, CREATED_FORMAT).timestamp()
-        except ValueError:
-            pass
     match = FOLDER_TIME.search(folder.name)
-    if match:
-        try:
-            return datetime.strptime(match.group(1), "%Y%m%d-%H%M%S").timestamp()
-        except ValueError:
-            pass
+    for text, form in ((created, CREATED_FORMAT), (match and match.group(1), "%Y%m%d-%H%M%S")):
+        if isinstance(text, str):
+            try:
+                return datetime.strptime(text, form).timestamp()
+            except ValueError:
+                pass
     return None
 
 

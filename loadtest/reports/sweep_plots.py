@@ -21,12 +21,8 @@ ANSWER = "speedup.png"
 T = TypeVar("T")
 
 
-def _concurrency(row: Any) -> int | None:
-    return row.concurrency
-
-
-def _means(rows: Iterable[T], y: Callable[[T], float | None], x: Callable[[T], float | None] = _concurrency
-           ) -> tuple[list[float], list[float | None]]:
+def _means(rows: Iterable[T], y: Callable[[T], float | None],
+           x: Callable[[T], float | None] = lambda row: row.concurrency) -> tuple[list[float], list[float | None]]:
     """A series averaged over repeats: each value of `x` (the concurrency, or an open loop's rate),
     sorted, and the mean of `y` over the rows there (None where no row has one)."""
     by_x: dict[float, list[float]] = {}
@@ -51,23 +47,23 @@ def error_bars(ms: list[Interval]) -> list[list[float]]:
 
 def plot(results: SweepResults, out: Path) -> list[Path]:
     """PNG plots against concurrency (means over repeats); only those with data are written."""
-    plt = plots.pyplot()
-    series = _client_series(results)
+    series: dict[str, list[LevelResult]] = {}  # per variant: its closed-loop levels with client numbers
+    for variant, level in levels(results):
+        series.setdefault(variant.name, []).append(level)
     concurrencies = sorted({lv.concurrency or 0 for lvs in series.values() for lv in lvs})
     written: list[Path] = []
 
     def save(fig: Any, name: str) -> None:
         fig.tight_layout()
-        plots.save(fig, out / name, dpi=110)
-        written.append(out / name)
+        written.append(plots.save(fig, out / name, dpi=110))
 
     if series:
-        save(_throughput_figure(plt, series, concurrencies), "throughput.png")
-        save(_latency_figure(plt, series, concurrencies), "latency.png")
+        save(_throughput_figure(series, concurrencies), "throughput.png")
+        save(_latency_figure(series, concurrencies), "latency.png")
 
     spec = [d for d in derive(results) if d.acceptance_rate is not None]
     if spec:
-        save(_acceptance_figure(plt, spec, concurrencies), "acceptance.png")
+        save(_acceptance_figure(spec, concurrencies), "acceptance.png")
 
     speed = [e for e in summarize_speedups(results) if e.speedup.mean is not None]
     if speed:
@@ -75,18 +71,10 @@ def plot(results: SweepResults, out: Path) -> list[Path]:
 
     rate_rows = [r for r in derive_rates(results) if r.output_tokens_per_s is not None]
     if rate_rows:
-        save(_rates_figure(plt, rate_rows), "rates.png")
+        save(_rates_figure(rate_rows), "rates.png")
         if not speed and any(r.tpot_p50_speedup for r in rate_rows):
             save(rate_speedup_figure(rate_rows), ANSWER)
     return written
-
-
-def _client_series(results: SweepResults) -> dict[str, list[LevelResult]]:
-    """Per variant: its closed-loop levels with client numbers."""
-    series: dict[str, list[LevelResult]] = {}
-    for variant, level in levels(results):
-        series.setdefault(variant.name, []).append(level)
-    return series
 
 
 def _client(value: Callable[[ClientFigures], float | None]) -> Callable[[LevelResult], float | None]:
@@ -94,24 +82,27 @@ def _client(value: Callable[[ClientFigures], float | None]) -> Callable[[LevelRe
     return lambda level: value(level.client or ClientFigures())
 
 
-def _axis(ax: Any, title: str, ylabel: str, concurrencies: list[int]) -> None:
-    """A concurrency axis (log 2, the levels measured as its ticks), its title, grid and legend."""
+def _axis(ax: Any, title: str, ylabel: str, xs: list[float], xlabel: str = "concurrency (users, closed loop)",
+          base: int = 2) -> None:
+    """A log axis with the levels measured (`xs`: concurrencies, or an open loop's rates) as its
+    ticks, labelled as plain numbers; its title, grid and legend."""
     from matplotlib.ticker import FuncFormatter, NullLocator
 
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("concurrency (users, closed loop)")
+    ax.set_xscale("log", base=base)
+    ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.grid(True, alpha=0.3)
-    ax.set_xticks(concurrencies)  # the levels measured, as plain integers
+    ax.set_xticks(xs)
     ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
     ax.xaxis.set_minor_locator(NullLocator())
-    ax.legend(fontsize=8)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=8)
 
 
-def _throughput_figure(plt: Any, series: dict[str, list[LevelResult]], concurrencies: list[int]) -> Any:
+def _throughput_figure(series: dict[str, list[LevelResult]], concurrencies: list[int]) -> Any:
     """System and per-user output throughput against concurrency, one line per variant."""
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    fig, axes = plots.pyplot().subplots(1, 2, figsize=(11, 4))
     for name, rows in series.items():
         axes[0].plot(*_means(rows, _client(lambda c: c.output_tokens_per_s)), "o-", label=name)
         axes[1].plot(*_means(rows, _client(lambda c: (c.per_user_tokens_per_s or NO_VALUES).p50)), "o-",
@@ -121,9 +112,9 @@ def _throughput_figure(plt: Any, series: dict[str, list[LevelResult]], concurren
     return fig
 
 
-def _latency_figure(plt: Any, series: dict[str, list[LevelResult]], concurrencies: list[int]) -> Any:
+def _latency_figure(series: dict[str, list[LevelResult]], concurrencies: list[int]) -> Any:
     """TTFT and per-token latency p50/p95/p99 against concurrency, one colour per variant."""
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    fig, axes = plots.pyplot().subplots(1, 2, figsize=(11, 4))
     for i, (dist, title) in enumerate((((lambda c: c.ttft_ms), "Time to first token"),
                                        ((lambda c: c.per_token_latency_ms), "Per-token latency (after the first)"))):
         for j, (name, rows) in enumerate(series.items()):
@@ -134,9 +125,9 @@ def _latency_figure(plt: Any, series: dict[str, list[LevelResult]], concurrencie
     return fig
 
 
-def _acceptance_figure(plt: Any, spec: list[Comparison], concurrencies: list[int]) -> Any:
+def _acceptance_figure(spec: list[Comparison], concurrencies: list[int]) -> Any:
     """Acceptance against its break-even, and tokens per step (measured, modelled, break-even) by concurrency."""
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    fig, axes = plots.pyplot().subplots(1, 2, figsize=(11, 4))
     for j, name in enumerate(dict.fromkeys(d.variant for d in spec)):
         rows = [d for d in spec if d.variant == name]
 
@@ -210,12 +201,10 @@ def rate_speedup_figure(rows: list[RateRow]) -> Any:
     return fig
 
 
-def _rates_figure(plt: Any, rows: list[RateRow]) -> Any:
+def _rates_figure(rows: list[RateRow]) -> Any:
     """Open-loop levels against the arrival rate asked (means over repeats): TTFT p95 and per-token
     p50 per variant, and speculation's speedups over the baseline at the same arrivals."""
-    from matplotlib.ticker import FuncFormatter, NullLocator
-
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    fig, axes = plots.pyplot().subplots(1, 3, figsize=(15, 4.2))
     for j, variant in enumerate(dict.fromkeys(r.variant for r in rows)):
         mine = [r for r in rows if r.variant == variant]
         for ax, value, style, label in ((axes[0], lambda r: r.ttft_ms.p95, "o-", variant),
@@ -230,16 +219,7 @@ def _rates_figure(plt: Any, rows: list[RateRow]) -> Any:
     for ax, title, ylabel in ((axes[0], "Time to first token p95", "ms"),
                               (axes[1], "Per-token latency p50", "ms"),
                               (axes[2], "Speedup over the baseline, same arrivals", "x baseline")):
-        ax.set_xscale("log")
-        ax.set_xticks(rates)
-        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
-        ax.xaxis.set_minor_locator(NullLocator())
-        ax.set_xlabel("arrival rate asked, req/s (Poisson, open loop)")
-        ax.set_ylabel(ylabel)
-        ax.set_title(title)
-        ax.grid(True, alpha=0.3)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=8)
+        _axis(ax, title, ylabel, rates, "arrival rate asked, req/s (Poisson, open loop)", base=10)
     axes[0].set_yscale("log")
     fig.suptitle("Open loop: latency and speedup against the arrival rate")
     return fig

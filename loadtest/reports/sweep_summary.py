@@ -22,8 +22,8 @@ from loadtest.measurement.derive import (SPEEDUPS, VALID_SPEEDUP, content_warnin
 from loadtest.measurement.derived import RateRow, SpeedupSummary
 from loadtest.measurement.figures import ContentSummary, FigureAgreement, Interval
 from loadtest.measurement.records import SENT_OUTCOMES
-from loadtest.measurement.results import LevelResult, SweepResults, VariantResult
-from loadtest.reports.markdown import figure
+from loadtest.measurement.results import SweepResults
+from loadtest.reports.markdown import figure, interval_text
 from loadtest.reports.page import Badge, Line
 
 # ---------------------------------------------------------------------------------- exit status
@@ -138,17 +138,17 @@ def rate_headline(results: SweepResults) -> list[str]:
     derived = derive_rates(results)
     lines = [f"rate {row.rate:g}/s, {row.variant} run {row.repeat}: the load generator fell behind (achieved "
              f"{figure(row.achieved_rate, 2)}/s): that run's offered load was lower" for row in derived if row.behind]
-    for (variant, rate), rows in _by_rate(r for r in derived
-                                          if r.tpot_p50_speedup is not None or r.e2e_mean_speedup is not None):
-        means = ((_mean_of(rows, lambda r: r.tpot_p50_speedup), "per token (TPOT p50)"),
-                 (_mean_of(rows, lambda r: r.e2e_mean_speedup), "end to end (mean)"))
+    for (variant, rate), rows in by_rate(r for r in derived
+                                         if r.tpot_p50_speedup is not None or r.e2e_mean_speedup is not None):
+        means = ((mean_of(rows, lambda r: r.tpot_p50_speedup), "per token (TPOT p50)"),
+                 (mean_of(rows, lambda r: r.e2e_mean_speedup), "end to end (mean)"))
         parts = [_speedup(m, what) for m, what in means if m.mean is not None]
         lines.append(f"rate {rate:g}/s, {variant}: against the baseline at the same arrivals, " + "; ".join(parts)
                      + f"; {_served(rows)} requests served ({_runs(len(rows))})")
     return lines
 
 
-def _by_rate(rows: Iterable[RateRow]) -> list[tuple[tuple[str, float], list[RateRow]]]:
+def by_rate(rows: Iterable[RateRow]) -> list[tuple[tuple[str, float], list[RateRow]]]:
     """Open-loop rows grouped by (variant, rate), by rate then variant."""
     groups: dict[tuple[str, float], list[RateRow]] = {}
     for r in rows:
@@ -156,7 +156,7 @@ def _by_rate(rows: Iterable[RateRow]) -> list[tuple[tuple[str, float], list[Rate
     return sorted(groups.items(), key=lambda g: (g[0][1], g[0][0]))
 
 
-def _mean_of(rows: list[RateRow], value: Callable[[RateRow], float | None]) -> Interval:
+def mean_of(rows: list[RateRow], value: Callable[[RateRow], float | None]) -> Interval:
     """A speedup's mean over the runs that have one, and its 95% interval."""
     return stats.mean_interval([v for r in rows if (v := value(r)) is not None])
 
@@ -167,12 +167,6 @@ def _served(rows: list[RateRow]) -> str:
 
 
 # ---------------------------------------------------------------------------------- verdict lines
-
-def _interval(m: Interval) -> str:
-    if m.low is None:
-        return f"{m.mean:.2f}x"
-    return f"{m.mean:.2f}x (95% {m.low:.2f}-{m.high:.2f})"
-
 
 def _content_word(summary: ContentSummary | None) -> str:
     if not summary or not summary.checked:
@@ -223,7 +217,7 @@ def _best_line(c: int, ranked: list[SpeedupSummary]) -> Line:
     name = best.variant
     said = {"good": name, "even": f"{name} breaks even", "bad": "none pays"}.get(tone, f"{name}, {word}")
     return Line(f"batch {c}: best drafter", said,
-                f"{name} {_interval(best.speedup)} output tok/s · then {_the_others(ranked)}", tone)
+                f"{name} {interval_text(best.speedup, '95% ')} output tok/s · then {_the_others(ranked)}", tone)
 
 
 def _the_others(ranked: list[SpeedupSummary]) -> str:
@@ -237,8 +231,8 @@ def best_drafter_findings(results: SweepResults) -> list[str]:
     for c, ranked in best_by_batch(results):
         best = ranked[0]
         word = verdict_word(best.verdict, best.content)[0]
-        out.append(f"batch {c}: best drafter {best.variant}, {_interval(best.speedup)} client output tokens/s "
-                   f"over the baseline ({word}); then {_the_others(ranked)}")
+        out.append(f"batch {c}: best drafter {best.variant}, {interval_text(best.speedup, '95% ')} client output "
+                   f"tokens/s over the baseline ({word}); then {_the_others(ranked)}")
     return out
 
 
@@ -258,8 +252,8 @@ def verdict_lines(results: SweepResults) -> list[Line]:
                               " · ".join([f"the baseline was not measured at batch {e.concurrency}", *figures])))
             continue
         word, tone = verdict_word(e.verdict, e.content)
-        lines.append(Line(level, word, " · ".join([f"{_interval(e.speedup)} output tok/s", *figures, _runs(e.runs)]),
-                          tone))
+        lines.append(Line(level, word, " · ".join([f"{interval_text(e.speedup, '95% ')} output tok/s", *figures,
+                                                   _runs(e.runs)]), tone))
     return lines + _rate_lines(results)
 
 
@@ -268,19 +262,20 @@ def _rate_lines(results: SweepResults) -> list[Line]:
     several = len({r.variant for r in rows}) > 1
     contents = rate_contents(results)
     lines = []
-    for (variant, rate), group in _by_rate(rows):
+    for (variant, rate), group in by_rate(rows):
         level = f"{rate:g} req/s" + (f", {variant}" if several else "")
         accepts = [r.acceptance for r in group if r.acceptance is not None]
         figures = [f"acceptance {sum(accepts) / len(accepts):.0%}"] if accepts else []
         merged = contents.get((variant, rate))
         figures += [_content_word(merged), f"{_served(group)} served"]
-        per_token = _mean_of(group, lambda r: r.tpot_p50_speedup)
+        per_token = mean_of(group, lambda r: r.tpot_p50_speedup)
         if per_token.mean is None:
             lines.append(Line(level, "no comparison", " · ".join(["the baseline was not measured at this rate", *figures])))
             continue
-        e2e = _mean_of(group, lambda r: r.e2e_mean_speedup)
+        e2e = mean_of(group, lambda r: r.e2e_mean_speedup)
         word, tone = verdict_word(verdict_rule(per_token), merged)
-        speeds = [f"{_interval(per_token)} per token"] + ([f"{e2e.mean:.2f}x end to end"] if e2e.mean else [])
+        speeds = [f"{interval_text(per_token, '95% ')} per token"] + ([f"{e2e.mean:.2f}x end to end"]
+                                                                      if e2e.mean else [])
         lines.append(Line(level, word, " · ".join([*speeds, *figures, _runs(len(group))]), tone))
     return lines
 
@@ -295,28 +290,19 @@ def rate_contents(results: SweepResults) -> dict[tuple[str, float], ContentSumma
 
 def notes(results: SweepResults) -> list[str]:
     """Findings that are not verdicts: where the service targets were met, and what a million output
-    tokens cost where the config names a price per GPU-hour."""
-    return slo_lines(results) + cost_lines(results)
-
-
-def cost_lines(results: SweepResults) -> list[str]:
-    """`cost per million output tokens: spec-k5 0.42 at batch 1, ...; GPU-hours: ...`, where priced."""
+    tokens cost where the config names a price per GPU-hour (`cost per million output tokens:
+    spec-k5 0.42 at batch 1, ... (GPU-hours this sweep: ...)`)."""
     rows = costs(results)
-    if not rows:
-        return []
     per = "; ".join(f"{r.variant} " + ", ".join(f"{v:.2f} at batch {c}" for c, v in r.cost_per_million_tokens.items())
                     for r in rows)
     hours = ", ".join(f"{r.variant} {r.gpu_hours:.2f}" for r in rows)
-    return [f"cost per million output tokens: {per} (GPU-hours this sweep: {hours})"]
+    priced = [f"cost per million output tokens: {per} (GPU-hours this sweep: {hours})"] if rows else []
+    return slo_lines(results) + priced
 
 
 # ---------------------------------------------------------------------------------- badges
 def _short(text: str, width: int = 90) -> str:
     return text if len(text) <= width else text[:width - 1].rstrip() + "…"
-
-
-def _where(variant: VariantResult, level: LevelResult) -> str:
-    return f"{level.load.where} {variant.name} run {level.repeat}"
 
 
 def badges(results: SweepResults) -> list[Badge]:
@@ -328,7 +314,7 @@ def badges(results: SweepResults) -> list[Badge]:
         grouped.setdefault((label, text, target), []).append(where)
 
     for variant, level in results.levels():
-        where = _where(variant, level)
+        where = f"{level.load.where} {variant.name} run {level.repeat}"
         if level.status in ("failed", "skipped"):
             out.append(Badge("FAILED", _short(f"{where}: " + "; ".join(level.problems or [level.status])),
                              "trust"))

@@ -110,9 +110,7 @@ def plot_summary(rows: list[TemperatureRow], out: Path) -> Path | None:
     """Acceptance and speedup against temperature, one line per (variant, batch size)."""
     if not rows:
         return None
-    plt = plots.pyplot()
-
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    fig, (left, right) = plots.pyplot().subplots(1, 2, figsize=(11, 4))
     for key in sorted({(r.variant, r.concurrency) for r in rows}, key=lambda k: (k[1], k[0])):
         series = [r for r in rows if (r.variant, r.concurrency) == key]
         xs = [r.temperature for r in series]
@@ -130,9 +128,7 @@ def plot_summary(rows: list[TemperatureRow], out: Path) -> Path | None:
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8)
     fig.tight_layout()
-    path = out / "temperature.png"
-    plots.save(fig, path, dpi=110)
-    return path
+    return plots.save(fig, out / "temperature.png", dpi=110)
 
 
 def run_problems(results: SweepResults) -> list[str]:

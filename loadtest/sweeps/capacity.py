@@ -27,12 +27,10 @@ levels say (pairs, speedups, the crossover, revised capacities, the headline) is
 
 from __future__ import annotations
 
-import argparse
 import logging
 import math
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -45,7 +43,6 @@ from loadtest.measurement.figures import FigureAgreement
 from loadtest.measurement.records import OUTCOMES, SENT_OUTCOMES
 from loadtest.measurement.results import CREATED_FORMAT, CapacityLevel, CapacityResults, LevelResult, Status
 from loadtest.sampling import sampling
-from loadtest.traffic.request_settings import given_fields
 
 log = logging.getLogger("specdeploy.loadtest")
 SCAN_STEP = math.sqrt(2)
@@ -128,11 +125,6 @@ class CapacitySettings:
                                  "%(default)s)")
         search.add_argument("--no-second-opinion", dest="second_opinion", action="store_false",
                             help="skip vLLM's benchmark beside Locust at 50%% and 80%% of the smaller capacity")
-
-    @classmethod
-    def from_cli_args(cls, opts: argparse.Namespace) -> CapacitySettings:
-        """The search `opts` asks for: its --slo and the options of `add_cli_args`."""
-        return cls(**given_fields(cls, opts))
 
     def check(self) -> None:
         slo.parse_targets(self.slo)
@@ -304,7 +296,7 @@ def search(measure: Measure, variants: Sequence[str], settings: CapacitySettings
 # ---------------------------------------------------------------------------------- memory
 @dataclass
 class MemoryWatch(MemoryPeaks):
-    """Peak resident memory of this process and of the Locust processes it runs, sampled while `watching`."""
+    """Peak resident memory of this process and of the Locust processes it runs, sampled in an overload."""
 
     def sample(self) -> None:
         import psutil
@@ -325,11 +317,6 @@ class MemoryWatch(MemoryPeaks):
         self.locust_peak_mib = max(self.locust_peak_mib, total)
         self.locust_processes = max(self.locust_processes, len(pids))
         self.samples += 1
-
-    @contextmanager
-    def watching(self) -> Iterator[MemoryWatch]:
-        with sampling(self.interval_s, self.sample, "memory-watch"):
-            yield self
 
     def peaks(self) -> MemoryPeaks:
         """The peaks so far, to 0.1 MiB."""
@@ -354,15 +341,12 @@ class Capacity:
         self.searches = {v: VariantSearch(v, settings) for v in variants}
 
     def save(self) -> Path:
-        self.out.mkdir(parents=True, exist_ok=True)
         return self.result.save(self.out / "capacity.json")
 
     def _measure(self, variant: str, rate: float, repeat: int, phase: str, **options: Any) -> CapacityLevel:
         began = time.monotonic()
         try:
             level = self.levels.measure(variant, rate, repeat, **options)
-        except KeyboardInterrupt:
-            raise
         except Exception as exc:  # noqa: BLE001 - a level that could not run fails, the search goes on
             log.exception("%s at %g req/s", variant, rate)
             level = LevelResult(status="failed", problems=[f"{type(exc).__name__}: {exc}"])
@@ -470,17 +454,13 @@ class Capacity:
                    and (c := lv.ok_client) and c.output_tokens_per_s]
         return sum(figures) / len(figures) if figures else None
 
-    def _smaller_capacity(self) -> float | None:
-        found = [c.capacity for c in self.result.capacity.values() if c.capacity is not None]
-        return min(found) if found else None
-
     def _next_repeat(self, variant: str, rate: float) -> int:
         """A repeat number not used at this rate yet (each run its own files and arrivals)."""
         used = [lv.repeat for lv in self.result.levels if lv.rate == rate and lv.variant == variant]
         return max(used, default=0) + 1
 
     def _second_opinion(self) -> None:
-        cap = self._smaller_capacity()
+        cap = min((c.capacity for c in self.result.capacity.values() if c.capacity is not None), default=None)
         if cap is None:
             self.result.problems.append("second opinion skipped: no variant met the targets at any rate")
             return
@@ -503,7 +483,7 @@ class Capacity:
                 continue
             rate = canonical(2 * cap)
             watch = MemoryWatch()
-            with watch.watching():
+            with sampling(watch.interval_s, watch.sample, "memory-watch"):
                 level = self._measure(v, rate, self._next_repeat(v, rate), "overload",
                                       duration_s=self.settings.overload_s)
             gone = self.levels.alive(v)

@@ -163,8 +163,6 @@ def send_lag_notes(lag: GeneratorLag | None) -> list[str]:
 
 def overall_status(results: SweepResults) -> str:
     statuses = [v.status for v in results.variants]
-    if results.problems and not statuses:
-        return "failed"
-    if "failed" in statuses:
+    if "failed" in statuses or (results.problems and not statuses):
         return "failed"
     return "flagged" if "flagged" in statuses or results.problems else "ok"

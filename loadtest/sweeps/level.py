@@ -23,8 +23,7 @@ from loadtest.sweeps.judging import (delivery_notes, judge_second_opinion, load_
                                      load_records, schedule_start, send_lag_notes)
 from loadtest.sweeps.plan import RATE_WARMUP_USERS
 from loadtest.sweeps.servers import Running
-from loadtest.sweeps.settings import (SweepSettings, Variant, configured_k, requests_for, requests_for_rate,
-                                      seed_for)
+from loadtest.sweeps.settings import SweepSettings, Variant, configured_k, requests_for, requests_for_rate
 from loadtest.traffic import vllm_bench
 from loadtest.traffic.client import auth_headers
 from loadtest.traffic.endpoint import RemoteServer
@@ -38,7 +37,7 @@ log = logging.getLogger("specdeploy.loadtest")
 @dataclass(frozen=True)
 class Measured:
     """How much an open-loop level measures and whether vLLM's benchmark follows it: the sweep's
-    settings' by default (`Measured.of`); a search that picks its levels asks for its own
+    settings' by default; a search that picks its levels asks for its own
     (`Sweep.rate_level`), the settings unchanged."""
 
     requests: int | None
@@ -47,10 +46,6 @@ class Measured:
     """The requests arriving in this long at the level's rate are measured (None: `requests`)."""
     vllm_bench: bool
     """vLLM's serving benchmark after the Locust run, on the same server, as a second opinion."""
-
-    @classmethod
-    def of(cls, settings: SweepSettings) -> Measured:
-        return cls(settings.requests, settings.duration_s, settings.vllm_bench)
 
 
 @dataclass
@@ -170,12 +165,12 @@ class LevelRunner:
         at `rate` -> snapshot -> judge (vLLM's benchmark at the same rate and seed). `measured`:
         its length and second opinion (default: the settings')."""
         s = self.settings
-        m = measured or Measured.of(s)
+        m = measured or Measured(s.requests, s.duration_s, s.vllm_bench)
         total = requests_for_rate(rate, m.requests, m.duration_s)
         tag = f"{variant.name}-rate{rate:g}" + (f"-r{repeat}" if s.repeat > 1 else "") + tag_suffix
         bench = m.vllm_bench and (measured is not None or repeat == 1 or s.vllm_bench_every_repeat)
-        run = ScheduledRun(state, RATE_WARMUP_USERS, tag, title, total, m.duration_s, bench, rate=rate,
-                           seed=seed_for(repeat))
+        # The arrival schedule's seed: one per repeat, shared by all variants.
+        run = ScheduledRun(state, RATE_WARMUP_USERS, tag, title, total, m.duration_s, bench, rate=rate, seed=repeat)
         level = Open(rate).level(repeat)
         level.seed, level.requests = run.seed, total
         level.configured_k = None if variant.no_speculation else variant.k

@@ -192,12 +192,6 @@ def gpu_text(gpus: Sequence[int]) -> str:
     return ",".join(map(str, gpus))
 
 
-def default_timings_file() -> Path:
-    from models.cache import cache_root
-
-    return cache_root() / "loadtest-timings.json"
-
-
 class Timings:
     """Measured start times (seconds until healthy) and run costs (wall seconds per planned output
     token at a concurrency) of this machine's servers, kept in a small JSON file between sweeps."""
@@ -208,7 +202,9 @@ class Timings:
 
     @classmethod
     def load(cls, path: Path | None = None) -> Timings:
-        path = path or default_timings_file()
+        from models.cache import cache_root
+
+        path = path or cache_root() / "loadtest-timings.json"
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
             if not isinstance(data.get("starts"), dict) or not isinstance(data.get("runs"), dict):

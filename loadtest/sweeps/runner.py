@@ -103,8 +103,8 @@ class Sweep:
         self._levels: LevelRunner | None = None
         """Runs the levels, once the workload is read (`_setup`)."""
         self.targets = slo.parse_targets(settings.slo) if settings.slo else []
-        self._serving: tuple[dict[str, Variant], dict[str, Running], SweepPlan] | None = None
-        """Inside `serving()`: the variants by name, their servers, the plan."""
+        self._serving: tuple[dict[str, Running], SweepPlan] | None = None
+        """Inside `serving()`: the variants' servers, the plan."""
         self._variants: dict[str, Variant] = {}
         """The variants by name, once set up."""
         self._on_demand = 0
@@ -115,7 +115,6 @@ class Sweep:
 
     # ------------------------------------------------------------------ bookkeeping
     def save(self) -> Path:
-        self.out.mkdir(parents=True, exist_ok=True)
         return self.results.save(self.out / "results.json")
 
     # ------------------------------------------------------------------ the sweep
@@ -173,7 +172,7 @@ class Sweep:
             groups=groups)
         return self.sweep_plan
 
-    def _setup(self) -> tuple[list[Variant], dict[str, Running], SweepPlan]:
+    def _setup(self) -> tuple[dict[str, Running], SweepPlan]:
         """Read the workload and prepare every variant (or find the running servers); raises
         ConfigError, EndpointError, ValueError or OSError before any server starts."""
         self.out.mkdir(parents=True, exist_ok=True)
@@ -181,14 +180,19 @@ class Sweep:
         self.workload = load_workload(self.request.workload)
         self._levels = LevelRunner(self.settings, self.request, self.out, self.workload, self.targets)
         if self.settings.url:
-            variants, running = self._running_servers()
+            variants, running = [], {}
+            for variant, state, info in running_servers(self.settings):  # each entered in the results as it is found
+                self.results.variants.append(state.entry)
+                self._servers[variant.name] = info
+                running[variant.name] = state
+                variants.append(variant)
             plan = self._make_plan([self._servers[v.name] for v in variants], together=True)
         else:
             variants = plan_variants(self.settings)
             running = {v.name: self._prepare(v) for v in variants}
             plan = self._plan_started(running)
         self._variants = {v.name: v for v in variants}
-        return variants, running, plan
+        return running, plan
 
     def _finish(self, running: dict[str, Running]) -> None:
         """Whatever happened (failure, Ctrl-C), no server is left running; statuses and the file follow."""
@@ -202,17 +206,16 @@ class Sweep:
 
     def run(self) -> SweepResults:
         try:
-            variants, running, plan = self._setup()
+            running, plan = self._setup()
         except (ConfigError, EndpointError, ValueError, OSError) as exc:
             self.results.status = "failed"
             self.results.problems.append(str(exc))
             self.save()
             return self.results
-        by_name = {v.name: v for v in variants}
-        order = [(r, c, by_name[server.name]) for r, c, server in plan.steps]
+        order = [(r, c, self._variants[server.name]) for r, c, server in plan.steps]
         self.results.plan = {"order": plan.order_name, "why": plan.why, "servers_together": plan.together,
                              "server_starts": len(plan.starts()), "estimated_s": round(plan.total_s()),
-                             "planned_runs": len(order), "variants": [v.name for v in variants]}
+                             "planned_runs": len(order), "variants": list(self._variants)}
         if plan.servers:
             print(plan.describe(), file=sys.stderr, flush=True)
         log.info("load test of %s: report in %s", self.settings.config or self.settings.url, self.out)
@@ -269,7 +272,7 @@ class Sweep:
             for other in running.values():
                 if other is not state:
                     stop(other)
-        if state.server is None and not self._start(state, variant, where(False)):
+        if state.server is None and not (self._launch(state, variant, where(False)) and self._await(state, variant)):
             return None
         return state
 
@@ -281,8 +284,9 @@ class Sweep:
             self._await(state, variant)
 
     def _keep(self, state: Running, variant: Variant, level: LevelResult, sequence: int, began: float) -> LevelResult:
-        """A measured level: its cost kept for later plans, its place in the sweep, appended and saved."""
-        self._record_run(state, variant, level, time.monotonic() - began)
+        """A measured level: its wall time kept for this sweep's clock, its place in the sweep, appended and saved."""
+        if level.status in ("ok", "flagged") and level.client and level.client.requests:
+            self._measured[(variant.name, level.at, level.repeat or 1)] = time.monotonic() - began
         level.sequence = sequence
         state.entry.levels.append(level)
         self.save()
@@ -294,8 +298,8 @@ class Sweep:
         """Prepare the variants for `rate_level`; on exit stop every server the sweep started and
         finish the results (statuses, results.json). Raises what `_setup` raises (a bad config,
         an unreachable URL) before any server starts."""
-        variants, running, plan = self._setup()
-        self._serving = ({v.name: v for v in variants}, running, plan)
+        running, plan = self._setup()
+        self._serving = (running, plan)
         self.results.plan = {"order": "on demand", "why": "levels chosen one at a time (rate_level)",
                              "servers_together": plan.together, "server_starts": 0, "estimated_s": 0}
         try:
@@ -315,14 +319,14 @@ class Sweep:
         """The variants' names `rate_level` takes (inside `serving()`)."""
         if self._serving is None:
             raise RuntimeError("Sweep.variants() is available inside `with sweep.serving():`")
-        return list(self._serving[0])
+        return list(self._variants)
 
     def server_health(self, variant_name: str) -> str | None:
         """Inside `serving()`: None while the variant's server answers /health, else why not (an
         overload must leave it up; a server not started yet is not asked)."""
         if self._serving is None:
             raise RuntimeError("Sweep.server_health() is available inside `with sweep.serving():`")
-        return health(self._serving[1][variant_name])
+        return health(self._serving[0][variant_name])
 
     def rate_level(self, variant_name: str, rate: float, repeat: int = 1, *, vllm_bench: bool | None = None,
                    duration_s: float | None = None) -> LevelResult:
@@ -336,16 +340,16 @@ class Sweep:
         server failed or died gets a level with status `failed`/`skipped` and the reason in `problems`."""
         if self._serving is None:
             raise RuntimeError("Sweep.rate_level() runs inside `with sweep.serving():`")
-        by_name, running, plan = self._serving
-        if variant_name not in by_name:
-            raise ValueError(f"no variant {variant_name!r}; the sweep has {', '.join(by_name)}")
+        running, plan = self._serving
+        if variant_name not in self._variants:
+            raise ValueError(f"no variant {variant_name!r}; the sweep has {', '.join(self._variants)}")
         if rate <= 0:
             raise ValueError(f"an arrival rate must be positive, not {rate}")
         s = self.settings
         measured = Measured(None if duration_s else s.requests, duration_s or s.duration_s,
                             s.vllm_bench if vllm_bench is None else vllm_bench)
         self._on_demand += 1
-        n, variant, which = self._on_demand, by_name[variant_name], Open(rate).level(repeat)
+        n, variant, which = self._on_demand, self._variants[variant_name], Open(rate).level(repeat)
         state = self._ready(running, plan, variant, which, lambda started: f"on demand {n}")
         if isinstance(state, LevelResult):  # its server died: the level is kept as skipped
             return state
@@ -368,31 +372,12 @@ class Sweep:
             self._servers[variant.name] = info
         return state
 
-    def _running_servers(self) -> tuple[list[Variant], dict[str, Running]]:
-        """Variants for servers already running (`servers.running_servers`), each entered in the
-        results as it is found."""
-        variants, running = [], {}
-        for variant, state, info in running_servers(self.settings):
-            self.results.variants.append(state.entry)
-            self._servers[variant.name] = info
-            running[variant.name] = state
-            variants.append(variant)
-        return variants, running
-
     def _clock(self, began: float, step: int, started: bool = False) -> str:
         """`3 min in, about 41 min left` before step `step` (1-based), or once its server has started."""
         assert self.sweep_plan is not None
         plan = self.sweep_plan
         left = plan.left_s(step - 1, self._measured, skip_start=started)
         return f"{duration_text(time.monotonic() - began)} in, about {duration_text(left)} left"
-
-    def _record_run(self, state: Running, variant: Variant, level: LevelResult, wall_s: float) -> None:
-        """Keep a measured run's wall time, for the clock of this sweep."""
-        if level.status in ("ok", "flagged") and level.client and level.client.requests:
-            self._measured[(variant.name, level.at, level.repeat or 1)] = wall_s
-
-    def _start(self, state: Running, variant: Variant, position: str) -> bool:
-        return self._launch(state, variant, position) and self._await(state, variant)
 
     def _launch(self, state: Running, variant: Variant, position: str) -> bool:
         """The server's process started (not yet healthy: `_await`)."""

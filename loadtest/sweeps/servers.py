@@ -1,7 +1,7 @@
 """A sweep's servers: each variant's server planned from its config (`prepare`), or found already
 running at a URL (`running_servers`), what the plan shows of it (`server_info`), its health, its
 stop, and its variant's status once the sweep is over. Starting a server is the sweep's
-(`Sweep._start`: it keeps the start's time for later plans)."""
+(`Sweep._launch` and `_await`: it keeps the start's time for later plans)."""
 
 from __future__ import annotations
 
@@ -68,20 +68,17 @@ def prepare(settings: SweepSettings, variant: Variant, plan_only: bool = False) 
         entry.status, entry.error = "failed", f"config: {exc}"
         state.broken = entry.error
         return state, None
-    state.plan = plan
-    state.resolved = resolved
-    state.served_name = plan.served_name
-    state.tokenizer = resolved.config.target.tokenizer or resolved.target.path
-    state.embedded = is_embedded(resolved.config)
-    state.api_key_env = resolved.config.server.api_key_env or ""
-    state.startup_timeout_s = settings.startup_timeout_s or resolved.config.server.startup_timeout_s
+    cfg = resolved.config
+    state = Running(entry, plan, served_name=plan.served_name, resolved=resolved, embedded=is_embedded(cfg),
+                    tokenizer=cfg.target.tokenizer or resolved.target.path, api_key_env=cfg.server.api_key_env or "",
+                    startup_timeout_s=settings.startup_timeout_s or cfg.server.startup_timeout_s)
     server_log = Path("logs") / f"server-{variant.name}.log"  # under the sweep's folder
     entry.served_model, entry.speculative_config = plan.served_name, plan.speculative_config
     entry.device, entry.command, entry.server_log = plan.device, plan.describe(), str(server_log)
     if plan.device == "cuda":
-        entry.gpus = resolved.config.parallelism.world_size
-        entry.price_per_gpu_hour = resolved.config.resources.price_per_gpu_hour
-    return state, server_info(settings, variant, resolved.config, resolved)
+        entry.gpus = cfg.parallelism.world_size
+        entry.price_per_gpu_hour = cfg.resources.price_per_gpu_hour
+    return state, server_info(settings, variant, cfg, resolved)
 
 
 def on_gpus(plan: Any, gpus: tuple[int, ...]) -> Any:

@@ -280,11 +280,6 @@ def requests_for_rate(rate: float, requested: int | None, duration_s: float | No
     return max(OPEN_LOOP_MIN_REQUESTS, math.ceil(OPEN_LOOP_SECONDS * rate))
 
 
-def seed_for(repeat: int) -> int:
-    """The arrival schedule's seed of an open-loop run: one per repeat, shared by all variants."""
-    return repeat
-
-
 # The variants' names, in every report, compare table and doc: `spec-k<K>` speculation at one K,
 # `spec-schedule` speculation with the config's K by batch size, `baseline` speculation off.
 SCHEDULE_VARIANT = "spec-schedule"
@@ -373,6 +368,7 @@ def configured_k(resolved: ResolvedDeployment | None, variant: Variant, users: i
     return resolved.config.speculation.k_at_batch(users)
 
 
-def default_out_dir(config: str) -> Path:
+def default_out_dir(config: str, kind: str = "") -> Path:
+    """`reports/<config's stem><kind>-<time>`; `kind` names the command's report, e.g. `-capacity`."""
     stem = re.sub(r"[^A-Za-z0-9._-]", "_", Path(config).stem)
-    return Path("reports") / f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}"
+    return Path("reports") / f"{stem}{kind}-{time.strftime('%Y%m%d-%H%M%S')}"

@@ -21,10 +21,6 @@ from loadtest.sweeps.runner import Sweep
 log = logging.getLogger("specdeploy.loadtest")
 
 
-def folder_for(temperature: float) -> str:
-    return f"temperature-{temperature:g}"
-
-
 def run_temperatures(settings: SweepSettings, temperatures: list[float]) -> tuple[list[TemperatureRun], Path]:
     """One sweep per temperature into `<out>/temperature-<T>/`; returns each sweep's results (with
     its temperature and report folder) and the parent folder. Ctrl-C stops after the running sweep
@@ -32,17 +28,18 @@ def run_temperatures(settings: SweepSettings, temperatures: list[float]) -> tupl
     out = settings.out or default_out_dir(settings.config or "running-servers")
     runs: list[TemperatureRun] = []
     for n, temperature in enumerate(temperatures, 1):
-        sub = out / folder_for(temperature)
+        folder = f"temperature-{temperature:g}"
+        sub = out / folder
         log.info("temperature %g (%d of %d): sweep into %s", temperature, n, len(temperatures), sub)
         sweep = Sweep(replace(settings, out=sub), temperature=temperature)
+        stop: KeyboardInterrupt | None = None
         try:
-            results = sweep.run()
-        except KeyboardInterrupt:
-            write_report(sweep.results, sub)
-            runs.append(TemperatureRun(temperature, folder_for(temperature), sweep.results))
-            write_summary(runs, out)
-            raise
-        write_report(results, sub)
-        runs.append(TemperatureRun(temperature, folder_for(temperature), results))
+            sweep.run()
+        except KeyboardInterrupt as exc:  # its report and the summary are written first
+            stop = exc
+        write_report(sweep.results, sub)
+        runs.append(TemperatureRun(temperature, folder, sweep.results))
         write_summary(runs, out)  # after each temperature: an interrupted run keeps what it measured
+        if stop:
+            raise stop
     return runs, out

@@ -159,7 +159,7 @@ def run_locust(job: LocustJob, deadline_s: float, should_abort: Callable[[], str
         # Our locustfile exits 3 when a user crashed (see _stop_on_user_error there).
         reason = next((ln.strip() for ln in reversed(tail) if "Error" in ln or "error" in ln), None)
         aborted = f"Locust exited with code {code}" + (f": {reason[-300:]}" if reason else f" (log {log_path})")
-    return LocustOutcome(procs[0].returncode if procs else None, aborted, tail, time.monotonic() - started, cpu_s)
+    return LocustOutcome(code, aborted, tail, time.monotonic() - started, cpu_s)
 
 
 def _dead_worker(workers: list[subprocess.Popen[bytes]]) -> str | None:

@@ -98,17 +98,17 @@ def _add_options(parser: Any) -> None:
 
 @events.init.add_listener
 def _on_init(environment: Any, **_: Any) -> None:
-    if not isinstance(environment.runner, MasterRunner):
-        # The content check's noise test reads its word list once per process (about a second):
-        # here, before any request, not inside the first response while other users' streams wait.
-        content.reference_vocabulary()
     if isinstance(environment.runner, MasterRunner):
         # Workers report each user that finished its requests; quit when all have.
         environment.runner.register_message("user_done", lambda msg, **kw: _user_finished(environment))
+    else:
+        # The content check's noise test reads its word list once per process (about a second):
+        # here, before any request, not inside the first response while other users' streams wait.
+        content.reference_vocabulary()
 
 
 @events.test_start.add_listener
-def _set_start_clock(environment: Any, **_: Any) -> None:
+def _on_test_start(environment: Any, **_: Any) -> None:
     # One clock for all processes: the master fixes user 0's start as it starts the test, and
     # Locust forwards custom options to the workers with its spawn messages. Each worker timing
     # its own users from when its spawn message arrived put users closer than the gap asked on
@@ -116,10 +116,6 @@ def _set_start_clock(environment: Any, **_: Any) -> None:
     if not isinstance(environment.runner, WorkerRunner):
         opts = environment.parsed_options
         opts.start_at = time.time() + opts.start_delay
-
-
-@events.test_start.add_listener
-def _start_loop_probe(environment: Any, **_: Any) -> None:
     if not isinstance(environment.runner, MasterRunner):
         gevent.spawn(_probe_loop)
 
@@ -193,15 +189,6 @@ def _write_record(environment: Any, record: RequestRecord) -> None:
     _records_file.flush()  # the runner counts lines for its progress bar, and keeps them if we die
 
 
-def _budget(environment: Any) -> int:
-    """This process's part of --requests. Locust hands the master's options to every worker, so
-    a worker takes its share by its index rather than from an option of its own."""
-    opts = environment.parsed_options
-    if opts.worker_count <= 0:
-        return opts.requests
-    return share(opts.requests, opts.worker_count, getattr(environment.runner, "worker_index", 0))
-
-
 class LLMUser(User):
     wait_time = constant(0)  # closed loop: the next request goes out when the previous one ends
 
@@ -212,6 +199,7 @@ class LLMUser(User):
         self.session = requests.Session()
         self.headers = auth_headers(opts.api_key_env)
         self.last_end: float | None = None
+        self.worker = getattr(self.environment.runner, "worker_index", 0)  # its Locust worker (0: one process)
         # The one place the kind of load decides: an open loop dispatches its schedule, a closed loop takes turns.
         if opts.rate > 0:
             self.step = self._dispatch
@@ -225,7 +213,7 @@ class LLMUser(User):
             return
         self.step = self._take_turn
         # Distributed, worker w's n-th user is user n x workers + w of the whole run.
-        self.index = next(_user_counter) * max(1, opts.worker_count) + getattr(self.environment.runner, "worker_index", 0)
+        self.index = next(_user_counter) * max(1, opts.worker_count) + self.worker
         start_at = opts.start_at or time.time() + opts.start_delay
         self.planned_start: float | None = start_at + self.index * self.request.arrival_gap_s
         gevent.sleep(max(0.0, self.planned_start - time.time()))
@@ -242,7 +230,7 @@ class LLMUser(User):
             # the run ends when the last request does, as a closed loop over N requests should.
             _user_finished(self.environment)
             raise StopUser()
-        item = self.workload.item_for(next(_request_counter), getattr(self.environment.runner, "worker_index", 0))
+        item = self.workload.item_for(next(_request_counter), self.worker)
         lag = time.perf_counter() - self.last_end if self.last_end is not None else None
         record = self._send(item)
         self.last_end = time.perf_counter()  # reporting the record below counts as the next request's lag
@@ -263,7 +251,9 @@ class LLMUser(User):
         room for (while the budget allows that many), whatever the users before it finished
         meanwhile: the batch reaches its size however fast a machine answers the first requests."""
         global _firsts_sent, _later_sent
-        budget = _budget(self.environment)
+        # This process's part of --requests. Locust hands the master's options to every worker, so
+        # a worker takes its share by its index rather than from an option of its own.
+        budget = share(opts.requests, opts.worker_count, self.worker) if opts.worker_count > 0 else opts.requests
         if self.planned_start is not None:  # its first request
             if _firsts_sent >= budget:
                 return False
@@ -288,7 +278,7 @@ class LLMUser(User):
         _dispatching = True
         opts = self.environment.parsed_options
         workers = max(1, opts.worker_count)
-        mine = getattr(self.environment.runner, "worker_index", 0) if opts.worker_count > 0 else 0
+        mine = self.worker if opts.worker_count > 0 else 0
         start_at = opts.start_at or time.time() + opts.start_delay
         offsets = poisson_arrivals(opts.requests, opts.rate, opts.seed, opts.repeat_head)
         schedule = [(i, start_at + offset) for i, offset in enumerate(offsets) if i % workers == mine]
@@ -335,11 +325,9 @@ class LLMUser(User):
         record.planned_start, record.arrival, record.send_lag_s = planned, index, record.start - planned
         self._keep(record)
 
-    def _keep(self, record: RequestRecord) -> None:
-        self._report(record)
-        _write_record(self.environment, record)
-
-    def _report(self, rec: RequestRecord) -> None:
+    def _keep(self, rec: RequestRecord) -> None:
+        """Write the record, and add its rows to Locust's own statistics."""
+        _write_record(self.environment, rec)
         fire = self.environment.events.request.fire
         fire(request_type="POST", name=rec.path, response_time=(rec.e2e_s or 0) * 1000,
              response_length=rec.output_tokens or 0, exception=None if rec.ok else RuntimeError(rec.error),

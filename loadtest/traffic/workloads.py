@@ -201,11 +201,9 @@ def _round_robin(items: tuple[Item, ...]) -> tuple[Item, ...]:
 
 
 def _read_workload(spec: str) -> Workload:
-    if spec == "categories":
-        return Workload(spec, tuple(_jsonl(CATEGORIES_FILE.read_text(encoding="utf-8"), CATEGORIES_FILE, "categories")))
-    if spec in BUILTIN:
+    if spec in BUILTIN and spec != "categories":
         return Workload(spec, _builtin(spec))
-    path = Path(spec).expanduser()
+    path = CATEGORIES_FILE if spec == "categories" else Path(spec).expanduser()
     if not path.is_file():
         raise ValueError(f"workload '{spec}' is neither a built-in set ({', '.join(BUILTIN)}) nor a file")
     try:
@@ -226,7 +224,7 @@ def _read_workload(spec: str) -> Workload:
     return Workload(path.stem, tuple(items))
 
 
-def _jsonl(text: str, path: Path, prefix: str | None = None) -> list[Item]:
+def _jsonl(text: str, path: Path) -> list[Item]:
     items = []
     for n, line in enumerate(text.splitlines(), 1):
         if not line.strip():
@@ -245,7 +243,7 @@ def _jsonl(text: str, path: Path, prefix: str | None = None) -> list[Item]:
                 raise ValueError(f"{path}:{n}: 'turns' must be a list of non-empty strings (Spec-Bench's "
                                  f"question.jsonl)")
             qid = obj.get("question_id", n)
-            items.append(Item(f"{prefix or path.stem}-{qid}", messages=({"role": "user", "content": turns[0]},),
+            items.append(Item(f"{path.stem}-{qid}", messages=({"role": "user", "content": turns[0]},),
                               category=category))
             continue
         if not isinstance(obj, dict) or ("prompt" in obj) == ("messages" in obj):
