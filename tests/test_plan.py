@@ -14,11 +14,12 @@ import pytest
 from deploy.config import load_config
 from deploy.preflight import Machine
 from loadtest.measurement import prom
-from loadtest.measurement.figures import ClientFigures, ServerFigures
-from loadtest.measurement.results import Closed, LevelResult, SweepResults, VariantResult
+from loadtest.measurement.figures import BenchFigures, ClientFigures, ServerFigures
+from loadtest.measurement.results import Closed, LevelResult, Open, SweepResults, VariantResult
 from loadtest.sweeps.plan import SweepPlan, Timings, run_order, starts_needed
 from loadtest.reports.report import compare_rows, compare_table
 from loadtest.sweeps.settings import SweepSettings
+from loadtest.traffic.request_settings import RequestSettings
 from loadtest.sweeps.runner import Sweep
 
 REPO = Path(__file__).resolve().parent.parent
@@ -84,6 +85,26 @@ def test_run_order_and_starts_agree_with_the_runner() -> None:
 
 
 # ------------------------------------------------------------------------------------ estimates
+def test_a_closed_loops_measured_run_is_kept_as_its_cost_per_token_and_an_open_loops_is_not(tmp_path: Path) -> None:
+    plan = plan_of(tmp_path, "embedded-code", users=[2], repeat=1, warmup=1, request=RequestSettings(max_tokens=16))
+    server = plan.servers[0]
+    level = Closed(2).level()
+    level.status, level.client = "ok", ClientFigures(requests=6)
+    level.vllm_bench = BenchFigures(completed=4)
+    plan.loop.record_run(plan, server, level, wall_s=3.2)
+    # Its wall time over the tokens it asked for: the warm-up (2 users x 1), the measured 6, the benchmark's 4.
+    assert plan.timings.seconds_per_token(server.key, 2) == pytest.approx(3.2 / ((2 * 1 + 6 + 4) * 16), abs=1e-6)  # kept to 6 digits
+    failed = Closed(4).level()
+    failed.status, failed.client = "failed", ClientFigures(requests=6)
+    plan.loop.record_run(plan, server, failed, wall_s=1.0)
+    assert plan.timings.seconds_per_token(server.key, 4) is None  # not measured: no cost to keep
+    rates = plan_of(tmp_path, "embedded-code", rates=[2.0], repeat=1)
+    opened = Open(2.0).level()
+    opened.status, opened.client = "ok", ClientFigures(requests=6)
+    rates.loop.record_run(rates, rates.servers[0], opened, wall_s=3.2)
+    assert rates.timings.data["runs"] == plan.timings.data["runs"]  # the open loop kept nothing of its own
+
+
 def test_measured_timings_replace_the_assumptions(tmp_path: Path) -> None:
     plan = plan_of(tmp_path, "llama70b-7b", users=[1, 32], repeat=3)
     assumed = plan.total_s()

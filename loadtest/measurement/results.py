@@ -187,6 +187,11 @@ class LevelResult(Serial):
         return self.load.label
 
     @property
+    def measured_requests(self) -> int:
+        """The requests its client measured, where the level was measured (ok or flagged); else 0."""
+        return (self.client.requests or 0) if self.client and self.status in ("ok", "flagged") else 0
+
+    @property
     def ok_client(self) -> ClientFigures | None:
         """What the client measured, where it measured anything (`client["ok"]`)."""
         return self.client if self.client and self.client.ok else None

@@ -517,8 +517,8 @@ class ClosedLoop:
     def record_run(self, plan: SweepPlan, server: ServerInfo, level: LevelResult, wall_s: float) -> None:
         """Keep a measured run's cost (wall seconds per output token it asked for: warm-up, measured,
         vLLM's benchmark) for later plans."""
-        requests = level.client.requests if level.client else 0
-        if level.status not in ("ok", "flagged") or not requests:
+        requests = level.measured_requests
+        if not requests:
             return
         users = int(level.at)
         bench = (level.vllm_bench.completed if level.vllm_bench else None) or 0

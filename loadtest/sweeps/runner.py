@@ -233,7 +233,7 @@ class Sweep:
                 run_began = time.monotonic()
                 level = levels.at(load, state, variant, repeat, title)
                 wall_s = time.monotonic() - run_began
-                self._keep(state, variant, level, n, run_began)
+                self._keep(state, variant, level, n, wall_s)
                 if not state.entry.url:  # a run's cost on another machine's server says nothing of this one's
                     plan.loop.record_run(plan, self._servers[variant.name], level, wall_s)
         except KeyboardInterrupt:
@@ -283,10 +283,10 @@ class Sweep:
         for state, variant in launched:
             self._await(state, variant)
 
-    def _keep(self, state: Running, variant: Variant, level: LevelResult, sequence: int, began: float) -> LevelResult:
+    def _keep(self, state: Running, variant: Variant, level: LevelResult, sequence: int, wall_s: float) -> LevelResult:
         """A measured level: its wall time kept for this sweep's clock, its place in the sweep, appended and saved."""
-        if level.status in ("ok", "flagged") and level.client and level.client.requests:
-            self._measured[(variant.name, level.at, level.repeat or 1)] = time.monotonic() - began
+        if level.measured_requests:
+            self._measured[(variant.name, level.at, level.repeat or 1)] = wall_s
         level.sequence = sequence
         state.entry.levels.append(level)
         self.save()
@@ -361,7 +361,7 @@ class Sweep:
         # again (the same variant, rate and repeat) keeps the earlier one's.
         level = self._levels.open(state, variant, rate, repeat, f"[{n}] {variant.name} {which.label} run {repeat}/"
                                   f"{s.repeat} (on demand)", f"-n{n}", measured)
-        return self._keep(state, variant, level, n, began)
+        return self._keep(state, variant, level, n, time.monotonic() - began)
 
     def _prepare(self, variant: Variant, plan_only: bool = False) -> Running:
         """The variant's server planned (`servers.prepare`), its entry in the results and what the

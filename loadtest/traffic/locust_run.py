@@ -83,13 +83,14 @@ class LocustOutcome:
     """CPU time of all Locust processes: near wall_s x processes, the load generator is the bottleneck."""
 
 
-def _user_args(job: LocustJob) -> list[str]:
-    """Our locustfile's own options (the master's reach the workers too; each takes its share)."""
+def _user_args(job: LocustJob, paced: list[str]) -> list[str]:
+    """Our locustfile's own options, `paced` (the load's) last (the master's reach the workers too;
+    each takes its share)."""
     args = ["--model", job.model, *job.request.as_options(), "--requests", str(job.requests),
             "--worker-count", str(max(0, job.workers)), "--records-dir", str(job.records_dir)]
     if job.api_key_env:
         args += ["--api-key-env", job.api_key_env]
-    return args + pacing(job.load, job)[1]
+    return args + paced
 
 
 def commands(job: LocustJob, deadline_s: float) -> list[list[str]]:
@@ -97,7 +98,7 @@ def commands(job: LocustJob, deadline_s: float) -> list[list[str]]:
     base = [sys.executable, "-m", "locust", "-f", str(LOCUSTFILE)]
     # Safety net: Locust stops itself at the deadline even if nobody tells it to.
     run_time = job.duration_s if job.duration_s else deadline_s
-    users = pacing(job.load, job)[0]
+    users, paced = pacing(job.load, job)
     main = [*base, "--headless", "-H", job.host, "-u", str(users), "-r", str(min(max(users, 1) * 10, 100)),
             "--run-time", f"{max(1, int(run_time))}s", "--stop-timeout", str(int(job.request.request_timeout_s)),
             "--only-summary", "--loglevel", "INFO", "--exit-code-on-error", "0"]
@@ -105,7 +106,7 @@ def commands(job: LocustJob, deadline_s: float) -> list[list[str]]:
         main += ["--csv", str(job.csv_prefix)]
     if job.html:
         main += ["--html", str(job.html)]
-    main += _user_args(job)
+    main += _user_args(job, paced)
     if job.workers <= 0:
         return [main]
     port = free_port()
@@ -113,7 +114,7 @@ def commands(job: LocustJob, deadline_s: float) -> list[list[str]]:
               "--expect-workers", str(job.workers), "--expect-workers-max-wait", "120"]
     worker = [*base, "--worker", "--master-host", "127.0.0.1", "--master-port", str(port), "-H", job.host,
               "--loglevel", "INFO"]
-    return [master, *[[*worker, *_user_args(job)] for _ in range(job.workers)]]
+    return [master, *[[*worker, *_user_args(job, paced)] for _ in range(job.workers)]]
 
 
 def run_locust(job: LocustJob, deadline_s: float, should_abort: Callable[[], str | None] = lambda: None,
