@@ -38,6 +38,8 @@ TAKES_docs := CHECK
 # The tests run `make` as a user would: without this make's command-line variables (PYTEST_ARGS),
 # which MAKEFLAGS would otherwise hand down to every make they start.
 PYTEST := env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL $(PY) -m pytest
+# make test: the tests that serve an engine and the others, in two pytest sessions side by side.
+RUN_TESTS := env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL $(PY) scripts/run_tests.py
 CHECKED_GOALS := $(foreach g,$(MAKECMDGOALS),$(if $(filter undefined,$(origin TAKES_$(g))),,$(g)))
 TAKEN := $(foreach g,$(CHECKED_GOALS),$(TAKES_$(g)))
 $(foreach v,$(if $(CHECKED_GOALS),$(filter-out $(TAKEN),$(KIT_VARS))),$(if $(filter command line,$(origin $(v))),\
@@ -197,11 +199,12 @@ models: $(STAMP)
 # cost-faithful pair with no idle server beside it.
 ## make test [PYTEST_ARGS='-x -k config']
 ##     ruff's error checks (pyproject.toml), then the behaviour tests, on real vLLM engines (the plumbing pair):
-##     before every commit; PYTEST_ARGS: further pytest options
+##     before every commit; those that serve an engine and the rest run side by side (scripts/run_tests.py);
+##     PYTEST_ARGS: further pytest options
 test: $(STAMP)
 	$(PY) -m ruff check --quiet deploy models plugins loadtest tuning distill tests
 	$(PY) -m deploy models
-	$(PYTEST) -m "not full and not slow" $(PYTEST_ARGS)
+	$(RUN_TESTS) -m "not full and not slow" $(PYTEST_ARGS)
 
 ## make test-full [PYTEST_ARGS=...]
 ##     make test, the slow behaviour tests (tensor and pipeline parallelism, two nodes, a short soak), then

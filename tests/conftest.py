@@ -34,7 +34,10 @@ from deploy import Server, free_port, plan_from_config
 from models.embedded_pair import PAIR_ENV
 from deploy.launcher import START_LOG_ENV
 
-LOG_DIR = Path(os.environ.get("SPECDEPLOY_TEST_LOGS", "logs/tests"))
+LANE = os.environ.get("SPECDEPLOY_TEST_LANE", "")
+"""`engine` or `light` where `scripts/run_tests.py` runs the suite in two lanes; empty: every test."""
+SERVING_FIXTURES = {"servers", "running_sweep", "measurement"}
+LOG_DIR = Path(os.environ.get("SPECDEPLOY_TEST_LOGS", "logs/tests-light" if LANE == "light" else "logs/tests"))
 START_LOG = LOG_DIR / "engine-starts.jsonl"
 # Small KV caches, so that every configuration's server fits in memory for the whole session.
 POOL_KV_GIB = 0.25
@@ -72,9 +75,45 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     POOL.close()
 
 
+def serves(item: pytest.Item) -> bool:
+    """Whether a test serves a vLLM engine: marked so, or asking for a fixture that does."""
+    return any(item.get_closest_marker(m) for m in ("engine", "full", "slow")) or \
+        bool(SERVING_FIXTURES & set(getattr(item, "fixturenames", ())))
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Measurements last: once they stop the pool's servers, no behaviour test starts them again."""
+    """Measurements last: once they stop the pool's servers, no behaviour test starts them again.
+    In a lane (`scripts/run_tests.py`), only the lane's tests: those that serve, or the others."""
+    if LANE:
+        kept = [item for item in items if serves(item) == (LANE == "engine")]
+        config.hook.pytest_deselected(items=[item for item in items if item not in kept])
+        items[:] = kept
     items.sort(key=lambda item: item.get_closest_marker("full") is not None)
+
+
+@pytest.fixture(autouse=True)
+def _no_engine_in_the_light_lane(request: pytest.FixtureRequest) -> Iterator[None]:
+    """The light lane runs beside the engine lane, whose engines starve if another starts beside
+    them on 2 cores: a test there that starts one (itself or through a command) fails, and says how
+    to move it."""
+    if LANE != "light":
+        yield
+        return
+    before = _engine_starts()
+    yield
+    if _engine_starts() > before:
+        pytest.fail(f"{request.node.nodeid} started a vLLM engine in the light lane: mark it "
+                    "`@pytest.mark.engine` so that it runs in the engine lane", pytrace=False)
+
+
+def _engine_starts() -> int:
+    return len(START_LOG.read_text().splitlines()) if START_LOG.is_file() else 0
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """An engine started in the light lane outside any test (a module's fixture) fails the lane too."""
+    if LANE == "light" and _engine_starts() and exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 Key = tuple[str, tuple[str, ...]]

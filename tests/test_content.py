@@ -87,3 +87,17 @@ def test_a_summary_counts_noise_apart_from_loops_and_says_so() -> None:
     merged = content.merge([s, s])
     assert (merged.noise, merged.noise_checked) == (2, 4)
     assert content.warning(content.summarize(figs[1:2])) is None
+
+
+def test_the_stdlib_word_parts_are_read_once_and_kept_in_the_cache_folder(tmp_path, monkeypatch) -> None:
+    """The vocabulary's slow part (reading the stdlib's training split) is kept under the cache folder:
+    a second process reads the kept list, and an unwritable cache folder only costs the reading."""
+    monkeypatch.setenv("SPECDEPLOY_CACHE", str(tmp_path / "cache"))
+    read = content._stdlib_word_parts()
+    (kept,) = (tmp_path / "cache" / "vocabulary").iterdir()
+    assert kept.read_text(encoding="utf-8").split() == read and {"config", "parse"} <= set(read)
+    kept.write_text("\n".join([*read, "zyxwvutsrq"]), encoding="utf-8")
+    assert content._stdlib_word_parts()[-1] == "zyxwvutsrq"  # the kept list, not the files again
+    (tmp_path / "blocked").write_text("a file where the cache folder should be")
+    monkeypatch.setenv("SPECDEPLOY_CACHE", str(tmp_path / "blocked"))
+    assert content._stdlib_word_parts() == read

@@ -34,6 +34,8 @@ requests and of noise, and acceptance and per-request speed over the content-val
 from __future__ import annotations
 
 import functools
+import hashlib
+import os
 import re
 import statistics
 from collections.abc import Sequence
@@ -102,13 +104,35 @@ def reference_vocabulary() -> frozenset[str]:
 
     from english_words import get_english_words_set
 
-    from models.corpus import read, stdlib_split
-
     words = set(get_english_words_set(["web2"], lower=True))
     words.update(w.lower() for w in (*keyword.kwlist, *dir(builtins)))
-    for path in stdlib_split()["train"]:
-        words.update(word_parts(read(path)))
+    words.update(_stdlib_word_parts())
     return frozenset(words)
+
+
+def _stdlib_word_parts() -> list[str]:
+    """The word parts of the standard library's training split, kept in the cache folder under a key of
+    its files' names and sizes: reading every file is most of a Locust process's start, and every
+    load-test run starts one or more. An unwritable cache folder only costs the reading."""
+    from models.cache import cache_root
+    from models.corpus import read, stdlib_split
+
+    files = stdlib_split()["train"]
+    key = hashlib.sha1("\n".join(f"{p}:{p.stat().st_size}" for p in files).encode()).hexdigest()[:16]
+    kept = cache_root() / "vocabulary" / f"stdlib-word-parts-{key}.txt"
+    try:
+        return kept.read_text(encoding="utf-8").split()
+    except OSError:
+        pass
+    parts = sorted({part for path in files for part in word_parts(read(path))})
+    try:  # written aside and renamed: Locust's processes start together and may all get here
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        aside = kept.with_suffix(f".{os.getpid()}.tmp")
+        aside.write_text("\n".join(parts), encoding="utf-8")
+        aside.replace(kept)
+    except OSError:
+        pass
+    return parts
 
 
 _SUFFIXES = (("ies", "y"), ("ied", "y"), ("ing", ""), ("ing", "e"), ("ed", ""), ("ed", "e"), ("es", ""), ("s", ""),

@@ -170,11 +170,13 @@ def _user_finished(environment: Any) -> None:
         runner.send_message("user_done")
         return
     _users_done += 1
-    if _users_done >= environment.parsed_options.num_users:
+    opts = environment.parsed_options
+    if _users_done >= opts.num_users:
         # Quit from a greenlet of its own, after Locust's CSV writer (every CSV_STATS_INTERVAL_SEC)
         # and, distributed, the workers' last stats reports (every WORKER_REPORT_INTERVAL) caught up.
-        settle = CSV_STATS_INTERVAL_SEC + (WORKER_REPORT_INTERVAL if isinstance(runner, MasterRunner) else 0)
-        gevent.spawn_later(settle + 0.5, runner.quit)
+        # A run that writes neither CSV nor HTML report (a warm-up) has nothing to wait for.
+        settle = CSV_STATS_INTERVAL_SEC + (WORKER_REPORT_INTERVAL if isinstance(runner, MasterRunner) else 0) + 0.5
+        gevent.spawn_later(settle if opts.csv_prefix or opts.html_file else 0, runner.quit)
 
 
 def _write_record(environment: Any, record: RequestRecord) -> None:
