@@ -202,7 +202,7 @@ models: $(STAMP)
 ##     before every commit; those that serve an engine and the rest run side by side (scripts/run_tests.py);
 ##     PYTEST_ARGS: further pytest options
 test: $(STAMP)
-	$(PY) -m ruff check --quiet deploy models plugins loadtest tuning distill tests
+	$(PY) -m ruff check --quiet deploy models plugins loadtest tuning distill tests scripts
 	$(PY) -m deploy models
 	$(RUN_TESTS) -m "not full and not slow" $(PYTEST_ARGS)
 

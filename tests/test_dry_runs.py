@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -14,8 +15,12 @@ import pytest
 from deploy import reference
 
 REPO = Path(__file__).resolve().parent.parent
-# STAMP=Makefile: the .venv is set up already; make must not try to install it.
-MAKE = ["make", "--no-print-directory", "STAMP=Makefile"]
+# The .venv is set up already: STAMP names a file newer than what it is built from, so make never
+# installs. (STAMP=Makefile made make remake the Makefile itself, running the installer,
+# wherever pyproject.toml was the newer file, as in a fresh clone.)
+_STAMP = Path(tempfile.mkdtemp(prefix="specdeploy-stamp-")) / "installed"
+_STAMP.touch()
+MAKE = ["make", "--no-print-directory", f"STAMP={_STAMP}"]
 STARTS_SERVERS = {"serve": [], "loadtest": [], "capacity": ["SLO=ttft_p95=1000ms"], "advise": [], "tune": [],
                   "distill": [], "bench-drafters": [], "soak": []}
 

@@ -69,6 +69,12 @@ def test_the_cpu_default_keeps_alternating(tmp_path: Path, monkeypatch, host_gib
     if together:  # every run, both variants, who goes first flipping
         assert [(r, c.at, s.name) for r, c, s in plan.steps][:4] == [(1, 1, "spec-k4"), (1, 1, "baseline"),
                                                                    (2, 1, "baseline"), (2, 1, "spec-k4")]
+    # Up together, both start at once before the first run: the slower start counts, once.
+    for server, seconds in zip(plan.servers, (20.0, 30.0)):
+        plan.timings.record_start(server.key, seconds)
+    start_s = [start for start, _ in plan.step_seconds()]
+    assert plan.start_together is together
+    assert (start_s[0], sum(start_s)) == ((30.0, 30.0) if together else (20.0, 2 * 20.0 + 2 * 30.0))
     text = plan.describe()
     assert f"server starts: {starts} (spec-k4 {starts // 2}, baseline {starts // 2})" in text
     assert "CPU" in text and "12 runs" in text and "32 requests at c=1, 256 requests at c=32" in text

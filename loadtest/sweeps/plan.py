@@ -6,7 +6,8 @@ from one repeat to the next (A B, B A, ...), so a machine that drifts over the s
 `grouped` starts each variant's server once and runs all its levels and repeats in a row. `auto`
 groups where servers cannot be up together and run on GPUs (a cold start of a 70B server takes
 minutes, and a GPU's speed holds steady); elsewhere it alternates: servers up together on a CPU
-take turns without restarting, and a shared CPU's speed drifts within minutes.
+(started together, their start-ups overlapping on the cores) take turns without restarting, and a
+shared CPU's speed drifts within minutes.
 
 GPU placement: where the variants' servers fit side by side on the node's GPUs (each needs tensor x
 pipeline x data parallel of them), they go in groups that fit (`gpu_groups`), each server on its own
@@ -309,6 +310,14 @@ class SweepPlan:
         return not self.together or self.order_name == "grouped"
 
     @property
+    def start_together(self) -> bool:
+        """CPU servers up together start at once, their start-ups (mostly single-threaded imports)
+        overlapping on the cores. GPU servers sharing a GPU start one after the other: each engine
+        sizes its KV cache from the GPU memory it finds free as it starts."""
+        return (self.together and not self.one_at_a_time and len(self.servers) > 1
+                and all(s.device == "cpu" for s in self.servers))
+
+    @property
     def steps(self) -> list[tuple[int, Load, ServerInfo]]:
         """(repeat, load, server) in the order one sweep runs them."""
         return run_order(self.servers, self.levels, self.repeat, self.together, self.order_name == "grouped",
@@ -360,8 +369,8 @@ class SweepPlan:
         scale = sum(m for m, _ in pairs) / sum(e for _, e in pairs) if pairs else 1.0
         starts = [measured.get(("start", server.name), self.start_estimate(server).seconds) if start else 0.0
                   for (_, _, server), start in zip(steps, needed)]
-        if self.groups:  # a group's servers start together (once): its slowest start, at its first step
-            where, first = self.group_index, {}
+        if self.groups or self.start_together:  # servers starting together: their slowest start, at their first step
+            where, first = self.group_index if self.groups else {s.name: 0 for s in self.servers}, {}
             for i, (_, _, server) in enumerate(steps):
                 if starts[i]:
                     j = first.setdefault(where[server.name], i)
@@ -464,7 +473,8 @@ class SweepPlan:
             return "already running"
         devices = sorted({(s.device, s.gpus) for s in self.servers})
         text = ", ".join(f"{g} GPU{'s' if g != 1 else ''}" if d == "cuda" else "CPU" for d, g in devices)
-        together = "up together" if self.together and len(self.servers) > 1 and not self.one_at_a_time else (
+        together = "started and up together" if self.start_together else "up together" if (
+            self.together and len(self.servers) > 1 and not self.one_at_a_time) else (
             "one at a time" if len(self.servers) > 1 else "")
         if self.groups:
             together = "side by side: " + "; then ".join(" + ".join(s.name for s in g) for g in self.groups)

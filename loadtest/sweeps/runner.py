@@ -16,7 +16,7 @@ keeps `rate` (asked), `seed`, `open_loop` (`stats.open_loop`: achieved rate, sen
 series, `behind`), `outcomes`, the client's figures, `slo` and the server's delta.
 
 Order (`loadtest.sweeps.plan`): on a CPU every variant's server stays up where they fit (an idle vLLM
-server costs no CPU) and the variants take turns at each run, so spec and baseline of the same
+server costs no CPU; they start together, before the first run) and the variants take turns at each run, so spec and baseline of the same
 repeat are measured minutes apart and share the machine's mood; each speedup is paired within its
 repeat. Who goes first alternates from one repeat to the next (`run_order`), so an even number of
 repeats cancels a steady drift and any advantage of going first. Where servers cannot share the
@@ -272,13 +272,17 @@ class Sweep:
             for other in running.values():
                 if other is not state:
                     stop(other)
+        elif plan.start_together and state.server is None:  # every server not up yet starts now, beside this one
+            self._start_group([(other, self._variants[name]) for name, other in running.items()
+                               if other.server is None and not other.broken], where(False))
+            return state if state.server is not None and not state.broken else None
         if state.server is None and not (self._launch(state, variant, where(False)) and self._await(state, variant)):
             return None
         return state
 
     def _start_group(self, members: list[tuple[Running, Variant]], position: str) -> None:
-        """Start servers side by side on their GPUs: every process launched first, then each
-        awaited, so the group is up in about the time its slowest server takes."""
+        """Start servers side by side (on their GPUs, or on a CPU's cores): every process launched
+        first, then each awaited, so their start-ups overlap."""
         launched = [(state, variant) for state, variant in members if self._launch(state, variant, position)]
         for state, variant in launched:
             self._await(state, variant)
