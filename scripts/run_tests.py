@@ -26,12 +26,14 @@ NO_TESTS = 5  # pytest's exit code when its selection is empty
 
 
 def main(args: list[str]) -> int:
-    pytest = [sys.executable, "-m", "pytest", *args]
+    def pytest(lane: str) -> list[str]:  # each lane its own cache: `--lf` and `--ff` keep both lanes' failures
+        return [sys.executable, "-m", "pytest", "-o", f"cache_dir=.pytest_cache/{lane}", *args]
+
     LIGHT_OUTPUT.parent.mkdir(parents=True, exist_ok=True)
     with open(LIGHT_OUTPUT, "w", encoding="utf-8") as sink:
-        light = subprocess.Popen(pytest, env={**os.environ, "SPECDEPLOY_TEST_LANE": "light"},
+        light = subprocess.Popen(pytest("light"), env={**os.environ, "SPECDEPLOY_TEST_LANE": "light"},
                                  stdout=sink, stderr=subprocess.STDOUT)
-        engine = subprocess.Popen(pytest, env={**os.environ, "SPECDEPLOY_TEST_LANE": "engine"})
+        engine = subprocess.Popen(pytest("engine"), env={**os.environ, "SPECDEPLOY_TEST_LANE": "engine"})
 
         def forward(signum: int, frame: object) -> None:  # a CI cancel or `timeout` reaches both sessions
             for lane in (engine, light):
