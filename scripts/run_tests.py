@@ -6,8 +6,8 @@
   no engine (a test that does fails there and says so), and mostly keeps one core busy while the
   engine lane waits on imports and engine starts.
 
-The engine lane prints as it goes; the light lane's output is kept in `logs/tests-light/pytest.txt`
-and printed after it. The exit code is the first failing lane's, else 0 (a lane that found no test,
+The engine lane prints as it goes; the light lane's output is kept in its log folder
+(`logs/tests-light/pytest.txt`; `$SPECDEPLOY_TEST_LOGS` moves both lanes' folders) and printed after it. The exit code is the first failing lane's, else 0 (a lane that found no test,
 where the arguments pick tests of the other lane only, does not fail the run).
 
 usage: python scripts/run_tests.py [pytest arguments]
@@ -20,31 +20,38 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
-LIGHT_OUTPUT = Path("logs/tests-light/pytest.txt")
 NO_TESTS = 5  # pytest's exit code when its selection is empty
 
 
 def main(args: list[str]) -> int:
-    def pytest(lane: str) -> list[str]:  # each lane its own cache: `--lf` and `--ff` keep both lanes' failures
-        return [sys.executable, "-m", "pytest", "-o", f"cache_dir=.pytest_cache/{lane}", *args]
+    # Each lane its own log folder (the light lane's test that an engine started reads its own engine-start
+    # log) and its own cache (`--lf` and `--ff` keep both lanes' failures).
+    logs = Path(os.environ.get("SPECDEPLOY_TEST_LOGS", "logs/tests")).absolute()
+    folders = {"engine": logs, "light": logs.with_name(logs.name + "-light")}
 
-    LIGHT_OUTPUT.parent.mkdir(parents=True, exist_ok=True)
-    with open(LIGHT_OUTPUT, "w", encoding="utf-8") as sink:
-        light = subprocess.Popen(pytest("light"), env={**os.environ, "SPECDEPLOY_TEST_LANE": "light"},
-                                 stdout=sink, stderr=subprocess.STDOUT)
-        engine = subprocess.Popen(pytest("engine"), env={**os.environ, "SPECDEPLOY_TEST_LANE": "engine"})
+    def lane(name: str, **streams: Any) -> subprocess.Popen[bytes]:
+        env = {**os.environ, "SPECDEPLOY_TEST_LANE": name, "SPECDEPLOY_TEST_LOGS": str(folders[name])}
+        return subprocess.Popen([sys.executable, "-m", "pytest", "-o", f"cache_dir=.pytest_cache/{name}", *args],
+                                env=env, **streams)
+
+    light_output = folders["light"] / "pytest.txt"
+    light_output.parent.mkdir(parents=True, exist_ok=True)
+    with open(light_output, "w", encoding="utf-8") as sink:
+        light = lane("light", stdout=sink, stderr=subprocess.STDOUT)
+        engine = lane("engine")
 
         def forward(signum: int, frame: object) -> None:  # a CI cancel or `timeout` reaches both sessions
-            for lane in (engine, light):
-                if lane.poll() is None:
-                    lane.send_signal(signum)
+            for proc in (engine, light):
+                if proc.poll() is None:
+                    proc.send_signal(signum)
 
         signal.signal(signal.SIGTERM, forward)
         codes = {"engine": _wait(engine)}
         codes["light"] = _wait(light)
-    print(f"\n{'=' * 30} light lane (no engine): {LIGHT_OUTPUT} {'=' * 30}", flush=True)
-    print(LIGHT_OUTPUT.read_text(encoding="utf-8", errors="replace"), end="", flush=True)
+    print(f"\n{'=' * 30} light lane (no engine): {light_output} {'=' * 30}", flush=True)
+    print(light_output.read_text(encoding="utf-8", errors="replace"), end="", flush=True)
     print(f"\nlanes: engine exit {codes['engine']}, light exit {codes['light']}", flush=True)
     failed = [code for code in codes.values() if code not in (0, NO_TESTS)]
     if failed:

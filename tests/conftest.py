@@ -37,7 +37,8 @@ from deploy.launcher import START_LOG_ENV
 LANE = os.environ.get("SPECDEPLOY_TEST_LANE", "")
 """`engine` or `light` where `scripts/run_tests.py` runs the suite in two lanes; empty: every test."""
 SERVING_FIXTURES = {"servers", "running_sweep", "measurement"}
-LOG_DIR = Path(os.environ.get("SPECDEPLOY_TEST_LOGS", "logs/tests-light" if LANE == "light" else "logs/tests"))
+LOG_DIR = Path(os.environ.get("SPECDEPLOY_TEST_LOGS", "logs/tests"))
+"""Engine logs and the engine-start log; each lane has its own (`scripts/run_tests.py` sets it)."""
 START_LOG = LOG_DIR / "engine-starts.jsonl"
 # Small KV caches, so that every configuration's server fits in memory for the whole session.
 POOL_KV_GIB = 0.25

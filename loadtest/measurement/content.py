@@ -35,12 +35,12 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import os
 import re
 import statistics
 from collections.abc import Sequence
 from typing import Any
 
+from loadtest.files import write_atomic
 from loadtest.measurement.figures import ContentReference, ContentSummary
 
 NGRAM = 4
@@ -125,11 +125,8 @@ def _stdlib_word_parts() -> list[str]:
     except OSError:
         pass
     parts = sorted({part for path in files for part in word_parts(read(path))})
-    try:  # written aside and renamed: Locust's processes start together and may all get here
-        kept.parent.mkdir(parents=True, exist_ok=True)
-        aside = kept.with_suffix(f".{os.getpid()}.tmp")
-        aside.write_text("\n".join(parts), encoding="utf-8")
-        aside.replace(kept)
+    try:  # atomic: Locust's processes start together and may all get here
+        write_atomic(kept, "\n".join(parts))
     except OSError:
         pass
     return parts

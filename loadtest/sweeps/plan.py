@@ -310,12 +310,16 @@ class SweepPlan:
         return not self.together or self.order_name == "grouped"
 
     @property
+    def up_together(self) -> bool:
+        """Two or more servers up at once for the whole sweep, taking turns."""
+        return self.together and not self.one_at_a_time and len(self.servers) > 1
+
+    @property
     def start_together(self) -> bool:
         """CPU servers up together start at once, their start-ups (mostly single-threaded imports)
         overlapping on the cores. GPU servers sharing a GPU start one after the other: each engine
         sizes its KV cache from the GPU memory it finds free as it starts."""
-        return (self.together and not self.one_at_a_time and len(self.servers) > 1
-                and all(s.device == "cpu" for s in self.servers))
+        return self.up_together and all(s.device == "cpu" for s in self.servers)
 
     @property
     def steps(self) -> list[tuple[int, Load, ServerInfo]]:
@@ -473,9 +477,8 @@ class SweepPlan:
             return "already running"
         devices = sorted({(s.device, s.gpus) for s in self.servers})
         text = ", ".join(f"{g} GPU{'s' if g != 1 else ''}" if d == "cuda" else "CPU" for d, g in devices)
-        together = "started and up together" if self.start_together else "up together" if (
-            self.together and len(self.servers) > 1 and not self.one_at_a_time) else (
-            "one at a time" if len(self.servers) > 1 else "")
+        together = ("started and up together" if self.start_together else "up together" if self.up_together
+                    else "one at a time" if len(self.servers) > 1 else "")
         if self.groups:
             together = "side by side: " + "; then ".join(" + ".join(s.name for s in g) for g in self.groups)
         return ", ".join(x for x in (text, together) if x)

@@ -16,9 +16,9 @@ keeps `rate` (asked), `seed`, `open_loop` (`stats.open_loop`: achieved rate, sen
 series, `behind`), `outcomes`, the client's figures, `slo` and the server's delta.
 
 Order (`loadtest.sweeps.plan`): on a CPU every variant's server stays up where they fit (an idle vLLM
-server costs no CPU; they start together, before the first run) and the variants take turns at each run, so spec and baseline of the same
-repeat are measured minutes apart and share the machine's mood; each speedup is paired within its
-repeat. Who goes first alternates from one repeat to the next (`run_order`), so an even number of
+server costs no CPU; they start together, before the first run) and the variants take turns at each
+run, so spec and baseline of the same repeat are measured minutes apart and share the machine's
+mood; each speedup is paired within its repeat. Who goes first alternates from one repeat to the next (`run_order`), so an even number of
 repeats cancels a steady drift and any advantage of going first. Where servers cannot share the
 device, one runs at a time: on GPUs each variant's server starts once and runs all its levels
 and repeats (`--order grouped`, a 70B server's cold start takes minutes); on a CPU the variants
