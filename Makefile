@@ -199,7 +199,8 @@ models: $(STAMP)
 # cost-faithful pair with no idle server beside it.
 ## make test [PYTEST_ARGS='-x -k config']
 ##     ruff's error checks (pyproject.toml), then the behaviour tests, on real vLLM engines (the plumbing pair):
-##     before every commit; those that serve an engine and the rest run side by side (scripts/run_tests.py);
+##     before every commit; in lanes side by side (scripts/run_tests.py): the tests that share the session's
+##     engines, and those that start none, then those that start their own;
 ##     PYTEST_ARGS: further pytest options
 test: $(STAMP)
 	$(PY) -m ruff check --quiet deploy models plugins loadtest tuning distill tests scripts

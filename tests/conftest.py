@@ -35,7 +35,7 @@ from models.embedded_pair import PAIR_ENV
 from deploy.launcher import START_LOG_ENV
 
 LANE = os.environ.get("SPECDEPLOY_TEST_LANE", "")
-"""`engine` or `light` where `scripts/run_tests.py` runs the suite in two lanes; empty: every test."""
+"""`engine`, `own` or `light` where `scripts/run_tests.py` runs the suite in lanes (`lane`); empty: every test."""
 SERVING_FIXTURES = {"servers", "running_sweep", "measurement"}
 LOG_DIR = Path(os.environ.get("SPECDEPLOY_TEST_LOGS", "logs/tests"))
 """Engine logs and the engine-start log; each lane has its own (`scripts/run_tests.py` sets it)."""
@@ -82,11 +82,21 @@ def serves(item: pytest.Item) -> bool:
         bool(SERVING_FIXTURES & set(getattr(item, "fixturenames", ())))
 
 
+def lane(item: pytest.Item) -> str:
+    """The lane a test runs in (`scripts/run_tests.py`): `engine`, the tests that share the session's
+    servers or measure (one at a time, beside the pool); `own`, those that start engines of their own;
+    `light`, those that start none."""
+    if not serves(item):
+        return "light"
+    shares = item.get_closest_marker("full") or SERVING_FIXTURES & set(getattr(item, "fixturenames", ()))
+    return "engine" if shares else "own"
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Measurements last: once they stop the pool's servers, no behaviour test starts them again.
-    In a lane (`scripts/run_tests.py`), only the lane's tests: those that serve, or the others."""
+    In a lane (`scripts/run_tests.py`), only the lane's tests."""
     if LANE:
-        kept = [item for item in items if serves(item) == (LANE == "engine")]
+        kept = [item for item in items if lane(item) == LANE]
         config.hook.pytest_deselected(items=[item for item in items if item not in kept])
         items[:] = kept
     items.sort(key=lambda item: item.get_closest_marker("full") is not None)
@@ -94,9 +104,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(autouse=True)
 def _no_engine_in_the_light_lane(request: pytest.FixtureRequest) -> Iterator[None]:
-    """The light lane runs beside the engine lane, whose engines starve if another starts beside
-    them on 2 cores: a test there that starts one (itself or through a command) fails, and says how
-    to move it."""
+    """The light lane runs beside the engine lane, which keeps its engines one at a time (on 2 cores
+    each more starves the others): a test there that starts one (itself or through a command) fails,
+    and says how to move it."""
     if LANE != "light":
         yield
         return
@@ -104,7 +114,7 @@ def _no_engine_in_the_light_lane(request: pytest.FixtureRequest) -> Iterator[Non
     yield
     if _engine_starts() > before:
         pytest.fail(f"{request.node.nodeid} started a vLLM engine in the light lane: mark it "
-                    "`@pytest.mark.engine` so that it runs in the engine lane", pytrace=False)
+                    "`@pytest.mark.engine` so that it runs in an engine lane", pytrace=False)
 
 
 def _engine_starts() -> int:

@@ -1,4 +1,4 @@
-"""`make test`'s two lanes (`scripts/run_tests.py`): each test in exactly one, and the run's exit code."""
+"""`make test`'s lanes (`scripts/run_tests.py`): each test in exactly one, and the run's exit code."""
 
 from __future__ import annotations
 
@@ -22,17 +22,19 @@ def _lanes(tmp_path: Path, *args: str, logs: str | None = None) -> subprocess.Co
 def test_a_selection_of_one_lane_passes_and_an_empty_one_is_pytests_no_tests(tmp_path: Path) -> None:
     done = _lanes(tmp_path, str(REPO / "tests" / "test_content.py"))
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    assert "lanes: engine exit 5, light exit 0" in done.stdout  # the content tests start no engine
+    assert "lanes: engine exit 5, light exit 0, own exit 5" in done.stdout  # the content tests start no engine
     assert "7 passed" in (tmp_path / "logs" / "tests-light" / "pytest.txt").read_text()
-    # Log folders given: each lane its own, the light lane's beside the one named.
+    assert "7 deselected" in (tmp_path / "logs" / "tests-own" / "pytest.txt").read_text()
+    # Log folders given: each lane its own, the others' beside the one named.
     nothing = _lanes(tmp_path, str(REPO / "tests" / "test_content.py"), "-k", "no_test_is_named_so",
                      logs=str(tmp_path / "given"))
-    assert nothing.returncode == 5 and "lanes: engine exit 5, light exit 5" in nothing.stdout
+    assert nothing.returncode == 5 and "lanes: engine exit 5, light exit 5, own exit 5" in nothing.stdout
     assert "7 deselected" in (tmp_path / "given-light" / "pytest.txt").read_text()
+    assert "7 deselected" in (tmp_path / "given-own" / "pytest.txt").read_text()
     assert (tmp_path / "given" / "engine-starts.jsonl").is_file()
 
 
 def test_a_failing_lane_fails_the_run(tmp_path: Path) -> None:
     (tmp_path / "test_fails.py").write_text("def test_fails():\n    assert 1 == 2\n")
-    done = _lanes(tmp_path, str(tmp_path / "test_fails.py"))  # outside tests/: no lanes, both run it
-    assert done.returncode == 1 and "lanes: engine exit 1, light exit 1" in done.stdout, done.stdout[-2000:]
+    done = _lanes(tmp_path, str(tmp_path / "test_fails.py"))  # outside tests/: no lanes, each runs it
+    assert done.returncode == 1 and "lanes: engine exit 1, light exit 1, own exit 1" in done.stdout, done.stdout[-2000:]

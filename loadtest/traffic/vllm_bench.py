@@ -274,7 +274,7 @@ class Forks:
                                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                              env=env, bufsize=0)
             assert self.proc.stdin is not None and self.proc.stdout is not None
-            self.proc.stdin.write((json.dumps({"argv": argv, "log": str(log_path), "env": env}) + "\n").encode())
+            self.proc.stdin.write((json.dumps({"argv": argv, "log_path": str(log_path), "env": env}) + "\n").encode())
             pid = self.proc.stdout.readline()
             if not pid:
                 return self.proc.wait()  # the process forking them died: its exit code
@@ -310,10 +310,9 @@ def serve_forks() -> None:
     except Exception:  # noqa: BLE001 - each child imports it again, and its log says why it failed
         pass
     for line in sys.stdin:
-        job = json.loads(line)
         pid = os.fork()
         if pid == 0:
-            _child(job["argv"], job["log"], job["env"])
+            _child(**json.loads(line))
         print(pid, flush=True)
         print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), flush=True)
 
