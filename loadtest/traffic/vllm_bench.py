@@ -330,7 +330,7 @@ def _child(argv: list[str], log_path: str, env: dict[str, str]) -> NoReturn:
         sys.stdout.reconfigure(line_buffering=True)  # a killed run's log keeps what it printed
         code = main(argv)
     except SystemExit as stop:
-        code = stop.code if isinstance(stop.code, int) else 1
+        code = 0 if stop.code is None else stop.code if isinstance(stop.code, int) else 1  # as Python exits
     except BaseException:  # noqa: BLE001 - a child never returns into the loop that forked it
         traceback.print_exc()
     finally:
