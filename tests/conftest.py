@@ -76,20 +76,22 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     POOL.close()
 
 
+def _shares_the_pool(item: pytest.Item) -> bool:
+    """Whether a test serves from the session's servers (asks for a fixture that does) or measures (`full`)."""
+    return item.get_closest_marker("full") is not None or \
+        bool(SERVING_FIXTURES & set(getattr(item, "fixturenames", ())))
+
+
 def serves(item: pytest.Item) -> bool:
     """Whether a test serves a vLLM engine: marked so, or asking for a fixture that does."""
-    return any(item.get_closest_marker(m) for m in ("engine", "full", "slow")) or \
-        bool(SERVING_FIXTURES & set(getattr(item, "fixturenames", ())))
+    return _shares_the_pool(item) or any(item.get_closest_marker(m) for m in ("engine", "slow"))
 
 
 def lane(item: pytest.Item) -> str:
     """The lane a test runs in (`scripts/run_tests.py`): `engine`, the tests that share the session's
     servers or measure (one at a time, beside the pool); `own`, those that start engines of their own;
     `light`, those that start none."""
-    if not serves(item):
-        return "light"
-    shares = item.get_closest_marker("full") or SERVING_FIXTURES & set(getattr(item, "fixturenames", ()))
-    return "engine" if shares else "own"
+    return "engine" if _shares_the_pool(item) else "own" if serves(item) else "light"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
