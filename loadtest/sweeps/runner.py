@@ -15,17 +15,17 @@ same arrivals and prompts), a snapshot, then vLLM's benchmark at the same rate a
 keeps `rate` (asked), `seed`, `open_loop` (`stats.open_loop`: achieved rate, send lag, in-flight
 series, `behind`), `outcomes`, the client's figures, `slo` and the server's delta.
 
-Order (`loadtest.sweeps.plan`): on a CPU every variant's server stays up where they fit (an idle vLLM
-server costs no CPU; they start together, before the first run) and the variants take turns at each
-run, so spec and baseline of the same repeat are measured minutes apart and share the machine's
-mood; each speedup is paired within its repeat. Who goes first alternates from one repeat to the next (`run_order`), so an even number of
-repeats cancels a steady drift and any advantage of going first. Where servers cannot share the
-device, one runs at a time: on GPUs each variant's server starts once and runs all its levels
-and repeats (`--order grouped`, a 70B server's cold start takes minutes); on a CPU the variants
-still take turns every repeat (`--order alternate`). Before it starts, the sweep prints its plan
-(servers, starts, levels, an estimated duration); `Sweep.plan(dry_run=True)` makes it alone.
-Results go to `results.json` (its shape: `loadtest.measurement.results`) after every run, so a crash or a dead
-server keeps what was done.
+Order (`loadtest.sweeps.plan`): on a CPU every variant's server stays up where they fit (an idle
+vLLM server costs no CPU; they start together, before the first run) and the variants take turns at
+each run, so spec and baseline of the same repeat are measured minutes apart and share the machine's
+mood; each speedup is paired within its repeat. Who goes first alternates from one repeat to the
+next (`run_order`), so an even number of repeats cancels a steady drift and any advantage of going
+first. Where servers cannot share the device, one runs at a time: on GPUs each variant's server
+starts once and runs all its levels and repeats (`--order grouped`, a 70B server's cold start takes
+minutes); on a CPU the variants still take turns every repeat (`--order alternate`). Before it
+starts, the sweep prints its plan (servers, starts, levels, an estimated duration);
+`Sweep.plan(dry_run=True)` makes it alone. Results go to `results.json` (its shape:
+`loadtest.measurement.results`) after every run, so a crash or a dead server keeps what was done.
 
 Here: the order of the runs, the servers' starts and the results. One level's run is
 `loadtest.sweeps.level`, its judging `loadtest.sweeps.judging`, the variants' servers
@@ -334,14 +334,15 @@ class Sweep:
 
     def rate_level(self, variant_name: str, rate: float, repeat: int = 1, *, vllm_bench: bool | None = None,
                    duration_s: float | None = None) -> LevelResult:
-        """One open-loop level of one variant at `rate` requests/s, now (inside `serving()`; a search
-        over rates says `loop="open"` in its settings): the same run and result shape as a level of
-        `run()` with rates (warm-up, snapshots, the open-loop Locust run of
+        """One open-loop level of one variant at `rate` requests/s, now (inside `serving()`; a
+        search over rates says `loop="open"` in its settings): the same run and result shape as a
+        level of `run()` with rates (warm-up, snapshots, the open-loop Locust run of
         `requests_for_rate(rate, settings.requests, settings.duration_s)` requests seeded by
         `repeat`, vLLM's benchmark unless `settings.vllm_bench` is off). `vllm_bench` (None: the
         settings') and `duration_s` (the requests arriving in this long instead; None: the
-        settings' count or duration) are this level's own; the settings stay as they are. Its server starts on first use. A variant whose
-        server failed or died gets a level with status `failed`/`skipped` and the reason in `problems`."""
+        settings' count or duration) are this level's own; the settings stay as they are. Its
+        server starts on first use. A variant whose server failed or died gets a level with
+        status `failed`/`skipped` and the reason in `problems`."""
         if self._serving is None:
             raise RuntimeError("Sweep.rate_level() runs inside `with sweep.serving():`")
         running, plan = self._serving
