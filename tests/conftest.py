@@ -27,12 +27,13 @@ from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
+import psutil
 import pytest
 import requests
 
 from deploy import Server, free_port, plan_from_config
 from models.embedded_pair import PAIR_ENV
-from deploy.launcher import START_LOG_ENV
+from deploy.launcher import START_LOG_ENV, port_is_free
 
 LANE = os.environ.get("SPECDEPLOY_TEST_LANE", "")
 """`engine`, `own` or `light` where `scripts/run_tests.py` runs the suite in lanes (`lane`); empty: every test."""
@@ -325,3 +326,18 @@ def metric_total(server: Server, name: str) -> float:
     samples = parse_metrics(requests.get(f"{server.base_url}/metrics", headers=auth_headers(server),
                                          timeout=30).text)
     return sum(value for _, value in samples.get(name, []))
+
+
+def port_still_held(port: int, within_s: float = 30) -> list[str]:
+    """Who still holds 127.0.0.1:`port` after up to `within_s` seconds ([] once a server could bind it).
+
+    The engine core and its workers inherit the listening socket by fork, and a killed process's
+    leader can read as a zombie while its other threads still exit and hold it: after a stop the
+    port is waited for, not looked at once."""
+    deadline = time.monotonic() + within_s
+    while not port_is_free("127.0.0.1", port):
+        if time.monotonic() > deadline:
+            holders = [f"pid {c.pid} ({c.status})" for c in psutil.net_connections("tcp") if c.laddr and c.laddr.port == port]
+            return holders or ["a socket of no process"]
+        time.sleep(0.2)
+    return []

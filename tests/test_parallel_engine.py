@@ -8,9 +8,8 @@ from __future__ import annotations
 import psutil
 import pytest
 
-from conftest import BASELINE, CODE_PROMPTS, LOG_DIR, complete, greedy_token_ids, metric_total
+from conftest import BASELINE, CODE_PROMPTS, LOG_DIR, complete, greedy_token_ids, metric_total, port_still_held
 from deploy import free_port, plan_from_config, start_server
-from deploy.launcher import port_is_free
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 PROMPTS = CODE_PROMPTS[:3]
@@ -32,7 +31,7 @@ def _serve_and_stop(config: str, overrides: list[str], log_name: str, prompts: l
         server.stop()
     left = [p.pid for p in processes if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
     assert not left, f"processes left after stopping the {log_name} server: {left}"
-    assert port_is_free("127.0.0.1", port)
+    assert not port_still_held(port)
     return tokens, accepted, len(processes)
 
 
@@ -124,4 +123,4 @@ def test_two_nodes_over_loopback_serve_like_one_rank(servers) -> None:
     differences = same_or_near_tie(one_rank, two_nodes, PROMPTS)
     print("two nodes against one rank:", differences or "identical")
     assert len(differences) < len(PROMPTS), "no prompt came out identical"
-    assert port_is_free("127.0.0.1", port)
+    assert not port_still_held(port)

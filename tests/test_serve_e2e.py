@@ -14,6 +14,7 @@ import psutil
 import pytest
 import requests
 
+from conftest import port_still_held
 from deploy import free_port
 from deploy.launcher import port_is_free
 
@@ -56,7 +57,7 @@ def test_engine_start_failure_exits_nonzero_with_the_engines_error_line() -> Non
     assert result.returncode == 1
     last_error = [ln for ln in result.stderr.splitlines() if "ERROR" in ln][-1]
     assert "vLLM exited with code" in last_error and "max_model_len" in last_error, result.stderr[-3000:]
-    assert not _still_held(port, within_s=30)
+    assert not port_still_held(port)
 
 
 def _gone(processes: list[psutil.Process], within_s: float) -> list[int]:
@@ -73,21 +74,6 @@ def _gone(processes: list[psutil.Process], within_s: float) -> list[int]:
         if not alive or time.monotonic() > deadline:
             return alive
         time.sleep(0.5)
-
-
-def _still_held(port: int, within_s: float) -> list[str]:
-    """Who still holds 127.0.0.1:`port` after up to `within_s` seconds ([] once a server could bind it).
-
-    A killed engine's leader can read as a zombie while its other threads still exit and hold the
-    descriptors, the listening socket among them (the engine core and worker inherit it by fork), so
-    the port is waited for, not looked at once."""
-    deadline = time.monotonic() + within_s
-    while not port_is_free("127.0.0.1", port):
-        if time.monotonic() > deadline:
-            holders = [f"pid {c.pid} ({c.status})" for c in psutil.net_connections("tcp") if c.laddr and c.laddr.port == port]
-            return holders or ["a socket of no process"]
-        time.sleep(0.2)
-    return []
 
 
 def _await_ready(proc: subprocess.Popen[str], within_s: float = 600) -> None:
@@ -171,7 +157,7 @@ def test_serve_leaves_nothing_running_however_it_is_stopped(how: str, serving) -
             proc.wait(timeout=10)
         leftovers = _gone(engine, within_s=60)
         assert not leftovers, f"engine processes left running after {how}: {leftovers}"
-        held = _still_held(port, within_s=30)
+        held = port_still_held(port)
         assert not held, f"the engine kept port {port} 30 s after {how}: held by {held}"
     finally:
         if proc.poll() is None:
